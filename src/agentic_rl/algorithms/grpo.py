@@ -1,0 +1,369 @@
+"""GRPO advantages and the clipped policy loss: pure tensor code, no I/O, no model.
+
+Shape legend (used in every comment below):
+    B  sequences in the batch (= number of prompts * G)
+    G  group size: samples per prompt (`num_generations` in TRL)
+    T  tokens per (right-padded) sequence; prompt/observation/padding positions have mask 0
+    P  number of prompts (= B // G)
+
+Batch layout that `group_advantages` assumes (G = 3, P = 2):
+
+    row      0    1    2  |  3    4    5
+    prompt   p0   p0   p0 |  p1   p1   p1        rows [g*G, (g+1)*G) share one prompt
+
+The loss, per trained token t of sequence i (A_i: advantage, r: importance ratio):
+
+    r_{i,t}   = exp(logp_{i,t} - old_logp_{i,t})                       (token level)
+              = exp(mean_t (logp_{i,t} - old_logp_{i,t}))  for all t   (sequence level, GSPO)
+    l_{i,t}   = -min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t}
+    k3_{i,t}  = exp(ref - logp) - (ref - logp) - 1                     (Schulman's k3 estimator)
+
+then aggregated by `GRPOLossConfig.loss_type`.
+
+Old log-probs and mu (updates per batch). `old_logps` must be the log-probs of the weights that
+SAMPLED the batch: the rollout engine's logprobs, or one no-grad re-scoring before the first update.
+With mu = 1 and the loss computed from those same weights, ratio == 1 everywhere, so
+`old_logps = logps.detach()` gives the identical loss and gradient (TRL does exactly this; see
+tests/test_grpo_loss.py::test_detached_old_logps_equal_sampling_logps_when_on_policy). With mu > 1
+the detach trick is wrong: it pins the ratio at 1 and disables clipping.
+
+How this departs from the GRPO paper (Shao et al. 2024, DeepSeekMath):
+  * The paper's KL term is k3 per token with the ratio pi_ref/pi_theta; we use the same k3 but,
+    like TRL, add it to each token's loss before aggregation (so "dapo" weights it per token).
+  * Loss types "dapo"/"token", "dr_grpo" and "bnpo" are later fixes of the paper's per-sequence
+    length normalisation ("grpo"); "grpo" is the paper's (and the seed's) objective.
+  * The std of the group uses Bessel's correction (unbiased), as TRL does; the paper leaves it open.
+  * epsilon_high (DAPO's clip-higher) and the sequence-level ratio (GSPO, Zheng et al. 2025) are
+    extensions.
+
+How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
+  * No division by gradient-accumulation steps inside the loss: the training loop owns that.
+    For "dapo"/"token", pass `num_items_in_batch` (trained tokens of the whole accumulation window)
+    to get TRL's window-global token normalisation; without it the local token count is used.
+  * Log-ratios and KL terms are zeroed at mask-0 positions BEFORE `exp`, so garbage log-probs on
+    padding cannot overflow to inf and turn the masked loss into NaN (inf * 0).
+  * Sequence-level (GSPO) clip metrics are means over sequences with >= 1 trained token; TRL
+    divides by all B rows. The loss and gradients are identical (tests/test_grpo_vs_trl.py).
+  * TRL's extras (delta two-sided clip, bias-corrected KL, entropy masks, vLLM IS correction,
+    cispo/sapo/vespo/luspo) are not implemented.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Sequence
+
+import torch
+
+LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
+RewardScaling = Literal["group", "batch", "none"]
+LOSS_TYPES = ("grpo", "dapo", "token", "dr_grpo", "bnpo")
+REWARD_SCALINGS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOLossConfig:
+    """Every knob of the GRPO objective. Validated at construction."""
+
+    loss_type: LossType = "grpo"
+    """How per-token losses become one scalar:
+    "grpo": mean over each sequence's trained tokens, then mean over the B sequences (paper, seed).
+    "dapo" (alias "token"): sum over all trained tokens / number of trained tokens (DAPO); pass
+        `num_items_in_batch` to `grpo_loss` to normalise by a whole accumulation window.
+    "dr_grpo": sum over all trained tokens / (B * max_completion_length), a constant (Dr. GRPO).
+    "bnpo": sum / trained tokens of this micro-batch (TRL's "bnpo"; "dapo" without a window count)."""
+    scale_rewards: RewardScaling = "group"
+    """Advantage scaling after subtracting the group mean: "group" divides by the group's std,
+    "batch" by the std of all B rewards, "none" does not divide (Dr. GRPO). Used by `group_advantages`."""
+    epsilon: float = 0.2
+    """Lower clip: the ratio is clipped below at 1 - epsilon. 0 < epsilon < 1."""
+    epsilon_high: float | None = None
+    """Upper clip: the ratio is clipped above at 1 + epsilon_high (DAPO clip-higher, e.g. 0.28).
+    None means epsilon_high = epsilon (see `clip_high`)."""
+    beta: float = 0.04
+    """Weight of the k3 KL(pi_theta || pi_ref) penalty (GRPO paper: 0.04). 0 skips the reference
+    entirely: `grpo_loss` then needs no `ref_logps`."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """"token": one ratio per token (PPO/GRPO). "sequence": one ratio per sequence,
+    exp(mean over its tokens of logp - old_logp), applied to all its tokens (GSPO)."""
+    max_completion_length: int | None = None
+    """The constant denominator of "dr_grpo" (per sequence): the most policy tokens one episode
+    may hold. Required for "dr_grpo", ignored (and rejected if set) otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type={self.loss_type!r} is not one of {LOSS_TYPES}; pick one of them")
+        if self.scale_rewards not in REWARD_SCALINGS:
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is not one of {REWARD_SCALINGS} "
+                "('group': divide by the group std, 'batch': by the batch std, 'none': do not divide)"
+            )
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level={self.importance_sampling_level!r} is not one of "
+                f"{IMPORTANCE_SAMPLING_LEVELS} ('sequence' is GSPO)"
+            )
+        if not 0.0 < self.epsilon < 1.0:
+            raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
+        if self.epsilon_high is not None and self.epsilon_high <= 0.0:
+            raise ValueError(f"epsilon_high={self.epsilon_high} must be > 0, or None to use epsilon")
+        if self.beta < 0.0:
+            raise ValueError(f"beta={self.beta} must be >= 0: it weights a KL penalty (0 turns it off)")
+        if self.loss_type == "dr_grpo" and (self.max_completion_length is None or self.max_completion_length <= 0):
+            raise ValueError(
+                f"loss_type='dr_grpo' divides by B * max_completion_length, so max_completion_length must be a "
+                f"positive int (got {self.max_completion_length}); set it to the rollout's policy-token budget"
+            )
+        if self.loss_type != "dr_grpo" and self.max_completion_length is not None:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length} is only used by loss_type='dr_grpo' "
+                f"(loss_type is {self.loss_type!r}); remove it, or switch to 'dr_grpo'"
+            )
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip actually used: epsilon_high, or epsilon when epsilon_high is None."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: RewardScaling = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """A_i = r_i - mean(r over i's group), optionally divided by (std + eps).
+
+    Rows [g*G, (g+1)*G) form group g (see the module docstring). The std is the UNBIASED one
+    (Bessel's correction, torch.std's default), exactly like TRL 1.16's `nanstd`; so is the
+    "batch" std. With scale="batch" the mean is still the group's (TRL does the same).
+    A group whose rewards are all equal gets A = 0 (eps keeps the division finite).
+
+    Args:
+        rewards: (B,) float, one scalar per sequence.
+        group_size: G, samples per prompt.
+        scale: "group" | "batch" | "none" (see GRPOLossConfig.scale_rewards).
+        eps: added to the std before dividing (TRL: 1e-4).
+    Returns:
+        (B,) advantages, same dtype as rewards.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (B,), one per sequence; got shape {tuple(rewards.shape)}")
+    baseline, divisor = _baseline_and_divisor(rewards, group_size, scale, eps)  # (B,), (B,)
+    return (rewards - baseline) / divisor  # (B,)
+
+
+def _baseline_and_divisor(
+    rewards: torch.Tensor, group_size: int, scale: str, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the group mean, and what the centred reward is divided by (std + eps, or 1)."""
+    _check_groups(rewards.shape[0], group_size)
+    if scale not in REWARD_SCALINGS:
+        raise ValueError(f"scale={scale!r} is not one of {REWARD_SCALINGS}")
+    grouped = rewards.view(-1, group_size)  # (P, G)
+    baseline = grouped.mean(dim=1).repeat_interleave(group_size)  # (B,)
+    # One sample has no std (torch.std would be NaN): leave it unscaled, as TRL does in eval.
+    if scale == "group" and group_size > 1:
+        return baseline, grouped.std(dim=1).repeat_interleave(group_size) + eps  # (B,), (B,)
+    if scale == "batch" and rewards.numel() > 1:
+        return baseline, (rewards.std() + eps).expand_as(rewards)  # (B,), (B,)
+    return baseline, torch.ones_like(rewards)  # (B,), (B,)
+
+
+def _check_groups(batch_size: int, group_size: int) -> None:
+    if group_size < 1:
+        raise ValueError(f"group_size (G) must be >= 1, got {group_size}")
+    if batch_size % group_size != 0:
+        raise ValueError(
+            f"batch size {batch_size} is not a multiple of the group size G={group_size}. GRPO's baseline is the "
+            f"mean reward of ALL G samples of the same prompt, so every prompt's G samples must sit in the batch "
+            f"together, as consecutive rows [g*G, (g+1)*G). Make the number of sequences prompts * G "
+            f"(e.g. {max(1, batch_size // group_size) * group_size} or {(batch_size // group_size + 1) * group_size})."
+        )
+
+
+def discounted_turn_returns(turn_rewards: Sequence[Sequence[float]], gamma: float) -> list[list[float]]:
+    """Per-turn discounted returns G_t = sum_{k >= t} gamma^(k-t) r_k of each episode.
+
+    Example: gamma = 0.9, rewards [0, 0, 1] -> [0.81, 0.9, 1.0].
+
+    Args:
+        turn_rewards: B lists, one reward per policy turn (ragged: episodes differ in turns).
+        gamma: discount in [0, 1].
+    Returns:
+        B lists of the same lengths.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma={gamma} must be in [0, 1]")
+    all_returns = []
+    for rewards in turn_rewards:
+        running, returns = 0.0, [0.0] * len(rewards)
+        for turn in reversed(range(len(rewards))):
+            running = rewards[turn] + gamma * running
+            returns[turn] = running
+        all_returns.append(returns)
+    return all_returns
+
+
+def turn_advantages(
+    turn_returns: Sequence[Sequence[float]], group_size: int, scale: RewardScaling = "group", eps: float = 1e-4
+) -> list[list[float]]:
+    """Per-turn advantages A_{i,t} = (G_{i,t} - b_g) / s_g from per-turn returns.
+
+    The baseline b_g is the group mean of the EPISODE returns G_{j,0} (and s_g their unbiased
+    std, or the batch std, or 1, as in `group_advantages`), and the same b_g, s_g serve every
+    turn of every episode of the group. Why this baseline:
+      * b_g estimates V(s_0) of the shared prompt, a state no turn's action can influence, so the
+        estimator is as (un)biased as plain GRPO (which also includes the sample itself in the mean).
+      * With gamma = 1 and a terminal reward, G_{i,t} = G_{i,0} for all t and this reduces EXACTLY
+        to `group_advantages` (tested).
+      * A per-turn-index baseline (mean of G_{j,t} over episodes with a turn t) was rejected:
+        turn t of a 2-turn and of a 5-turn episode are not the same state, and a turn index only
+        one episode reaches would get advantage 0, silencing the long episodes.
+    With gamma < 1, later turns of an episode get larger G_t, i.e. credit grows toward the reward.
+
+    Args:
+        turn_returns: B ragged lists (from `discounted_turn_returns`); each needs >= 1 turn.
+        group_size: G. Returns: B ragged lists of floats.
+    """
+    if any(len(returns) == 0 for returns in turn_returns):
+        raise ValueError("every episode needs at least one policy turn to have a return G_0")
+    episode_returns = torch.tensor([returns[0] for returns in turn_returns], dtype=torch.float64)  # (B,)
+    baseline, divisor = _baseline_and_divisor(episode_returns, group_size, scale, eps)  # (B,), (B,)
+    return [
+        [(value - float(baseline[row])) / float(divisor[row]) for value in returns]
+        for row, returns in enumerate(turn_returns)
+    ]
+
+
+def token_advantages_from_turns(
+    turn_values: Sequence[Sequence[float]], turn_spans: Sequence[Sequence[object]], num_tokens: int
+) -> torch.Tensor:
+    """Spread one value per policy turn over that turn's tokens -> (B, T), 0 elsewhere.
+
+    Args:
+        turn_values: B ragged lists, one value per policy turn (e.g. from `turn_advantages`).
+        turn_spans: B lists of the policy turns' half-open token ranges, as (start, end) tuples or
+            objects with .start/.end (`Trajectory.policy_spans`); same lengths as turn_values.
+        num_tokens: T, the padded length of the batch.
+    Returns:
+        (B, T) float32, to pass as `advantages` to `grpo_loss` (mask 0 positions are ignored there).
+    """
+    if len(turn_values) != len(turn_spans):
+        raise ValueError(f"{len(turn_values)} episodes of turn values but {len(turn_spans)} of spans")
+    advantages = torch.zeros(len(turn_values), num_tokens)  # (B, T)
+    for row, (values, spans) in enumerate(zip(turn_values, turn_spans)):
+        if len(values) != len(spans):
+            raise ValueError(f"episode {row}: {len(values)} turn values for {len(spans)} policy spans")
+        for value, span in zip(values, spans):
+            start, end = (span.start, span.end) if hasattr(span, "start") else span
+            if not 0 <= start < end <= num_tokens:
+                raise ValueError(f"episode {row}: span [{start}, {end}) is outside [0, {num_tokens})")
+            advantages[row, start:end] = value
+    return advantages
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOLossConfig,
+    ref_logps: torch.Tensor | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped GRPO surrogate plus beta * k3 KL, aggregated by `cfg.loss_type`.
+
+    Args:
+        logps: (B, T) log pi_theta of each token, with grad (from `sequence_logprobs`).
+        old_logps: (B, T) log pi_old: the sampling weights' log-probs (see the module docstring
+            on mu; `logps.detach()` is valid only when these are the sampling weights).
+        advantages: (B,) one per sequence, or (B, T) per token (multi-turn credit).
+        mask: (B, T) 1 on trained (policy) tokens, 0 elsewhere; any dtype.
+        cfg: the loss settings.
+        ref_logps: (B, T) log pi_ref; required iff cfg.beta > 0, never read when beta == 0.
+        num_items_in_batch: only for "dapo"/"token": the trained-token count to divide by (e.g. of
+            the whole accumulation window); default: mask.sum() of this batch.
+    Returns:
+        loss: scalar, differentiable w.r.t. logps.
+        metrics: detached scalars, all means over trained tokens (over sequences for the clip
+            fractions at sequence level): "loss/kl" (k3, only if beta > 0), "loss/ratio_mean",
+            "loss/clip_ratio_low" (ratio < 1-eps with A < 0), "loss/clip_ratio_high"
+            (ratio > 1+eps_high with A > 0), "loss/clip_ratio_region" (either).
+    """
+    _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_items_in_batch)
+    trained = mask.bool()  # (B, T)
+    weights = mask.to(logps.dtype)  # (B, T)
+    advantages = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
+    # Zero the log-ratio off-mask BEFORE exp: padding log-probs may be arbitrary, and exp(+big) * 0 = NaN.
+    log_ratio = torch.where(trained, logps - old_logps, 0.0)  # (B, T)
+    if cfg.importance_sampling_level == "sequence":
+        tokens_per_sequence = weights.sum(-1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        log_ratio = log_ratio.sum(-1, keepdim=True) / tokens_per_sequence  # (B, 1), GSPO's length-normalised ratio
+    ratio = torch.exp(log_ratio)  # (B, T) or (B, 1)
+    clipped_ratio = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.clip_high)  # (B, T) or (B, 1)
+    per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)  # (B, T) or (B, 1)
+    per_token_loss = per_token_loss.expand_as(logps)  # (B, T): a sequence ratio applies to all its tokens
+    metrics: dict[str, torch.Tensor] = {}
+    if cfg.beta != 0.0:
+        ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
+        per_token_kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T), k3 >= 0
+        per_token_loss = per_token_loss + cfg.beta * per_token_kl  # (B, T)
+        metrics["loss/kl"] = _masked_mean(per_token_kl.detach(), weights)
+    loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch)  # ()
+    metrics.update(_ratio_metrics(ratio.detach(), advantages, weights, cfg))
+    return loss, metrics
+
+
+def _aggregate(
+    per_token_loss: torch.Tensor, weights: torch.Tensor, cfg: GRPOLossConfig, num_items: int | torch.Tensor | None
+) -> torch.Tensor:
+    """(B, T) per-token losses -> scalar, per cfg.loss_type (see GRPOLossConfig.loss_type)."""
+    masked_sum = (per_token_loss * weights).sum()  # ()
+    if cfg.loss_type == "grpo":
+        per_sequence = (per_token_loss * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)  # (B,)
+        return per_sequence.mean()
+    if cfg.loss_type in ("dapo", "token"):
+        count = weights.sum() if num_items is None else torch.as_tensor(num_items, dtype=weights.dtype)
+        return masked_sum / count.clamp(min=1.0)
+    if cfg.loss_type == "bnpo":
+        return masked_sum / weights.sum().clamp(min=1.0)
+    assert cfg.loss_type == "dr_grpo", f"unhandled loss_type {cfg.loss_type}"
+    return masked_sum / (weights.shape[0] * cfg.max_completion_length)
+
+
+def _ratio_metrics(
+    ratio: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, cfg: GRPOLossConfig
+) -> dict[str, torch.Tensor]:
+    """Clip fractions and the mean ratio; per sequence when ratio and advantages are both (B, 1)."""
+    if ratio.shape[1] == 1 and advantages.shape[1] == 1:  # GSPO, one advantage per sequence
+        weights = (weights.sum(-1, keepdim=True) > 0).to(weights.dtype)  # (B, 1): sequences with tokens
+    is_low = ((ratio < 1.0 - cfg.epsilon) & (advantages < 0)).to(weights.dtype)  # (B, T) or (B, 1)
+    is_high = ((ratio > 1.0 + cfg.clip_high) & (advantages > 0)).to(weights.dtype)  # (B, T) or (B, 1)
+    return {
+        "loss/ratio_mean": _masked_mean(ratio.expand_as(weights), weights),
+        "loss/clip_ratio_low": _masked_mean(is_low.expand_as(weights), weights),
+        "loss/clip_ratio_high": _masked_mean(is_high.expand_as(weights), weights),
+        "loss/clip_ratio_region": _masked_mean(torch.maximum(is_low, is_high).expand_as(weights), weights),
+    }
+
+
+def _masked_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return (values * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_items_in_batch) -> None:
+    shape = tuple(logps.shape)
+    if logps.dim() != 2:
+        raise ValueError(f"logps must be (B, T); got {shape}")
+    if tuple(old_logps.shape) != shape or tuple(mask.shape) != shape:
+        raise ValueError(f"logps {shape}, old_logps {tuple(old_logps.shape)} and mask {tuple(mask.shape)} must match")
+    if tuple(advantages.shape) not in ((shape[0],), shape):
+        raise ValueError(f"advantages must be (B,) = ({shape[0]},) or (B, T) = {shape}; got {tuple(advantages.shape)}")
+    if cfg.beta != 0.0 and (ref_logps is None or tuple(ref_logps.shape) != shape):
+        raise ValueError(
+            f"beta={cfg.beta} > 0 needs ref_logps of shape {shape} for the KL penalty; pass the reference "
+            "log-probs, or set beta=0 to train without a reference"
+        )
+    if num_items_in_batch is not None and cfg.loss_type not in ("dapo", "token"):
+        raise ValueError(
+            f"num_items_in_batch is only used by loss_type 'dapo'/'token' (got {cfg.loss_type!r}); don't pass it"
+        )

@@ -1,0 +1,193 @@
+"""Per-token log-probabilities and entropies, computed without full-vocabulary float copies.
+
+Shape legend (used in every comment below):
+    B  sequences in the batch (= prompts * G for GRPO)
+    T  tokens per (right-padded) sequence
+    V  vocabulary size
+    H  hidden size of the backbone
+    N  number of scored positions (tokens whose loss_mask is 1), N <= B*T
+
+Two levers from DESIGN.md "Performance notes" live here:
+
+1. `token_logprobs` never materialises a second full (.., V) float tensor. The forward pass
+   folds the logits into a logsumexp chunk by chunk of rows; the backward pass recomputes the
+   softmax of each chunk from the saved logits and writes the gradient chunk by chunk. The
+   only (.., V) tensors alive are the logits the caller passed in and, during backward, their
+   gradient (which autograd needs anyway).
+2. `sequence_logprobs` runs the backbone once and applies the LM head ONLY at the N positions
+   whose next token is trained (loss_mask 1), so prompt, observation and padding positions
+   never pay for a (H x V) projection.
+
+How this departs from TRL 1.16 (`trl.trainer.utils.add_fused_lm_head`): TRL monkey-patches the
+model's `forward` and chunks over the vocabulary with an online logsumexp (and Triton on GPU).
+We patch nothing: we call the backbone (`get_decoder()`) and the output embeddings directly,
+and chunk over rows. Results agree to float rounding (tests/test_grpo_vs_trl.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_FLOATS_PER_CHUNK = 1 << 25  # ~128 MiB of float32 per row chunk: rows = max(1, this // V)
+
+
+def _rows_per_chunk(vocab_size: int, rows_per_chunk: int | None) -> int:
+    return rows_per_chunk if rows_per_chunk is not None else max(1, _FLOATS_PER_CHUNK // vocab_size)
+
+
+class _ChunkedTokenLogprob(torch.autograd.Function):
+    """logp[n] = z[n, y_n]/temp - logsumexp(z[n, :]/temp), saving only z and the (N,) logsumexp."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
+        compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+        log_normalizer = torch.empty(logits.shape[0], dtype=compute_dtype, device=logits.device)  # (N,)
+        target_logit = torch.empty_like(log_normalizer)  # (N,)
+        for start in range(0, logits.shape[0], rows):
+            scaled = logits[start:start + rows].to(compute_dtype) / temperature  # (n, V)
+            log_normalizer[start:start + rows] = torch.logsumexp(scaled, dim=-1)  # (n,)
+            target_logit[start:start + rows] = scaled.gather(-1, targets[start:start + rows, None])[:, 0]  # (n,)
+        ctx.save_for_backward(logits, targets, log_normalizer)
+        ctx.temperature, ctx.rows = temperature, rows
+        return target_logit - log_normalizer  # (N,)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, targets, log_normalizer = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)  # (N, V) in the logits' own dtype
+        for start in range(0, logits.shape[0], ctx.rows):
+            stop = start + ctx.rows
+            scaled = logits[start:stop].to(log_normalizer.dtype) / ctx.temperature  # (n, V)
+            probs = scaled.sub_(log_normalizer[start:stop, None]).exp_()  # (n, V) softmax, reusing `scaled`
+            # d logp / d z = (onehot(y) - softmax(z/temp)) / temp
+            probs.neg_().scatter_add_(-1, targets[start:stop, None], torch.ones_like(probs[:, :1]))
+            grad_logits[start:stop] = probs * (grad_out[start:stop, None] / ctx.temperature)
+        return grad_logits, None, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, rows_per_chunk: int | None = None
+) -> torch.Tensor:
+    """log softmax(logits / temperature) gathered at `targets`, memory-efficiently.
+
+    Args:
+        logits: (..., V) any float dtype; the math runs in at least float32.
+        targets: (...) long, the token whose log-probability is wanted at each position.
+        temperature: the sampling temperature; logits are divided by it (must be > 0).
+        rows_per_chunk: rows of V processed at once (default: ~128 MiB of float32).
+    Returns:
+        (...) log-probabilities, dtype float32 (float64 if the logits are float64).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to define a distribution, got {temperature}")
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} must be targets {tuple(targets.shape)} plus a vocab dim")
+    vocab_size = logits.shape[-1]
+    flat_logits = logits.reshape(-1, vocab_size)  # (N, V), a view when contiguous
+    flat_targets = targets.reshape(-1)  # (N,)
+    rows = _rows_per_chunk(vocab_size, rows_per_chunk)
+    return _ChunkedTokenLogprob.apply(flat_logits, flat_targets, float(temperature), rows).view(targets.shape)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, rows_per_chunk: int | None = None) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at each position, chunked over rows.
+
+    H = logsumexp(z) - sum_v softmax(z)_v * z_v  (z = logits / temperature).
+    Differentiable through plain autograd, so with grad enabled each chunk's float copy is kept
+    for backward; use it under `torch.no_grad()` when it is only a metric.
+
+    Args: logits (..., V). Returns: (...) float32 (float64 for float64 logits).
+    """
+    vocab_size = logits.shape[-1]
+    flat_logits = logits.reshape(-1, vocab_size)  # (N, V)
+    compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+    rows = _rows_per_chunk(vocab_size, rows_per_chunk)
+    pieces = []
+    for start in range(0, flat_logits.shape[0], rows):
+        scaled = flat_logits[start:start + rows].to(compute_dtype) / temperature  # (n, V)
+        log_normalizer = torch.logsumexp(scaled, dim=-1)  # (n,)
+        probs = torch.softmax(scaled, dim=-1)  # (n, V)
+        pieces.append(log_normalizer - (probs * scaled).sum(-1))  # (n,)
+    if not pieces:
+        return flat_logits.new_zeros(logits.shape[:-1], dtype=compute_dtype)
+    return torch.cat(pieces).view(logits.shape[:-1])  # (...)
+
+
+def unwrap_causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers `*ForCausalLM` under any PEFT wrapper.
+
+    peft 0.21: `PeftModel.get_base_model()` returns the transformers model with the LoRA layers
+    injected in place (so calling it still applies the adapters). Note `PeftModel.base_model`
+    is the *tuner* (`LoraModel`), not the backbone: don't use it here.
+    """
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
+
+
+def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    causal_lm = unwrap_causal_lm(model)
+    backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
+    head = causal_lm.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(causal_lm).__name__} has no output embeddings (LM head); it is not a causal LM")
+    config = getattr(causal_lm, "config", None)
+    for attribute in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(config, attribute, None) not in (None, 1.0):
+            raise NotImplementedError(
+                f"{type(causal_lm).__name__} rescales its logits ({attribute}); sequence_logprobs applies the "
+                "plain LM head only. Add the rescaling here (and a test) before training this model."
+            )
+    return backbone, head
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of the trained tokens, running the LM head only where they are needed.
+
+    out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]) where loss_mask[b, t] == 1, else 0.
+
+    Args:
+        model: a transformers causal LM, optionally PEFT-wrapped (adapters stay active; to score
+            under pi_ref with LoRA, call this inside `model.disable_adapter()`).
+        input_ids: (B, T) long, right- or left-padded.
+        attention_mask: (B, T) 1 on real tokens.
+        loss_mask: (B, T) 1 on policy tokens. Column 0 must be 0: the first token has no context.
+        temperature: the sampling temperature (logits are divided by it).
+        with_entropy: also return the entropy of the next-token distribution at the same places
+            (detached: a metric, not a loss term).
+    Returns:
+        (logps (B, T), entropy (B, T) or None), float32 (float64 for a float64 model).
+    """
+    if input_ids.shape != loss_mask.shape or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and loss_mask "
+            f"{tuple(loss_mask.shape)} must all be (B, T)"
+        )
+    if bool(loss_mask[:, 0].any()):
+        raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
+    backbone, head = _backbone_and_head(model)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
+    scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
+    scored_hidden = hidden[:, :-1][scored]  # (N, H)
+    targets = input_ids[:, 1:][scored]  # (N,)
+    logits = head(scored_hidden)  # (N, V): the only full-vocabulary tensor of the forward pass
+    logps = token_logprobs(logits, targets, temperature)  # (N,)
+    out = _scatter_rows(logps, scored)  # (B, T)
+    if not with_entropy:
+        return out, None
+    with torch.no_grad():
+        entropy = _scatter_rows(token_entropy(logits.detach(), temperature), scored)  # (B, T)
+    return out, entropy
+
+
+def _scatter_rows(values: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Place (N,) values at the True entries of `scored` (B, T-1), shifted right by one -> (B, T)."""
+    shifted = values.new_zeros(scored.shape).masked_scatter(scored, values)  # (B, T-1), differentiable
+    return torch.cat([values.new_zeros(scored.shape[0], 1), shifted], dim=1)  # (B, T)

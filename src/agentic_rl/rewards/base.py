@@ -1,0 +1,118 @@
+"""Reward terms: small named functions of a finished episode, composed with weights.
+
+Each term is a function `term(trajectories, **params) -> list[float]` registered by name,
+so configs can name it:
+
+    rewards:
+      - {name: accuracy, weight: 1.0}
+      - {name: step_bonus, weight: 1.0, params: {beta: 0.05, cap: 5}}
+
+The composer sets `trajectory.reward` (the weighted sum) and `trajectory.reward_components`
+(each term's unweighted value), and every component is logged on its own (invariant 5).
+Terms see the episode through `Trajectory.info` (what the environment graded: correct,
+format_ok, tool_calls, tool_errors, ...), its policy tokens, turn rewards and messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Sequence
+
+from agentic_rl.rollout.trajectory import Trajectory
+
+RewardFn = Callable[..., list[float]]
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable], Callable]:
+    """Register a reward term under `name`.
+
+    With `per_episode=True` (the usual case) the function takes one Trajectory and returns a
+    float; the registry lifts it to a batch. With `per_episode=False` it takes the whole list
+    (for terms that batch, such as a reward model).
+    """
+
+    def decorator(fn: Callable) -> Callable:
+        if name in _REGISTRY:
+            raise ValueError(f"reward '{name}' is already registered")
+        if per_episode:
+            def batched(trajectories: Sequence[Trajectory], **params: Any) -> list[float]:
+                return [float(fn(t, **params)) for t in trajectories]
+
+            batched.__wrapped__ = fn  # type: ignore[attr-defined]
+            batched.__doc__ = fn.__doc__
+            _REGISTRY[name] = batched
+        else:
+            _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_reward(name: str) -> RewardFn:
+    _ensure_builtin_rewards()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward '{name}'; available rewards: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def list_rewards() -> list[str]:
+    _ensure_builtin_rewards()
+    return sorted(_REGISTRY)
+
+
+def reward_parameters(name: str) -> list[str]:
+    """The keyword parameters reward `name` accepts (for config validation)."""
+    fn = get_reward(name)
+    target = getattr(fn, "__wrapped__", fn)
+    params = list(inspect.signature(target).parameters.values())[1:]
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty]
+
+
+@dataclasses.dataclass
+class RewardSpec:
+    """One weighted reward term in a config."""
+
+    name: str
+    """Registered reward name (see `agentic-rl rewards list`)."""
+    weight: float = 1.0
+    """Multiplier of this term in the total reward."""
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword parameters of the term (e.g. beta, cap for step_bonus)."""
+
+    def __post_init__(self) -> None:
+        get_reward(self.name)  # raises with the list of known names
+        allowed = reward_parameters(self.name)
+        unknown = sorted(set(self.params) - set(allowed))
+        if unknown:
+            raise ValueError(f"reward '{self.name}' has no parameter(s) {unknown}; allowed: {allowed}")
+
+
+class RewardComposer:
+    """Weighted sum of reward terms; records every component on each trajectory."""
+
+    def __init__(self, specs: Sequence[RewardSpec], extra_terms: dict[str, tuple[RewardFn, float]] | None = None):
+        if not specs and not extra_terms:
+            raise ValueError("at least one reward term is needed, e.g. rewards: [{name: accuracy}]")
+        self.specs = list(specs)
+        self.extra_terms = dict(extra_terms or {})
+
+    def __call__(self, trajectories: Sequence[Trajectory]) -> list[float]:
+        """Score `trajectories` in place (reward, reward_components) and return the totals."""
+        totals = [0.0] * len(trajectories)
+        terms = [(s.name, get_reward(s.name), s.weight, s.params) for s in self.specs]
+        terms += [(name, fn, weight, {}) for name, (fn, weight) in self.extra_terms.items()]
+        for name, fn, weight, params in terms:
+            values = fn(list(trajectories), **params)
+            assert len(values) == len(trajectories), f"reward '{name}' returned {len(values)} values"
+            for i, (traj, value) in enumerate(zip(trajectories, values)):
+                traj.reward_components[name] = float(value)
+                totals[i] += weight * float(value)
+        for traj, total in zip(trajectories, totals):
+            traj.reward = total
+        return totals
+
+
+def _ensure_builtin_rewards() -> None:
+    from agentic_rl.rewards import terms  # noqa: F401

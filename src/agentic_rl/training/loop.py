@@ -1,0 +1,220 @@
+"""The one training loop, on accelerate. SFT, the reward model and GRPO all run through it.
+
+An algorithm is an `Objective`: it makes each step's batch (rollouts, demonstrations or
+preference pairs), splits it into micro-batches, and returns each micro-batch's loss. The loop
+owns everything else: the optimizer and schedule, gradient accumulation, clipping, mixed
+precision, distribution (DDP / DeepSpeed / FSDP, all through accelerate), atomic checkpoints,
+exact resume, metrics and the progress bar.
+
+Gradient accumulation, per optimizer step:
+
+    batch ──split──► micro_0   micro_1   ...   micro_{m-1}
+                     fwd+bwd   fwd+bwd         fwd+bwd       (no_sync on all but the last:
+                     └─────── grads sum in .grad ────────┘    DDP all-reduces once)
+                                                  clip ─► AdamW ─► schedule ─► after_step()
+
+Each micro-batch loss is already scaled to its share of the full-batch loss (the objective
+knows the global normaliser: sequences or tokens, across ranks), so the summed gradient is
+exactly the full-batch gradient, whatever the micro-batch size.
+
+    python -c "from agentic_rl.training.loop import run_training"   # called by the trainers
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Any, Literal, Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from agentic_rl.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentic_rl.training.run_dir import RunDir
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """AdamW, learning-rate schedule and gradient clipping."""
+
+    lr: float = 1e-5
+    """Peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0 to lr."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value (0 disables clipping)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0 or self.max_grad_norm < 0:
+            raise ValueError("optim.warmup_steps and optim.max_grad_norm must be >= 0")
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    """How long to train, where to write, and how often to save."""
+
+    steps: int = 100
+    """Optimizer steps."""
+    seed: int = 0
+    """Seed for initialisation, data order and sampling."""
+    output_dir: str = "runs/train"
+    """Run directory (config.yaml, metrics.jsonl, tb/, checkpoints/)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = True
+    """Continue from the newest complete checkpoint in output_dir, if any."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """Autocast precision for forward/backward (bf16 needs hardware support to pay off)."""
+    log_every: int = 1
+    """Log metrics every N steps."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.log_every < 1:
+            raise ValueError("train.checkpoint_every >= 0, train.keep_checkpoints >= 1, train.log_every >= 1")
+
+
+class Objective(Protocol):
+    """What an algorithm gives the loop."""
+
+    def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
+        """Receive the prepared (possibly DDP-wrapped) model and the accelerator."""
+
+    def next_batch(self, step: int) -> Any:
+        """The data of optimizer step `step`. Must be a function of (seed, step, own state) only."""
+
+    def micro_batches(self, batch: Any) -> Sequence[Any]:
+        """Split a batch for gradient accumulation."""
+
+    def loss(self, model: torch.nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the full-batch loss, and metrics to average."""
+
+    def after_step(self, step: int) -> dict[str, float]:
+        """Called after each optimizer step (e.g. bump the rollout weights version); returns metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resume needs beyond model/optimizer/RNG (data position, cached batches)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
+    return optimizer, scheduler
+
+
+def run_training(
+    objective: Objective,
+    model: torch.nn.Module,
+    loop: LoopConfig,
+    optim: OptimConfig,
+    accelerator: Any,
+    run_dir: RunDir,
+    description: str = "train",
+) -> list[dict[str, float]]:
+    """Train `model` on `objective` for loop.steps optimizer steps; return the logged rows."""
+    optimizer, scheduler = build_optimizer(model, optim, loop.steps)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    objective.bind(model, accelerator)
+    start = _maybe_resume(objective, loop, accelerator, run_dir)
+    history: list[dict[str, float]] = []
+    bar = tqdm(range(start, loop.steps), desc=description, disable=not (loop.progress and accelerator.is_main_process), initial=start, total=loop.steps)
+    for step in bar:
+        row = _train_step(objective, model, optimizer, scheduler, optim, accelerator, step)
+        history.append(row)
+        if (step + 1) % loop.log_every == 0 or step + 1 == loop.steps:
+            run_dir.log(step + 1, row)
+        bar.set_postfix({k: f"{row[k]:.3g}" for k in ("loss", "reward/total/mean") if k in row})
+        if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0 and step + 1 < loop.steps:
+            _save(objective, accelerator, run_dir, step + 1, loop.keep_checkpoints)
+    if loop.steps > start:
+        _save(objective, accelerator, run_dir, loop.steps, loop.keep_checkpoints)
+    return history
+
+
+def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, accelerator, step: int) -> dict[str, float]:
+    started = time.perf_counter()
+    batch = objective.next_batch(step)
+    data_seconds = time.perf_counter() - started
+    micro_batches = objective.micro_batches(batch)
+    metric_sums: dict[str, float] = {}
+    loss_total = 0.0
+    started = time.perf_counter()
+    for index, micro in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        with sync, accelerator.autocast():
+            loss, metrics = objective.loss(model, micro)
+            accelerator.backward(loss)
+        loss_total += float(loss.detach())
+        for key, value in metrics.items():
+            metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+    backward_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    grad_norm = float("nan")
+    if optim.max_grad_norm > 0 and accelerator.sync_gradients:
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    after = objective.after_step(step)
+    optimizer_seconds = time.perf_counter() - started
+    row = {key: value / len(micro_batches) for key, value in metric_sums.items()}
+    row.update(after)
+    row.update({
+        "loss": loss_total,
+        "optim/lr": scheduler.get_last_lr()[0],
+        "optim/grad_norm": grad_norm,
+        "time/data": data_seconds,
+        "time/forward_backward": backward_seconds,
+        "time/optimizer": optimizer_seconds,
+    })
+    if torch.cuda.is_available():
+        row["memory/max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None:
+    state = {"step": step, "objective": objective.state_dict()}
+    save_checkpoint(accelerator, run_dir.checkpoints, step, state, keep)
+
+
+def _maybe_resume(objective, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:
+    if not loop.resume:
+        return 0
+    path = latest_checkpoint(run_dir.checkpoints)
+    if path is None:
+        return 0
+    state = load_checkpoint(accelerator, path)
+    objective.load_state_dict(state["objective"])
+    run_dir.truncate_metrics(state["step"])
+    accelerator.print(f"resumed from {path} at step {state['step']}")
+    return int(state["step"])
+
+
+def is_finite_row(row: dict[str, float]) -> bool:
+    return all(math.isfinite(v) for k, v in row.items() if k != "optim/grad_norm")

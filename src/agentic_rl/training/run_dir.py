@@ -1,0 +1,71 @@
+"""The run directory: resolved config, metrics JSONL, TensorBoard events, checkpoints.
+
+    runs/<name>/
+      config.yaml        the config object actually used (never a hand-made copy)
+      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/policy": ..., ...}
+      tb/                TensorBoard events of the same metrics
+      checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RunDir:
+    """Owns one run's output folder. Only the main process writes (`enabled=False` elsewhere)."""
+
+    def __init__(self, path: str | Path, config: Any | None = None, enabled: bool = True, tensorboard: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        self._writer = None
+        if not enabled:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        if config is not None:
+            data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+            (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.path / "tb"))
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append `metrics` for `step` to metrics.jsonl and TensorBoard."""
+        if not self.enabled:
+            return
+        clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
+        with open(self.path / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps({"step": step, **clean}, allow_nan=True) + "\n")
+        if self._writer is not None:
+            for key, value in clean.items():
+                if isinstance(value, float) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Drop logged steps beyond `after_step` (a resumed run re-logs them exactly)."""
+        metrics = self.path / "metrics.jsonl"
+        if not self.enabled or not metrics.exists():
+            return
+        kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= after_step]
+        metrics.write_text("".join(line + "\n" for line in kept))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

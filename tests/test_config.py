@@ -1,0 +1,82 @@
+"""The config loader is strict: every key is used or rejected (DESIGN.md invariant 6)."""
+
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from agentic_rl.config import ConfigError, describe, load_config
+
+
+@dataclasses.dataclass
+class Optim:
+    lr: float = 1e-5
+    """Peak learning rate."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Schedule after warm-up."""
+
+
+@dataclasses.dataclass
+class Example:
+    model: str = "tiny-qwen3"
+    """Model name or path."""
+    steps: int = 10
+    """Optimizer steps."""
+    lora: bool = True
+    """Use LoRA."""
+    tags: list[str] = dataclasses.field(default_factory=list)
+    """Free-form tags."""
+    optim: Optim = dataclasses.field(default_factory=Optim)
+    """Optimizer settings."""
+
+
+def test_yaml_and_overrides_are_applied_in_order(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 20\noptim:\n  lr: 3e-4\n  schedule: cosine\n")
+    cfg = load_config(Example, path, overrides=["optim.lr=1e-3", "tags=[a, b]"])
+    assert cfg.steps == 20
+    assert cfg.optim.lr == pytest.approx(1e-3)
+    assert cfg.optim.schedule == "cosine"
+    assert cfg.tags == ["a", "b"]
+
+
+def test_yaml_exponent_without_dot_is_a_float(tmp_path):
+    """Guards against YAML 1.1 reading `3e-4` as the string '3e-4'."""
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 3e-4\n")
+    assert load_config(Example, path).optim.lr == pytest.approx(3e-4)
+
+
+def test_unknown_key_names_the_key_and_allowed_keys(tmp_path):
+    """Guards against silently ignored settings (the seed ignored 11 documented keys)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(Example, path)
+    message = str(info.value)
+    assert "optim.learning_rate" in message and "lr, schedule" in message and str(path) in message
+
+
+def test_literal_value_error_lists_allowed_values():
+    with pytest.raises(ConfigError, match=r"'optim.schedule' must be one of \['constant', 'cosine'\], got 'linear'"):
+        load_config(Example, overrides=["optim.schedule=linear"])
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [("steps=ten", "'steps' must be an integer"), ("lora=maybe", "'lora' must be true or false"), ("steps=1.5", "'steps' must be an integer")],
+)
+def test_wrong_types_are_rejected_with_the_key(override, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(Example, overrides=[override])
+
+
+def test_describe_lists_every_leaf_key_with_its_docstring():
+    lines = describe(Example)
+    assert any(line.startswith("optim.lr (float, default 1e-05): Peak learning rate.") for line in lines)
+    assert len(lines) == 6
+
+
+def test_malformed_override_is_explained():
+    with pytest.raises(ConfigError, match="must look like key.subkey=value"):
+        load_config(Example, overrides=["steps"])

@@ -1,0 +1,67 @@
+"""Each reward formula against hand-computed values, and the composer's bookkeeping."""
+
+import pytest
+
+from agentic_rl.rewards import RewardComposer, RewardSpec
+from agentic_rl.rewards.terms import accuracy, env_steps, format_reward, length_penalty, step_bonus, tool_use
+from agentic_rl.rollout.trajectory import Span, Trajectory
+
+
+def make_traj(policy_tokens=10, correct=True, text="Step 1: 2+3\nStep 2: 5*4\nFinal Answer: 20", info=None, turn_rewards=()):
+    prompt = 5
+    ids = list(range(prompt + policy_tokens))
+    mask = [0] * prompt + [1] * policy_tokens
+    spans = [Span("prompt", 0, prompt), Span("policy", prompt, prompt + policy_tokens)]
+    base_info = {"correct": correct, "format_ok": True, "tool_calls": 0, "tool_errors": 0}
+    base_info.update(info or {})
+    return Trajectory(ids, mask, [0.0] * len(ids), spans, turn_rewards=list(turn_rewards),
+                      messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": text}], info=base_info)
+
+
+def test_accuracy_and_format():
+    assert accuracy(make_traj(correct=True)) == 1.0
+    assert accuracy(make_traj(correct=False)) == 0.0
+    assert format_reward(make_traj(info={"format_ok": False})) == 0.0
+
+
+def test_length_penalty_formula():
+    """r = r_acc − α·max(0, l − l_target): 300 tokens, target 256, α = 0.01 → 1 − 0.44 = 0.56."""
+    traj = make_traj(policy_tokens=300)
+    assert length_penalty(traj, alpha=0.01, target=256) == pytest.approx(-0.44)
+    assert length_penalty(make_traj(policy_tokens=100), alpha=0.01, target=256) == 0.0
+    composer = RewardComposer([RewardSpec("accuracy"), RewardSpec("length_penalty", params={"alpha": 0.01, "target": 256})])
+    assert composer([traj]) == [pytest.approx(0.56)]
+
+
+def test_step_bonus_counts_markers_with_cap_only_when_correct():
+    """Guards against paying for `Step` lines on wrong answers, which rewards padding."""
+    text = "\n".join(f"Step {k}: x" for k in range(1, 8)) + "\nFinal Answer: 3"
+    assert step_bonus(make_traj(text=text), beta=0.1, cap=5) == pytest.approx(0.5)
+    assert step_bonus(make_traj(text=text, correct=False), beta=0.1, cap=5) == 0.0
+    assert step_bonus(make_traj(), beta=0.1, cap=5) == pytest.approx(0.2)
+    assert step_bonus(make_traj(text="I think Step 1: is mid-line"), beta=0.1) == 0.0
+
+
+def test_tool_use_share():
+    assert tool_use(make_traj(info={"tool_calls": 4, "tool_errors": 1})) == pytest.approx(0.75)
+    assert tool_use(make_traj(info={"tool_calls": 0}), no_calls=0.0) == 0.0
+
+
+def test_env_steps_discounted_return():
+    """Σ γ^t r_t with γ = 0.9 over [0.1, 0.1, 1.0] = 0.1 + 0.09 + 0.81 = 1.0."""
+    assert env_steps(make_traj(turn_rewards=[0.1, 0.1, 1.0]), gamma=0.9) == pytest.approx(1.0)
+
+
+def test_composer_records_each_component_unweighted_and_the_weighted_total():
+    trajs = [make_traj(correct=True), make_traj(correct=False, info={"format_ok": False})]
+    composer = RewardComposer([RewardSpec("accuracy", weight=2.0), RewardSpec("format", weight=0.5)])
+    assert composer(trajs) == [pytest.approx(2.5), pytest.approx(0.0)]
+    assert trajs[0].reward_components == {"accuracy": 1.0, "format": 1.0}
+    assert trajs[1].reward == 0.0
+
+
+def test_unknown_reward_and_parameter_are_rejected_with_the_options():
+    with pytest.raises(ValueError, match="unknown reward 'acuracy'; available rewards: .*accuracy"):
+        RewardSpec("acuracy")
+    with pytest.raises(ValueError, match=r"no parameter\(s\) \['gama'\]; allowed: \['gamma'\]"):
+        RewardSpec("env_steps", params={"gama": 0.9})
