@@ -167,11 +167,16 @@ def parse_problem(index: int, question: str, answer: str, where: str = "<record>
     body = "\n".join(lines[:-1])
     if body.count("<<") != body.count(">>"):
         raise DataError(f"{where}: unbalanced '<<' / '>>' in the solution; close each annotation")
-    annotations = tuple(_parse_annotation(m.group(1), where) for m in _ANNOTATION.finditer(body))
+    annotations = parse_annotations(body, where)
     solution_lines = tuple(
         _ANNOTATION.sub("", line).strip() for line in lines[:-1] if line.strip()
     )
     return GSM8KProblem(index, question, answer, final_answer, annotations, solution_lines)
+
+
+def parse_annotations(text: str, where: str = "<text>") -> tuple[Calculation, ...]:
+    """Every `<<expr=value>>` in `text`, in order; DataError if one is not of that form."""
+    return tuple(_parse_annotation(match.group(1), where) for match in _ANNOTATION.finditer(text))
 
 
 def _parse_annotation(inner: str, where: str) -> Calculation:

@@ -17,6 +17,7 @@ The loss, per trained token t of sequence i (A_i: advantage, r: importance ratio
               = exp(mean_t (logp_{i,t} - old_logp_{i,t}))  for all t   (sequence level, GSPO)
     l_{i,t}   = -min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t}
     k3_{i,t}  = exp(ref - logp) - (ref - logp) - 1                     (Schulman's k3 estimator)
+                (times r_{i,t} when kl_importance_correction, TRL 1.16's default)
 
 then aggregated by `GRPOLossConfig.loss_type`.
 
@@ -84,6 +85,11 @@ class GRPOLossConfig:
     beta: float = 0.04
     """Weight of the k3 KL(pi_theta || pi_ref) penalty (GRPO paper: 0.04). 0 skips the reference
     entirely: `grpo_loss` then needs no `ref_logps`."""
+    kl_importance_correction: bool = False
+    """Multiply each token's k3 by the (differentiable) importance ratio, as in DeepSeek-V3.2, so
+    the KL gradient is the unbiased reverse-KL gradient even off-policy. Changes the gradient even
+    on-policy (ratio == 1 but its gradient is not 0). TRL 1.16's `use_bias_correction_kl`, which
+    TRL turns ON by default; the GRPO paper (our default) uses plain k3. Needs beta > 0."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """"token": one ratio per token (PPO/GRPO). "sequence": one ratio per sequence,
     exp(mean over its tokens of logp - old_logp), applied to all its tokens (GSPO)."""
@@ -110,6 +116,11 @@ class GRPOLossConfig:
             raise ValueError(f"epsilon_high={self.epsilon_high} must be > 0, or None to use epsilon")
         if self.beta < 0.0:
             raise ValueError(f"beta={self.beta} must be >= 0: it weights a KL penalty (0 turns it off)")
+        if self.kl_importance_correction and self.beta == 0.0:
+            raise ValueError(
+                "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "
+                "set beta > 0 or drop kl_importance_correction"
+            )
         if self.loss_type == "dr_grpo" and (self.max_completion_length is None or self.max_completion_length <= 0):
             raise ValueError(
                 f"loss_type='dr_grpo' divides by B * max_completion_length, so max_completion_length must be a "
@@ -285,7 +296,8 @@ def grpo_loss(
     Returns:
         loss: scalar, differentiable w.r.t. logps.
         metrics: detached scalars, all means over trained tokens (over sequences for the clip
-            fractions at sequence level): "loss/kl" (k3, only if beta > 0), "loss/ratio_mean",
+            fractions at sequence level): "loss/kl" (the k3 term that enters the loss, ratio-weighted
+            if kl_importance_correction, as TRL logs it; only if beta > 0), "loss/ratio_mean",
             "loss/clip_ratio_low" (ratio < 1-eps with A < 0), "loss/clip_ratio_high"
             (ratio > 1+eps_high with A > 0), "loss/clip_ratio_region" (either).
     """
@@ -306,6 +318,8 @@ def grpo_loss(
     if cfg.beta != 0.0:
         ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
         per_token_kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T), k3 >= 0
+        if cfg.kl_importance_correction:
+            per_token_kl = per_token_kl * ratio  # (B, T): ratio is (B, T), or (B, 1) broadcast (GSPO)
         per_token_loss = per_token_loss + cfg.beta * per_token_kl  # (B, T)
         metrics["loss/kl"] = _masked_mean(per_token_kl.detach(), weights)
     loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch)  # ()

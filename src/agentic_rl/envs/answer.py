@@ -18,6 +18,7 @@ math-verify only sees answers that are not plain numbers (LaTeX fractions, expre
 from __future__ import annotations
 
 import re
+import threading
 from fractions import Fraction
 
 _FINAL_ANSWER = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
@@ -25,6 +26,8 @@ _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
 _PLAIN_NUMBER = re.compile(rf"^(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?$")
 _BOXED = re.compile(r"\\boxed\s*\{")
+MAX_MATH_VERIFY_CHARS = 200
+"""Longer non-numeric answers are judged wrong without calling math-verify."""
 
 
 def extract_final_answer(text: str) -> str | None:
@@ -97,18 +100,26 @@ def answers_match(predicted: str | None, reference: str) -> bool:
     predicted_value, reference_value = to_fraction(predicted), to_fraction(reference)
     if predicted_value is not None and reference_value is not None:
         return predicted_value == reference_value
+    if reference_value is not None and not any(ch.isdigit() for ch in predicted):
+        return False  # no digit can't equal a plain number; skips ~10 ms of sympy on junk
     return _math_verify_match(predicted, reference)
 
 
 def _math_verify_match(predicted: str, reference: str) -> bool:
+    if len(predicted) > MAX_MATH_VERIFY_CHARS:
+        return False
+    # math-verify's timeouts use SIGALRM, which only works on the main thread; elsewhere every
+    # call would fail (and count as wrong), so there the timeouts are off and the length cap
+    # above bounds the work instead.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
     try:
         from math_verify import parse, verify
 
-        gold = parse(_as_latex(reference))
-        target = parse(_as_latex(predicted))
+        gold = parse(_as_latex(reference), parsing_timeout=timeout)
+        target = parse(_as_latex(predicted), parsing_timeout=timeout)
         if not gold or not target:
             return False
-        return bool(verify(gold, target))
+        return bool(verify(gold, target, timeout_seconds=timeout))
     except Exception:  # noqa: BLE001 - a grader must never crash an episode
         return False
 

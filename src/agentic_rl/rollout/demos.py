@@ -1,0 +1,142 @@
+"""Demonstrations as Trajectories, built exactly the way the rollout engine builds episodes.
+
+What SFT teaches must be what RL samples, so a demonstration goes through the same ChatFormat:
+the prompt and observations are rendered by the chat template (mask 0), and each assistant
+turn is tokenized as policy tokens (mask 1). A turn that calls a tool ends at `</tool_call>`
+with no end-of-turn token, as the engine stops it; a final turn ends with the end-of-turn
+token, which is trained (the model must learn to stop).
+
+Three sources:
+  * `oracle_demos(env, tasks)`: the env's scripted oracle, run through the real env API,
+    so tool results are real (arith's solver; GSM8K's `<<expr=value>>` annotations).
+  * `load_jsonl_demos(path, chat_format)`: a user's file, one conversation per line:
+        {"messages": [{"role": "system", "content": "..."},
+                      {"role": "user", "content": "What is 48/2 + 3?"},
+                      {"role": "assistant", "content": "Step 1: ...\\n<tool_call>\\n{\\"name\\": \\"calculator\\", \\"arguments\\": {\\"expression\\": \\"48/2\\"}}\\n</tool_call>"},
+                      {"role": "tool", "name": "calculator", "content": "24"},
+                      {"role": "assistant", "content": "Step 2: 24 + 3 = 27\\nFinal Answer: 27"}],
+         "tools": ["calculator"]}
+    "tools" names registered tools whose schemas the prompt shows (optional). An assistant
+    message may instead carry "tool_calls": [{"name": ..., "arguments": {...}}], which is
+    written in the canonical `<tool_call>` form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from agentic_rl.envs.base import Env, Task
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.trajectory import Span, Trajectory
+from agentic_rl.tools.parse import TOOL_CALL_CLOSE, format_tool_call
+
+
+class DemoError(ValueError):
+    """A demonstration cannot be turned into a trajectory; the message names where and why."""
+
+
+def trajectory_from_messages(
+    chat_format: ChatFormat,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    env: str = "demo",
+    task_id: str = "",
+    info: dict[str, Any] | None = None,
+) -> Trajectory:
+    """Token-exact trajectory of a finished conversation: prompt, then (assistant, observation)*."""
+    first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first_assistant is None or first_assistant == 0:
+        raise DemoError("a demonstration needs at least one message before the first assistant turn, and one assistant turn")
+    if messages[-1].get("role") != "assistant":
+        raise DemoError(f"a demonstration must end with an assistant turn, not '{messages[-1].get('role')}'")
+    prompt = list(messages[:first_assistant])
+    ids = chat_format.prompt_ids(prompt, tools)
+    mask = [0] * len(ids)
+    spans = [Span("prompt", 0, len(ids))]
+    history = list(prompt)
+    index = first_assistant
+    while index < len(messages):
+        text = _assistant_text(messages[index])
+        observations = []
+        index += 1
+        while index < len(messages) and messages[index].get("role") != "assistant":
+            observations.append(messages[index])
+            index += 1
+        calls_tool = text.rstrip().endswith(TOOL_CALL_CLOSE)
+        turn_ids = chat_format.encode(text) + ([] if calls_tool else [chat_format.end_of_turn_id])
+        _append(ids, mask, spans, turn_ids, "policy")
+        generated = text if calls_tool else text + chat_format.end_of_turn
+        history.append({"role": "assistant", "content": text})
+        if observations:
+            obs_ids = chat_format.observation_ids(history[:-1], generated, observations, tools)
+            _append(ids, mask, spans, obs_ids, "observation")
+            history.extend(observations)
+    trajectory = Trajectory(ids, mask, [0.0] * len(ids), spans, env=env, task_id=task_id,
+                            finish_reason="demo", messages=[dict(m) for m in history], info=dict(info or {}))
+    trajectory.check()
+    return trajectory
+
+
+def _append(ids: list[int], mask: list[int], spans: list[Span], new: list[int], kind: str) -> None:
+    start = len(ids)
+    ids.extend(new)
+    mask.extend([1 if kind == "policy" else 0] * len(new))
+    spans.append(Span(kind, start, len(ids)))  # type: ignore[arg-type]
+
+
+def _assistant_text(message: dict[str, Any]) -> str:
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        text = (text + "\n" if text else "") + format_tool_call(function["name"], function.get("arguments", {}))
+    return text
+
+
+def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> list[Trajectory]:
+    """Run the env's oracle on each task through the env API; every demo must be graded correct."""
+    demos = []
+    for task in tasks:
+        messages = env.reset(task)
+        conversation = list(messages)
+        result = None
+        for action in env.oracle_actions(task):
+            result = env.step(action)
+            conversation.append({"role": "assistant", "content": action})
+            if result.done:
+                break
+            conversation.extend(result.observation or [])
+        if result is None or not result.done or not result.info.get("correct"):
+            raise DemoError(f"the oracle of env '{env.name}' did not solve task {task.id}: {result.info if result else None}")
+        demos.append(trajectory_from_messages(chat_format, conversation, env.tool_schemas, env.name, task.id, result.info))
+    return demos
+
+
+def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajectory]:
+    """Demonstrations from a JSONL file of conversations (format in the module docstring)."""
+    from agentic_rl.tools.base import get_tool
+
+    demos = []
+    path = Path(path)
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DemoError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
+            raise DemoError(f'{where}: each line needs a "messages" list of chat messages')
+        for i, message in enumerate(record["messages"]):
+            if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
+                raise DemoError(f"{where}: messages[{i}] needs a role of system, user, assistant or tool")
+        try:
+            tools = [get_tool(name).schema for name in record.get("tools", [])]
+            demos.append(trajectory_from_messages(chat_format, record["messages"], tools or None, env="jsonl", task_id=where))
+        except (DemoError, ValueError, KeyError) as exc:
+            raise DemoError(f"{where}: {exc}") from exc
+    if not demos:
+        raise DemoError(f"{path}: no demonstrations found")
+    return demos

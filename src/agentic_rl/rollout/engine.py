@@ -1,0 +1,417 @@
+"""`RolloutEngine`: run many agent episodes at once and return token-exact `Trajectory`s.
+
+    runner = HFRunner(model, max_slots=32, max_len=2048)
+    engine = RolloutEngine(runner, ChatFormat.for_tokenizer(tok), tok,
+                           RolloutLimits(max_turn_tokens=256, max_episode_tokens=2048, max_turns=8),
+                           SamplingParams(temperature=1.0, seed=0), tool_workers=4)
+    trajectories = engine.run(envs, tasks)        # one env instance per episode: prompts x G
+    ...optimizer.step(); engine.bump_weights_version()
+
+How one episode flows (P prompt, A policy turn, O observation; mask 1 only on A):
+
+    env.reset ─► P ─► [generate A until </tool_call> | end-of-turn | token limit]
+                      ─► env.step(text of A) ─► O rendered by ChatFormat ─► prefill O ─► A ...
+
+All episodes run concurrently with continuous batching: each `Backend.step` is one forward over
+the episodes that have something to compute (a prompt or observation prefill, or the last
+sampled token), so episodes waiting for a tool or finished cost nothing, and an episode rejoins
+decoding in the very step that prefills its observation. The KV cache of an episode lives
+across turns: an observation costs only its own tokens.
+
+Limits and `Trajectory.finish_reason` (decided here, tested in tests/test_rollout_engine.py):
+  * Every policy turn, however it ended, is passed to `env.step`, so each policy span has a
+    turn reward and the env sees every action (a cut turn usually parses as an error/no answer).
+  * max_turn_tokens: a turn cut at this limit is still stepped. If the env ends the episode on
+    it, the reason is "max_turn_tokens"; otherwise the episode simply continues.
+  * max_episode_tokens (prompt + all turns + all observations): a turn is also cut where the
+    episode would exceed it; the episode then ends with "max_episode_tokens" whatever the env
+    says. An observation that would leave no room for one more generated token ends the episode
+    the same way, WITHOUT being appended (so no trailing mask-0 tokens are ever wasted). A prompt
+    that leaves no room ends the episode before any generation (prompt span only).
+  * max_turns: min(limits.max_turns, env.max_turns) policy turns; then "max_turns".
+  * env done after an un-cut turn: "answered" if its info carries a non-None "final_answer",
+    else "env_done".
+  * env.reset/env.step raising: that episode ends with "error", info["error"] holds the
+    message; all other episodes continue.
+Precedence, after each turn: error > episode-token cut > env done (cut turn: "max_turn_tokens")
+> max_turns > observation overflow > continue.
+
+Determinism (invariant 7): every episode has its own torch.Generator derived from (seed, episode
+index), the batch schedule depends only on sampled tokens and env results (tool calls run in
+threads but are joined in episode order before the next forward), so the same seed gives the
+same trajectories. `run(seed=None)` uses `sampling.seed + run_count`, so successive GRPO steps
+draw fresh samples; checkpoint `run_count` to resume exactly.
+
+Backend seam (for vLLM later). The engine depends only on `Backend`: submit the new tokens of an
+episode's context (prompt or observation) with a token budget, and `step()` until turns come
+back. `HFBackend` implements it with a per-token `Runner` (HFRunner or FastRunner) plus
+`sample`. A vLLM backend would implement the same three calls with vLLM's async engine:
+`submit` sends the episode's whole token prompt (`prompt_token_ids`, so no re-tokenization;
+vLLM's prefix caching makes the repeated prefix nearly free) with SamplingParams(max_tokens=
+budget, stop_token_ids=..., stop=["</tool_call>"], include_stop_str_in_output=True, logprobs=0,
+seed=...); `step` polls finished requests and returns their `token_ids` and the chosen tokens'
+logprobs (vLLM returns the processed/truncated ones by default, so ask for raw logprobs to keep
+the convention of sampling.py); weights_version is bumped when new weights are loaded into it.
+The seam is a "generate a turn" API rather than per-token forward because a server owns its own
+batching, cache and sampling; per-token round trips would be hopeless there.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from agentic_rl.envs.base import Env, StepResult, Task
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.runner import Runner
+from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
+from agentic_rl.rollout.trajectory import Span, Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutLimits:
+    """Length limits of one episode (see the module docstring for what happens at each)."""
+
+    max_turn_tokens: int = 256
+    """Most tokens one policy turn may generate (including its stop token)."""
+    max_episode_tokens: int = 2048
+    """Most tokens in the whole episode: prompt + policy turns + observations."""
+    max_turns: int = 8
+    """Most policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------- backend seam
+
+
+@dataclasses.dataclass
+class TurnRequest:
+    """Extend episode `key`'s context by `new_tokens`, then generate one turn of at most `max_new_tokens`."""
+
+    key: int
+    new_tokens: list[int]
+    max_new_tokens: int
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    """One generated turn: its tokens (stop token included), their sampling log-probs, and why it stopped."""
+
+    key: int
+    token_ids: list[int]
+    logprobs: list[float]
+    stop: str
+    """"stop_token" (end-of-turn/eos), "tool_call" (</tool_call> completed) or "length" (budget hit)."""
+
+
+class Backend(Protocol):
+    """What the engine needs from a generator (see the module docstring for vLLM)."""
+
+    def capacity(self) -> int:
+        """How many more episodes can be submitted for the first time now."""
+
+    def submit(self, request: TurnRequest) -> None:
+        """Queue new context tokens and a turn to generate for an episode (new or continuing)."""
+
+    def step(self) -> list[TurnOutput]:
+        """Advance generation; return the turns that finished (maybe none)."""
+
+    def has_work(self) -> bool:
+        """True while some submitted turn has not come back."""
+
+    def release(self, key: int) -> None:
+        """The episode is over; free its context."""
+
+
+@dataclasses.dataclass
+class _RowState:
+    slot: int
+    generator: torch.Generator
+    pending: list[int] | None = None  # tokens to append at the next forward
+    last_token: int | None = None  # last token of a finished turn: not yet in the cache
+    max_new_tokens: int = 0
+    turn_ids: list[int] = dataclasses.field(default_factory=list)
+    turn_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class HFBackend:
+    """`Backend` over a per-token `Runner` and `sample`: one forward + one sample per step.
+
+    The last token of a finished turn is fed to the model together with the next observation
+    (one prefill chunk), so a turn that ends the episode never costs an extra forward.
+    """
+
+    def __init__(self, runner: Runner, chat_format: ChatFormat, sampling: SamplingParams, seed: int = 0) -> None:
+        self.runner = runner
+        self.chat_format = chat_format
+        self.sampling = sampling
+        self.seed = seed
+        self._rows: dict[int, _RowState] = {}
+        self.forward_calls = 0
+
+    def capacity(self) -> int:
+        return self.runner.max_slots - len(self._rows)
+
+    def submit(self, request: TurnRequest) -> None:
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        row = self._rows.get(request.key)
+        if row is None:
+            row = _RowState(self.runner.alloc(), make_generator(self.seed, request.key))
+            self._rows[request.key] = row
+        assert row.pending is None and not row.turn_ids, f"episode {request.key} already has a turn in flight"
+        chunk = ([row.last_token] if row.last_token is not None else []) + list(request.new_tokens)
+        assert chunk, f"episode {request.key}: nothing to feed the model"
+        row.pending, row.last_token, row.max_new_tokens = chunk, None, request.max_new_tokens
+
+    def has_work(self) -> bool:
+        return any(row.pending is not None for row in self._rows.values())
+
+    def release(self, key: int) -> None:
+        row = self._rows.pop(key, None)
+        if row is not None:
+            self.runner.free(row.slot)
+
+    def step(self) -> list[TurnOutput]:
+        keys = sorted(key for key, row in self._rows.items() if row.pending is not None)
+        if not keys:
+            return []
+        rows = [self._rows[key] for key in keys]
+        logits = self.runner.forward([row.slot for row in rows], [row.pending for row in rows])  # (B, V)
+        self.forward_calls += 1
+        tokens, logprobs = sample(logits, self.sampling, [row.generator for row in rows])  # (B,), (B,)
+        finished = []
+        for key, row, token, logprob in zip(keys, rows, tokens.tolist(), logprobs.tolist()):
+            row.pending = None
+            row.turn_ids.append(token)
+            row.turn_logprobs.append(logprob)
+            if self.chat_format.ends_turn(row.turn_ids):
+                stop = "stop_token" if token in self.chat_format.stop_token_ids else "tool_call"
+            elif len(row.turn_ids) >= row.max_new_tokens:
+                stop = "length"
+            else:
+                row.pending = [token]
+                continue
+            finished.append(TurnOutput(key, row.turn_ids, row.turn_logprobs, stop))
+            row.last_token, row.turn_ids, row.turn_logprobs = token, [], []
+        return finished
+
+
+# ---------------------------------------------------------------------- episodes
+
+
+@dataclasses.dataclass
+class _Episode:
+    index: int
+    env: Env
+    task: Task
+    max_turns: int
+    ids: list[int] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    spans: list[Span] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    finish_reason: str = ""
+    turn_budget_is_episode_room: bool = False
+
+    def append(self, kind: str, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
+        if not ids:
+            return
+        start = len(self.ids)
+        self.ids.extend(ids)
+        self.mask.extend([1 if kind == "policy" else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.spans.append(Span(kind, start, len(self.ids)))  # type: ignore[arg-type]
+
+    @property
+    def policy_turns(self) -> int:
+        return sum(1 for span in self.spans if span.kind == "policy")
+
+
+class RolloutEngine:
+    """Runs episodes concurrently on a `Backend`; see the module docstring."""
+
+    def __init__(
+        self,
+        runner: Runner | None,
+        chat_format: ChatFormat,
+        tokenizer: Any,
+        limits: RolloutLimits,
+        sampling: SamplingParams,
+        tool_workers: int = 4,
+        backend_factory: Any = None,
+    ) -> None:
+        """runner: the model runner (HFRunner/FastRunner), wrapped in an HFBackend per run.
+        backend_factory: optional `seed -> Backend` replacing the runner (e.g. a vLLM backend).
+        """
+        if runner is None and backend_factory is None:
+            raise ValueError("RolloutEngine needs a runner or a backend_factory")
+        if runner is not None and limits.max_episode_tokens > runner.max_len:
+            raise ValueError(
+                f"max_episode_tokens ({limits.max_episode_tokens}) exceeds the runner's max_len ({runner.max_len}); "
+                "lower the limit or build the runner with a larger max_len"
+            )
+        if tool_workers < 1:
+            raise ValueError(f"tool_workers must be >= 1, got {tool_workers}")
+        self.runner = runner
+        self.chat_format = chat_format
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.sampling = sampling
+        self.tool_workers = tool_workers
+        self.backend_factory = backend_factory or (lambda seed: HFBackend(runner, chat_format, sampling, seed))
+        self.weights_version = 0
+        """Incremented by the trainer after each optimizer step; stamped on every trajectory (invariant 3)."""
+        self.run_count = 0
+        """Completed `run` calls; the default seed of a run is sampling.seed + run_count."""
+        self.last_stats: dict[str, float] = {}
+
+    def bump_weights_version(self) -> int:
+        self.weights_version += 1
+        return self.weights_version
+
+    def run(self, envs: Sequence[Env], tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
+        """One episode per (env, task) pair, all concurrently. Returns trajectories in input order."""
+        if len(envs) != len(tasks):
+            raise ValueError(f"run() needs one env per task, got {len(envs)} envs and {len(tasks)} tasks")
+        if len({id(env) for env in envs}) != len(envs):
+            raise ValueError("each episode needs its own Env instance (envs are stateful); got a repeated instance")
+        seed = self.sampling.seed + self.run_count if seed is None else seed
+        backend = self.backend_factory(seed)
+        version = self.weights_version
+        episodes = [self._start(index, env, task) for index, (env, task) in enumerate(zip(envs, tasks))]
+        waiting = collections.deque(ep for ep in episodes if not ep.finish_reason)
+        generated = 0
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.tool_workers) as pool:
+                while waiting or backend.has_work():
+                    while waiting and backend.capacity() > 0:
+                        episode = waiting.popleft()
+                        backend.submit(TurnRequest(episode.index, list(episode.ids), self._turn_budget(episode)))
+                    outputs = backend.step()
+                    generated += sum(len(o.token_ids) for o in outputs)
+                    self._after_turns([episodes[o.key] for o in outputs], outputs, backend, pool)
+        finally:
+            for episode in episodes:  # frees runner slots even if something above raised
+                backend.release(episode.index)
+        self.run_count += 1
+        self.last_stats = {"generated_tokens": generated, "forward_calls": getattr(backend, "forward_calls", 0)}
+        return [self._trajectory(ep, version) for ep in episodes]
+
+    # ------------------------------------------------------------------ episode state machine
+
+    def _start(self, index: int, env: Env, task: Task) -> _Episode:
+        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns))
+        try:
+            episode.messages = [dict(m) for m in env.reset(task)]
+        except Exception as exc:  # noqa: BLE001 - a broken env fails its episode, not the batch
+            return self._fail(episode, f"env.reset raised {type(exc).__name__}: {exc}")
+        episode.append("prompt", self.chat_format.prompt_ids(episode.messages, env.tool_schemas))
+        if len(episode.ids) >= self.limits.max_episode_tokens:
+            episode.finish_reason = "max_episode_tokens"
+        return episode
+
+    def _turn_budget(self, episode: _Episode) -> int:
+        room = self.limits.max_episode_tokens - len(episode.ids)
+        episode.turn_budget_is_episode_room = room <= self.limits.max_turn_tokens
+        return min(room, self.limits.max_turn_tokens)
+
+    def _after_turns(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, pool) -> None:
+        """Record finished turns, step their envs (in parallel, joined in order), then continue or end each."""
+        texts = []
+        for episode, output in zip(episodes, outputs):
+            full_text = self.chat_format.decode_turn(output.token_ids)
+            content_ids = output.token_ids[:-1] if output.stop == "stop_token" else output.token_ids
+            texts.append((full_text, self.chat_format.decode_turn(content_ids)))
+            episode.append("policy", output.token_ids, output.logprobs)
+            episode.messages.append({"role": "assistant", "content": texts[-1][1]})
+        if self.tool_workers > 1 and len(episodes) > 1:
+            futures = [pool.submit(_safe_step, ep.env, content) for ep, (_, content) in zip(episodes, texts)]
+            results = [future.result() for future in futures]  # joined in episode order: deterministic
+        else:
+            results = [_safe_step(ep.env, content) for ep, (_, content) in zip(episodes, texts)]
+        for episode, output, (full_text, _), result in zip(episodes, outputs, texts, results):
+            request = self._continue_or_finish(episode, output, full_text, result)
+            if request is None:
+                backend.release(episode.index)
+            else:
+                backend.submit(request)
+
+    def _continue_or_finish(
+        self, episode: _Episode, output: TurnOutput, full_text: str, result: StepResult | str
+    ) -> TurnRequest | None:
+        """Apply the limit rules of the module docstring. Returns the next turn's request, or None if finished."""
+        if isinstance(result, str):
+            episode.turn_rewards.append(0.0)  # keep one reward per policy span
+            self._fail(episode, result)
+            return None
+        episode.turn_rewards.append(float(result.reward))
+        episode.info = dict(result.info)
+        cut = None
+        if output.stop == "length":
+            cut = "max_episode_tokens" if episode.turn_budget_is_episode_room else "max_turn_tokens"
+        if cut == "max_episode_tokens":
+            episode.finish_reason = cut
+        elif result.done:
+            answered = result.info.get("final_answer") is not None
+            episode.finish_reason = cut or ("answered" if answered else "env_done")
+        elif episode.policy_turns >= episode.max_turns:
+            episode.finish_reason = "max_turns"
+        elif not result.observation:
+            self._fail(episode, "env.step returned done=False without an observation")
+        if episode.finish_reason:
+            return None
+        try:
+            observation_ids = self.chat_format.observation_ids(
+                episode.messages[:-1], full_text, result.observation, episode.env.tool_schemas
+            )
+        except Exception as exc:  # noqa: BLE001 - e.g. an observation message the template rejects
+            self._fail(episode, f"rendering the observation failed: {type(exc).__name__}: {exc}")
+            return None
+        if len(episode.ids) + len(observation_ids) >= self.limits.max_episode_tokens:
+            episode.finish_reason = "max_episode_tokens"  # the observation is NOT appended
+            return None
+        episode.append("observation", observation_ids)
+        episode.messages.extend(dict(m) for m in result.observation)
+        return TurnRequest(episode.index, observation_ids, self._turn_budget(episode))
+
+    def _fail(self, episode: _Episode, message: str) -> _Episode:
+        episode.finish_reason = "error"
+        episode.info = {**episode.info, "error": message}
+        return episode
+
+    def _trajectory(self, episode: _Episode, version: int) -> Trajectory:
+        trajectory = Trajectory(
+            input_ids=episode.ids,
+            loss_mask=episode.mask,
+            logprobs=episode.logprobs,
+            spans=episode.spans,
+            turn_rewards=episode.turn_rewards,
+            weights_version=version,
+            env=episode.env.name,
+            task_id=episode.task.id,
+            finish_reason=episode.finish_reason,
+            messages=episode.messages,
+            info=episode.info,
+        )
+        trajectory.check()
+        return trajectory
+
+
+def _safe_step(env: Env, text: str) -> StepResult | str:
+    """env.step, with an exception turned into its message (the episode fails, the batch goes on)."""
+    try:
+        return env.step(text)
+    except Exception as exc:  # noqa: BLE001
+        return f"env.step raised {type(exc).__name__}: {exc}"
+

@@ -1,0 +1,491 @@
+"""`FastRunner`: a lean decode path for Llama and Qwen3 models, built from the HF weights.
+
+The interface is `Runner` (see runner.py): slots, and `forward(slots, chunks)` that appends
+ragged token chunks to slot caches and returns the fp32 next-token logits after each chunk.
+Prefill of a prompt, of an observation, and a batched one-token decode step are the same call.
+
+    runner = FastRunner(model, max_slots=32, max_len=2048)       # fp32, same device as the model
+    a, b = runner.alloc(), runner.alloc()
+    logits = runner.forward([a, b], [prompt_a, prompt_b])          # (2, V) float32
+    logits = runner.forward([a, b], [[tok_a], [tok_b]])            # one decode step
+    ...
+    optimizer.step()
+    runner.refresh_weights()                                       # REQUIRED after every update
+
+Weights contract
+----------------
+The runner computes from *copies* of most projection weights: q/k/v fused into one matrix,
+gate/up fused into one matrix, the RMSNorm scales folded into the following projection, the
+q/k rows permuted for RoPE-as-complex-multiply, transposed where that is faster (fp32 on CPU),
+cast in bf16 mode, and LoRA deltas merged. So the runner does not see weight updates by itself:
+**call `refresh_weights()` after every optimizer step** (and after loading a checkpoint or
+switching/enabling/disabling LoRA adapters: the adapter state is captured at refresh time).
+`refresh_weights()` returns a counter, `weights_version`, that the engine can stamp on
+trajectories.
+
+Staleness is detected on a best-effort basis: the runner records each source parameter's
+identity, storage pointer and autograd version counter; every in-place update through the
+parameter itself (optimizer steps, `load_state_dict`, `copy_`) bumps it. `is_stale()` reports
+it, and with `check_weights=True` (the default) `forward` raises instead of decoding with stale
+weights. Writes through `param.data` bypass the version counter and are not detected.
+
+LoRA (peft): adapted `nn.Linear` layers (peft `lora.Linear`) are merged into the copies:
+W + sum over active adapters of (alpha/r)·B·A (peft's own `get_delta_weight`), dropout ignored.
+LoRA variants (DoRA, ...) and LoRA on embeddings raise NotImplementedError.
+
+KV cache
+--------
+One preallocated tensor (layers, max_slots, 2, kv_heads, max_len, head_dim) in the compute
+dtype: about `2·layers·kv_heads·head_dim·bytes` per token per slot (46 KB for SmolLM2-135M
+fp32, so 32 slots × 2048 tokens = 3 GB). It is allocated with `torch.empty` and zeroed lazily in
+blocks as rows grow, so on CPU untouched memory is never committed. A slot's id is its cache
+row. The rows named in one call are attended as a range view of the cache when the sorted slot
+ids span at most 2·n rows (rows in the range that are not named are computed as masked dummies
+and discarded), else they are gathered (a copy per layer). `alloc` hands out the lowest free id,
+which keeps decoding sets compact.
+
+Performance (CPU, 2 cores): decoding small models is bound by per-op overhead and weight
+reads, so each layer is ~11 ops: rms_norm, one fused QKV matmul, one in-place complex multiply
+for RoPE on q and k together, one index_put of k and v into the cache, one SDPA call (GQA via a
+reshape: the g query heads of a KV head become g query rows, no KV repeat), one addmm for o_proj
+fused with the residual, rms_norm, one fused gate/up matmul, in-place silu and multiply, and one
+addmm for down_proj fused with the residual. The LM head runs on the last token of each chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from agentic_rl.rollout.runner import Runner
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
+_ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positions
+
+
+@dataclass
+class _Layer:
+    wqkv: torch.Tensor  # (H, Nqkv) operand for torch.mm (a transposed view or a (K, N) copy)
+    bqkv: torch.Tensor | None
+    qk_w: torch.Tensor | None  # Qwen3: (nh + nkv, hd) q_norm/k_norm weights (rope-permuted)
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    wgu: torch.Tensor
+    bgu: torch.Tensor | None
+    wdown: torch.Tensor
+    bdown: torch.Tensor | None
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers *ForCausalLM inside a peft PeftModel (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        model = get_base()
+    return model
+
+
+def _lora_layer_cls():
+    try:
+        from peft.tuners.lora import LoraLayer
+    except Exception:  # peft not installed: nothing can be LoRA-wrapped
+        return None
+    return LoraLayer
+
+
+class FastRunner(Runner):
+    """A lean Llama/Qwen3 forward over a preallocated slot KV cache. See the module docstring."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_slots: int = 32,
+        max_len: int = 2048,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        weight_layout: str = "auto",
+        check_weights: bool = True,
+    ) -> None:
+        """`model`: a LlamaForCausalLM / Qwen3ForCausalLM, optionally peft-wrapped.
+        `dtype`: compute dtype, default float32 (bf16 is a separate, approximate mode; logits
+        are always returned as float32). `device`: default the model's.
+        `weight_layout`: "t" stores (in, out) contiguous copies (fastest for fp32 on CPU),
+        "n" uses the (out, in) layout of nn.Linear; "auto" picks "t" for fp32 on CPU.
+        """
+        if max_slots < 1 or max_len < 1:
+            raise ValueError("max_slots and max_len must be positive")
+        self.model = model
+        hf = _unwrap(model)
+        cfg = hf.config
+        self._check_config(cfg)
+        self.max_slots = int(max_slots)
+        self.max_len = int(max_len)
+        self.device = torch.device(device) if device is not None else next(hf.parameters()).device
+        self.dtype = dtype or torch.float32
+        if weight_layout == "auto":
+            weight_layout = "t" if (self.device.type == "cpu" and self.dtype == torch.float32) else "n"
+        if weight_layout not in ("t", "n"):
+            raise ValueError(f"weight_layout must be 'auto', 't' or 'n', got {weight_layout!r}")
+        self.weight_layout = weight_layout
+        self.check_weights = check_weights
+
+        self.n_layers = cfg.num_hidden_layers
+        self.hidden = cfg.hidden_size
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        if self.n_heads % self.n_kv:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for RoPE")
+        self.group = self.n_heads // self.n_kv
+        self.intermediate = cfg.intermediate_size
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+        self.qk_norm = cfg.model_type == "qwen3"
+        self.vocab_size = hf.lm_head.out_features if hasattr(hf, "lm_head") else cfg.vocab_size
+
+        # RoPE as a complex multiply on (d, d + hd/2) pairs made adjacent by a row permutation.
+        half = self.head_dim // 2
+        self._perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
+        inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
+        if inv_freq is None:
+            base = cfg.rope_parameters["rope_theta"]
+            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        pos = torch.arange(self.max_len, dtype=torch.float32, device=self.device)
+        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]
+        self._rope = torch.polar(torch.ones_like(freqs), freqs)  # (max_len, hd/2) complex64
+
+        self._kv = torch.empty(
+            (self.n_layers, self.max_slots, 2, self.n_kv, self.max_len, self.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self._zeroed = [0] * self.max_slots  # positions [0, z) of each cache row hold finite values
+        self._lengths: list[int | None] = [None] * self.max_slots  # None: free
+        self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
+        self.weights_version = 0
+        self._sources: list[tuple[torch.Tensor, int, int, int]] = []
+        self.refresh_weights()
+
+    # ------------------------------------------------------------------ configuration
+
+    @staticmethod
+    def _check_config(cfg) -> None:
+        mt = getattr(cfg, "model_type", None)
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"FastRunner supports {SUPPORTED_MODEL_TYPES}, not model_type={mt!r}")
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(
+                f"FastRunner implements only the 'default' RoPE; this model uses rope_type={rope_type!r}"
+            )
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise NotImplementedError("FastRunner does not implement partial rotary embeddings")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"FastRunner implements the SiLU MLP only, not {cfg.hidden_act!r}")
+        layer_types = getattr(cfg, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            raise NotImplementedError("FastRunner does not implement sliding-window attention layers")
+
+    # ------------------------------------------------------------------ weights
+
+    def refresh_weights(self) -> int:
+        """Rebuild the fused/cast/LoRA-merged weight copies from the model's current parameters.
+
+        Call after every optimizer step, checkpoint load, or adapter switch. The KV caches of
+        live slots are kept (they were computed with the old weights). Returns the new
+        `weights_version`.
+        """
+        hf = _unwrap(self.model)
+        self._lora_cls = _lora_layer_cls()
+        self._sources = []
+        dt, dev = self.dtype, self.device
+        perm = self._perm.to(dev)
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+
+        def mat(w: torch.Tensor) -> torch.Tensor:
+            """(out, in) fp32 weight -> the right-hand operand of torch.mm in our layout."""
+            w = w.to(device=dev, dtype=dt)
+            return w.t().contiguous() if self.weight_layout == "t" else w.contiguous().t()
+
+        layers = []
+        with torch.no_grad():
+            embed = hf.model.embed_tokens
+            if self._lora_cls is not None and isinstance(embed, self._lora_cls):
+                raise NotImplementedError("FastRunner does not merge LoRA on embeddings")
+            self._track(embed.weight)
+            self._embed = self._as_is(embed.weight)
+            for layer in hf.model.layers:
+                att, mlp = layer.self_attn, layer.mlp
+                w_in = self._param(layer.input_layernorm.weight).float()
+                w_post = self._param(layer.post_attention_layernorm.weight).float()
+                wq, bq = self._linear(att.q_proj)
+                wk, bk = self._linear(att.k_proj)
+                wv, bv = self._linear(att.v_proj)
+                wo, bo = self._linear(att.o_proj)
+                wg, bg = self._linear(mlp.gate_proj)
+                wu, bu = self._linear(mlp.up_proj)
+                wd, bd = self._linear(mlp.down_proj)
+                wq = wq.view(nh, hd, -1)[:, perm].reshape(nh * hd, -1)
+                wk = wk.view(nkv, hd, -1)[:, perm].reshape(nkv * hd, -1)
+                wqkv = torch.cat([wq, wk, wv], dim=0) * w_in[None, :]
+                bqkv = None
+                if bq is not None:
+                    bq = bq.view(nh, hd)[:, perm].reshape(-1)
+                    bk = bk.view(nkv, hd)[:, perm].reshape(-1)
+                    bqkv = torch.cat([bq, bk, bv]).to(device=dev, dtype=dt)
+                qk_w = None
+                if self.qk_norm:
+                    qn = self._param(att.q_norm.weight).float()[perm]
+                    kn = self._param(att.k_norm.weight).float()[perm]
+                    qk_w = torch.cat([qn.expand(nh, hd), kn.expand(nkv, hd)]).to(device=dev, dtype=dt).contiguous()
+                wgu = torch.cat([wg, wu], dim=0) * w_post[None, :]
+                bgu = torch.cat([bg, bu]).to(device=dev, dtype=dt) if bg is not None else None
+                layers.append(
+                    _Layer(
+                        wqkv=mat(wqkv),
+                        bqkv=bqkv,
+                        qk_w=qk_w,
+                        wo=mat(wo),
+                        bo=None if bo is None else bo.to(device=dev, dtype=dt),
+                        wgu=mat(wgu),
+                        bgu=bgu,
+                        wdown=mat(wd),
+                        bdown=None if bd is None else bd.to(device=dev, dtype=dt),
+                    )
+                )
+            self._norm_w = self._as_is(self._param(hf.model.norm.weight))
+            head = hf.lm_head
+            head_is_lora = self._lora_cls is not None and isinstance(head, self._lora_cls)
+            if head_is_lora or self.weight_layout == "t" or getattr(head, "bias", None) is not None:
+                w, b = self._linear(head)
+                self._lm = mat(w)
+                self._lm_b = None if b is None else b.to(device=dev, dtype=dt)
+            else:
+                self._track(head.weight)
+                self._lm = self._as_is(head.weight).t()  # tied or not: no copy needed
+                self._lm_b = None
+        self._layers = layers
+        self.weights_version += 1
+        return self.weights_version
+
+    def _track(self, p: torch.Tensor) -> None:
+        self._sources.append((p, id(p), p.data_ptr(), p._version))
+
+    def _param(self, p: torch.Tensor) -> torch.Tensor:
+        self._track(p)
+        return p.detach()
+
+    def _as_is(self, p: torch.Tensor) -> torch.Tensor:
+        """The parameter itself when it already has our dtype/device, else a cast copy."""
+        p = p.detach()
+        return p if (p.dtype == self.dtype and p.device == self.device) else p.to(device=self.device, dtype=self.dtype)
+
+    def _linear(self, mod: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Effective (out, in) fp32 weight and bias of an nn.Linear or a peft lora.Linear."""
+        lora_cls = self._lora_cls
+        if lora_cls is not None and isinstance(mod, lora_cls):
+            base = mod.get_base_layer()
+            if not isinstance(base, torch.nn.Linear):
+                raise NotImplementedError(f"FastRunner merges LoRA on nn.Linear only, not {type(base).__name__}")
+            w = self._param(base.weight).float().clone()
+            bias = None if base.bias is None else self._param(base.bias).float()
+            merged = list(getattr(mod, "merged_adapters", []))
+            if mod.disable_adapters:
+                # base weight holds the merged adapters' deltas; peft unmerges them when disabled
+                adapters, sign = merged, -1.0
+            else:
+                adapters = [a for a in mod.active_adapters if a in mod.lora_A and a not in merged]
+                sign = 1.0
+            for name in adapters:
+                if name in getattr(mod, "lora_variant", {}) or getattr(mod, "use_dora", {}).get(name, False):
+                    raise NotImplementedError(f"FastRunner does not merge LoRA variants (adapter {name!r}, e.g. DoRA)")
+                if getattr(mod, "lora_bias", {}).get(name, False):
+                    raise NotImplementedError("FastRunner does not merge LoRA biases")
+                self._track(mod.lora_A[name].weight)
+                self._track(mod.lora_B[name].weight)
+                w.add_(mod.get_delta_weight(name).detach().float(), alpha=sign)
+            return w, bias
+        if not isinstance(mod, torch.nn.Linear):
+            raise NotImplementedError(f"FastRunner expects nn.Linear projections, got {type(mod).__name__}")
+        w = self._param(mod.weight).float()
+        bias = None if mod.bias is None else self._param(mod.bias).float()
+        return w, bias
+
+    def is_stale(self) -> bool:
+        """True when a source parameter changed in place (or was replaced) since refresh_weights()."""
+        for p, pid, ptr, ver in self._sources:
+            if p._version != ver or p.data_ptr() != ptr:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ slots
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"all {self.max_slots} slots are in use (max_slots={self.max_slots}); free one first")
+        slot = self._free.pop(0)
+        self._lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._lengths[slot] = None
+        self._free.append(slot)
+        self._free.sort()
+
+    def length(self, slot: int) -> int:
+        self._check_slot(slot)
+        return self._lengths[slot]  # type: ignore[return-value]
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not (0 <= slot < self.max_slots) or self._lengths[slot] is None:
+            raise KeyError(f"slot {slot!r} is not allocated")
+
+    # ------------------------------------------------------------------ forward
+
+    @torch.inference_mode()
+    def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        n = len(slots)
+        if n == 0 or n != len(chunks):
+            raise ValueError("forward needs one non-empty chunk per slot")
+        if len(set(slots)) != n:
+            raise ValueError(f"duplicate slots in {list(slots)}")
+        lengths = self._lengths
+        for s, c in zip(slots, chunks):
+            self._check_slot(s)
+            if len(c) == 0:
+                raise ValueError(f"empty chunk for slot {s}")
+            if lengths[s] + len(c) > self.max_len:  # type: ignore[operator]
+                raise ValueError(
+                    f"slot {s}: {lengths[s]} cached + {len(c)} new tokens exceed max_len={self.max_len}"
+                )
+        if self.check_weights and self.is_stale():
+            raise RuntimeError(
+                "model parameters changed since the last refresh_weights(); call runner.refresh_weights() "
+                "after each optimizer step (or pass check_weights=False)"
+            )
+
+        order = sorted(range(n), key=slots.__getitem__)
+        ss = [slots[i] for i in order]
+        lo, hi = ss[0], ss[-1]
+        span = hi - lo + 1
+        cover = span <= 2 * n
+        rows = list(range(lo, hi + 1)) if cover else ss
+        B = len(rows)
+        row_of = {s: (s - lo if cover else b) for b, s in enumerate(ss)}
+        lq = max(len(c) for c in chunks)
+        starts = [0] * B
+        qlens = [0] * B
+        ids: list[int] = []
+        slot_t: list[int] = []
+        pos_t: list[int] = []
+        qrow_t: list[int] = []
+        offset: dict[int, int] = {}
+        lk = 1
+        chunk_of = dict(zip(slots, chunks))
+        for s in ss:  # tokens are packed in slot order; `last` maps back to the caller's order
+            c = chunk_of[s]
+            L = len(c)
+            st = lengths[s]
+            b = row_of[s]
+            starts[b], qlens[b] = st, L
+            offset[s] = len(ids)
+            ids.extend(int(t) for t in c)
+            slot_t.extend([s] * L)
+            pos_t.extend(range(st, st + L))
+            qrow_t.extend(range(b * lq, b * lq + L))
+            lk = max(lk, st + L)  # type: ignore[operator]
+        T = len(ids)
+        last = [offset[s] + len(chunk_of[s]) - 1 for s in slots]
+        packed = torch.tensor(ids + slot_t + pos_t + qrow_t + last + starts + qlens, dtype=torch.long)
+        packed = packed.to(self.device, non_blocking=True)
+        ids_d, slot_d, pos_d, qrow_d = packed[:T], packed[T : 2 * T], packed[2 * T : 3 * T], packed[3 * T : 4 * T]
+        last_d = packed[4 * T : 4 * T + n]
+        starts_d = packed[4 * T + n : 4 * T + n + B]
+        qlens_d = packed[4 * T + n + B :]
+
+        self._ensure_zeroed(rows, lk)
+
+        # attention mask (B, 1, lq or g*lq, lk): key j is visible to query (b, i) iff j <= start_b + i;
+        # padding / dummy queries see key 0 only (their outputs are discarded)
+        g = self.group
+        ar_q = torch.arange(lq, device=self.device)
+        keys = torch.arange(lk, device=self.device)
+        qpos = starts_d[:, None] + ar_q[None, :]  # (B, lq)
+        mask = keys[None, None, :] <= qpos[:, :, None]  # (B, lq, lk)
+        fast = lq == 1 and B == n  # plain batched decode over a contiguous range of slots
+        exact = B == n and T == B * lq
+        if not exact:
+            invalid = ar_q[None, :] >= qlens_d[:, None]
+            mask = torch.where(invalid[:, :, None], keys[None, None, :] == 0, mask)
+        if lq == 1:
+            mask = mask[:, None]  # (B, 1, 1, lk), broadcast over the g query rows of a KV head
+        else:
+            mask = mask[:, None, None].expand(B, 1, g, lq, lk).reshape(B, 1, g * lq, lk)
+
+        fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
+        x = self._embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
+        rows_d = None if cover else torch.tensor(rows, device=self.device)
+        H, nh, nkv, hd, I = self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate
+        nq, nqk = nh * hd, (nh + nkv) * hd
+        eps, scale = self.eps, self.scale
+        complex_ok = self.dtype == torch.float32
+        for li, lw in enumerate(self._layers):
+            h = F.rms_norm(x, (H,), None, eps)
+            qkv = torch.mm(h, lw.wqkv) if lw.bqkv is None else torch.addmm(lw.bqkv, h, lw.wqkv)
+            qk = qkv[:, :nqk].view(T, nh + nkv, hd)
+            if lw.qk_w is not None:
+                torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_w, out=qk)
+            if complex_ok:
+                torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
+            else:
+                qkf = qk.float()
+                torch.view_as_complex(qkf.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
+                qk.copy_(qkf)
+            cache = self._kv[li]
+            cache[slot_d, :, :, pos_d] = qkv[:, nq:].view(T, 2, nkv, hd)
+            kv = cache[lo : hi + 1, :, :, :lk] if cover else cache[rows_d, :, :, :lk]
+            q = qkv[:, :nq]
+            if fast:
+                qq = q.view(B, nkv, g, hd)
+            else:
+                qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
+                qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
+            o = F.scaled_dot_product_attention(qq, kv[:, 0], kv[:, 1], attn_mask=mask, scale=scale)
+            if fast:
+                a = o.view(B, nq)
+            else:
+                a = o.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nq)
+                if not exact:
+                    a = a.index_select(0, qrow_d)
+            x.addmm_(a, lw.wo)
+            if lw.bo is not None:
+                x.add_(lw.bo)
+            h = F.rms_norm(x, (H,), None, eps)
+            gu = torch.mm(h, lw.wgu) if lw.bgu is None else torch.addmm(lw.bgu, h, lw.wgu)
+            gate = gu[:, :I]
+            F.silu(gate, inplace=True)
+            gate.mul_(gu[:, I:])
+            x.addmm_(gate, lw.wdown)
+            if lw.bdown is not None:
+                x.add_(lw.bdown)
+
+        xl = F.rms_norm(x.index_select(0, last_d), (H,), self._norm_w, eps)
+        logits = torch.mm(xl, self._lm) if self._lm_b is None else torch.addmm(self._lm_b, xl, self._lm)
+        for s, c in zip(slots, chunks):
+            lengths[s] += len(c)  # type: ignore[operator]
+        return logits.float()
+
+    def _ensure_zeroed(self, rows: Sequence[int], lk: int) -> None:
+        """Make positions [0, lk) of the given cache rows finite (masked keys must not be NaN)."""
+        for r in rows:
+            z = self._zeroed[r]
+            if z < lk:
+                new = min(self.max_len, -(-max(lk, z + _ZERO_BLOCK) // _ZERO_BLOCK) * _ZERO_BLOCK)
+                self._kv[:, r, :, :, z:new].zero_()
+                self._zeroed[r] = new

@@ -1,0 +1,406 @@
+"""GRPO over multi-turn agent episodes, on the shared training loop.
+
+    agentic-rl grpo --config configs/grpo-arith.yaml [--set loss.beta=0 ...]
+
+Per optimizer step (the "seed" GRPO, DESIGN.md §3):
+  1. draw P prompts from the env's train split (a pure function of (seed, step));
+  2. roll out G episodes per prompt with the CURRENT weights (the engine stamps the weights
+     version on each trajectory; `rollout/staleness` logs how old they are when trained on);
+  3. score each episode with the reward terms (each logged on its own);
+  4. advantages: r_i − mean(group) [/ std(group)], from the episode reward, or per turn from the
+     discounted returns Σ γ^k r_{t+k} of the env's per-step rewards plus the terminal reward;
+  5. π_ref log-probs, only when β > 0: the base model with adapters disabled (LoRA), or a frozen
+     copy (full fine-tune);
+  6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py), gradient accumulation over micro-batches.
+With μ = `updates_per_batch` > 1 the same rollouts serve μ optimizer steps; π_old is the
+sampling log-probs recorded by the engine (or one re-scoring, with old_logprobs: recompute).
+
+Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
+stride, so a group spans ranks:
+
+    global rows   0  1  2  3 | 4  5  6  7      (P = 2, G = 4, world = 2)
+    rank 0        0     2    | 4     6
+    rank 1           1     3 |    5     7
+Rewards are all-gathered and put back in global order before the group statistics, so the
+advantages are exactly those of a single process; DDP then averages gradients, and every
+rank's loss is scaled so that average equals the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agentic_rl.algorithms.grpo import (
+    GRPOLossConfig,
+    discounted_turn_returns,
+    group_advantages,
+    grpo_loss,
+    token_advantages_from_turns,
+    turn_advantages,
+)
+from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.rewards.base import RewardComposer, RewardSpec
+from agentic_rl.rollout.trajectory import Trajectory, collate
+from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final
+from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.scoring import TokenScorer, unwrap_policy
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """The environment episodes run in."""
+
+    name: str = "arith"
+    """Registered environment (see `agentic-rl envs list`)."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Its options, checked against its options dataclass (`agentic-rl envs list -v`)."""
+    task_pool: int = 2000
+    """Train-split tasks to draw prompts from."""
+
+    def __post_init__(self) -> None:
+        from agentic_rl.envs.base import make_env
+
+        make_env(self.name, **self.options)  # unknown env or option fails here, at load time
+        if self.task_pool <= 0:
+            raise ValueError(f"env.task_pool must be > 0, got {self.task_pool}")
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """How episodes are sampled."""
+
+    batch_size: int = 8
+    """Episodes per rollout batch, over all processes: prompts × group_size."""
+    group_size: int = 4
+    """G: episodes per prompt. Must divide batch_size."""
+    max_turn_tokens: int = 128
+    """Token limit of one policy turn."""
+    max_episode_tokens: int = 1024
+    """Token limit of a whole episode (prompt, turns and observations)."""
+    max_turns: int = 6
+    """Policy turns per episode (the env's own max_turns also applies)."""
+    temperature: float = 1.0
+    """Sampling temperature; the loss scores tokens at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (1 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    runner: Literal["auto", "fast", "hf"] = "auto"
+    """Decode path: fast (Llama/Qwen3), hf (reference), auto (fast when supported)."""
+    tool_workers: int = 4
+    """Threads running tool calls of different episodes in parallel."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})")
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"rollout.batch_size={self.batch_size} is not a multiple of rollout.group_size={self.group_size}. "
+                "GRPO compares the G episodes of the same prompt with each other (advantage = reward − group mean), "
+                "so a batch is P whole groups: batch_size = prompts × G. "
+                f"Use batch_size={self.group_size * max(1, self.batch_size // self.group_size)} "
+                f"or {self.group_size * (self.batch_size // self.group_size + 1)}."
+            )
+        if self.temperature <= 0:
+            raise ValueError("rollout.temperature must be > 0 for GRPO: the group needs diverse samples")
+
+
+@dataclasses.dataclass
+class AdvantageConfig:
+    """What the advantage is computed from."""
+
+    mode: Literal["episode", "turn"] = "episode"
+    """episode: one advantage per episode from its total reward; turn: per-turn discounted returns
+    of the env's per-step rewards, with the episode reward added at the last turn."""
+    gamma: float = 1.0
+    """Discount per policy turn for mode=turn."""
+
+
+@dataclasses.dataclass
+class RewardModelTerm:
+    """An optional learned reward term."""
+
+    path: str = ""
+    """A reward model folder from `agentic-rl rm` (empty: no reward-model term)."""
+    weight: float = 0.0
+    """Its weight in the total reward."""
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    """`agentic-rl grpo`: Group Relative Policy Optimization on agent episodes."""
+
+    backend: Literal["agentic_rl", "trl"] = "agentic_rl"
+    """agentic_rl: this trainer; trl: the same envs and rewards through TRL's GRPOTrainer."""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy and its adapters."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """The environment."""
+    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("accuracy")])
+    """Reward terms (see `agentic-rl rewards list`)."""
+    reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
+    """Optional reward-model term."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Sampling."""
+    loss: GRPOLossConfig = dataclasses.field(default_factory=GRPOLossConfig)
+    """The GRPO objective and its variants."""
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    """Advantage source."""
+    updates_per_batch: int = 1
+    """μ: optimizer steps per rollout batch."""
+    old_logprobs: Literal["sampling", "recompute"] = "sampling"
+    """π_old: the engine's sampling log-probs, or one no-grad re-scoring before the first update."""
+    micro_batch_size: int = 8
+    """Episodes per forward/backward on each process."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer."""
+    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
+    """Loop, output and checkpoints."""
+
+    def __post_init__(self) -> None:
+        if self.updates_per_batch < 1 or self.micro_batch_size < 1:
+            raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
+        if self.advantage.mode == "turn" and any(r.name == "env_steps" for r in self.rewards):
+            raise ValueError("advantage.mode=turn already uses the env's per-step rewards; remove the env_steps reward term")
+        if self.reward_model.weight and not self.reward_model.path:
+            raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
+
+
+class GRPOObjective:
+    """Rollouts, rewards and advantages per batch; the clipped GRPO loss per micro-batch."""
+
+    def __init__(self, cfg: GRPOConfig, tokenizer: Any, reference: torch.nn.Module | None):
+        from agentic_rl.envs.base import make_env
+
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
+        self.make_env = lambda: make_env(cfg.env.name, **cfg.env.options)
+        self.task_pool = self.make_env().tasks("train", n=cfg.env.task_pool, seed=cfg.train.seed)
+        extra = {}
+        if cfg.reward_model.path:
+            from agentic_rl.rewards.reward_model import RewardModelReward
+
+            extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
+        self.composer = RewardComposer(cfg.rewards, extra)
+        self.cached: dict[str, Any] | None = None
+
+    def bind(self, model, accelerator) -> None:
+        from agentic_rl.rollout.factory import build_engine
+
+        self.model, self.accelerator = model, accelerator
+        self.policy = unwrap_policy(model, accelerator)
+        r = self.cfg.rollout
+        local = r.batch_size // accelerator.num_processes
+        self.engine = build_engine(self.policy, self.tokenizer, r.max_turn_tokens, r.max_episode_tokens, r.max_turns,
+                                   r.temperature, r.top_p, r.top_k, seed=self.cfg.train.seed, max_concurrent=local,
+                                   runner=r.runner, tool_workers=r.tool_workers)
+
+    # ---------------------------------------------------------------- batch: rollouts -> advantages
+
+    def next_batch(self, step: int) -> dict[str, Any]:
+        if step % self.cfg.updates_per_batch == 0 or self.cached is None:
+            self.cached = self._rollout_batch(step)
+        self.cached["staleness"] = self.engine.weights_version - self.cached["weights_version"]
+        return self.cached
+
+    def _rollout_batch(self, step: int) -> dict[str, Any]:
+        r, acc = self.cfg.rollout, self.accelerator
+        prompts = r.batch_size // r.group_size
+        rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
+        tasks = [t for t in rng.sample(self.task_pool, prompts) for _ in range(r.group_size)]  # (B,) in group order
+        local_rows = list(range(acc.process_index, r.batch_size, acc.num_processes))
+        started = time.perf_counter()
+        self.policy.eval()
+        with torch.no_grad():
+            trajs = self.engine.run([self.make_env() for _ in local_rows], [tasks[i] for i in local_rows],
+                                    seed=(self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index)
+        rollout_seconds = time.perf_counter() - started
+        rewards = torch.tensor(self.composer(trajs), dtype=torch.float32)  # (B_local,)
+        global_rewards = self._gather_in_global_order(rewards)  # (B,)
+        advantages = self._advantages(trajs, global_rewards, local_rows)
+        self.policy.train()
+        tensors = collate(trajs, self.tokenizer.pad_token_id)
+        for row, traj in enumerate(trajs):  # failed episodes are logged, never trained on
+            if traj.finish_reason == "error":
+                tensors.loss_mask[row] = 0
+        started = time.perf_counter()
+        old = self._score(tensors, reference=False) if self.cfg.old_logprobs == "recompute" else tensors.logprobs
+        ref = self._score(tensors, reference=True) if self.cfg.loss.beta > 0 else None
+        reference_seconds = time.perf_counter() - started
+        metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
+        metrics["time/reference"] = reference_seconds
+        return {"trajectories": trajs, "tensors": tensors, "advantages": advantages, "old": old, "ref": ref,
+                "weights_version": trajs[0].weights_version if trajs else 0, "metrics": metrics}
+
+    def _gather_in_global_order(self, local: torch.Tensor) -> torch.Tensor:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return local
+        gathered = acc.gather(local.to(acc.device)).cpu()  # (B,) as [rank0 rows..., rank1 rows...]
+        world, per_rank = acc.num_processes, local.shape[0]
+        order = torch.empty_like(gathered)
+        for rank in range(world):
+            order[rank::world] = gathered[rank * per_rank : (rank + 1) * per_rank]
+        return order  # (B,) in global row order
+
+    def _advantages(self, trajs: list[Trajectory], global_rewards: torch.Tensor, local_rows: list[int]):
+        cfg = self.cfg
+        if cfg.advantage.mode == "episode":
+            return group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[local_rows]  # (B_local,)
+        # Turn mode: env per-step rewards, with the episode's composed reward added at its last turn.
+        local_turns = []
+        for traj, total in zip(trajs, global_rewards[local_rows].tolist()):
+            turns = list(traj.turn_rewards) or [0.0]
+            turns[-1] += total
+            local_turns.append(turns)
+        all_turns = self._gather_objects(local_turns)
+        returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
+        per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards)
+        return [per_turn[i] for i in local_rows]  # ragged per-turn values, spread over tokens per micro-batch
+
+    def _gather_objects(self, local: list) -> list:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return local
+        from accelerate.utils import gather_object
+
+        flat = gather_object([local])
+        world = acc.num_processes
+        out = [None] * sum(len(part) for part in flat)
+        for rank, part in enumerate(flat):
+            out[rank::world] = part
+        return out
+
+    @torch.no_grad()
+    def _score(self, tensors, reference: bool) -> torch.Tensor:
+        """(B_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches."""
+        temperature = self.cfg.rollout.temperature
+        out = torch.zeros_like(tensors.logprobs)
+        step = self.cfg.micro_batch_size
+        for start in range(0, tensors.input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            args = (tensors.input_ids[rows].to(self.accelerator.device), tensors.attention_mask[rows].to(self.accelerator.device),
+                    tensors.loss_mask[rows].to(self.accelerator.device))
+            if reference and self.reference is not None:
+                logps, _ = sequence_logprobs(self.reference, *args, temperature=temperature)
+            elif reference:
+                with self.policy.disable_adapter():  # π_ref = the base model: no second copy in memory
+                    logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
+            else:
+                logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
+            out[rows] = logps.float().cpu()
+        return out
+
+    def _batch_metrics(self, trajs: list[Trajectory], global_rewards: torch.Tensor, rollout_seconds: float) -> dict[str, float]:
+        """Rollout statistics of this batch (reward components over the local episodes)."""
+        metrics: dict[str, float] = {
+            "reward/total/mean": float(global_rewards.mean()),
+            "reward/total/std": float(global_rewards.std()) if global_rewards.numel() > 1 else 0.0,
+        }
+        for name in trajs[0].reward_components if trajs else []:
+            values = torch.tensor([t.reward_components[name] for t in trajs])
+            metrics[f"reward/{name}/mean"] = float(values.mean())
+            metrics[f"reward/{name}/std"] = float(values.std()) if values.numel() > 1 else 0.0
+        generated = sum(t.num_policy_tokens for t in trajs)
+        metrics.update({
+            "rollout/accuracy": sum(bool(t.info.get("correct")) for t in trajs) / max(1, len(trajs)),
+            "rollout/completion_tokens/mean": generated / max(1, len(trajs)),
+            "rollout/completion_tokens/max": float(max((t.num_policy_tokens for t in trajs), default=0)),
+            "rollout/turns/mean": sum(len(t.policy_spans) for t in trajs) / max(1, len(trajs)),
+            "rollout/tool_calls/mean": sum(t.info.get("tool_calls", 0) for t in trajs) / max(1, len(trajs)),
+            "rollout/tool_errors/mean": sum(t.info.get("tool_errors", 0) for t in trajs) / max(1, len(trajs)),
+            "rollout/failed": float(sum(t.finish_reason == "error" for t in trajs)),
+            "rollout/tokens_per_second": generated / max(rollout_seconds, 1e-9),
+            "time/rollout": rollout_seconds,
+        })
+        for reason in sorted({t.finish_reason for t in trajs}):
+            metrics[f"rollout/finish/{reason}"] = sum(t.finish_reason == reason for t in trajs) / len(trajs)
+        for traj in trajs:
+            if traj.finish_reason == "error":
+                self.accelerator.print(f"episode failed (task {traj.task_id}): {traj.info.get('error')}")
+        return metrics
+
+    # ---------------------------------------------------------------- micro-batches: the loss
+
+    def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        n = len(batch["trajectories"])
+        size = self.cfg.micro_batch_size
+        tokens_local = float(batch["tensors"].loss_mask.sum())
+        return [{"batch": batch, "rows": slice(start, min(start + size, n)), "share": (min(start + size, n) - start) / n,
+                 "tokens": tokens_local} for start in range(0, n, size)]
+
+    def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        batch, rows, device = micro["batch"], micro["rows"], self.accelerator.device
+        t = batch["tensors"]
+        ids, attention, mask = t.input_ids[rows], t.attention_mask[rows], t.loss_mask[rows]
+        # Trim right padding shared by the whole micro-batch: no compute on it.
+        length = int(attention.sum(-1).max())
+        ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
+        logps, entropy = model(ids, attention, mask, self.cfg.rollout.temperature, True)  # (b, T), (b, T)
+        advantages = batch["advantages"]
+        if isinstance(advantages, torch.Tensor):
+            adv = advantages[rows].to(device)  # (b,)
+        else:
+            spans = [tr.policy_spans for tr in batch["trajectories"][rows]]
+            adv = token_advantages_from_turns(advantages[rows], spans, length).to(device)  # (b, T)
+        old = batch["old"][rows][:, :length].to(device)
+        ref = batch["ref"][rows][:, :length].to(device) if batch["ref"] is not None else None
+        num_items = micro["tokens"] if self.cfg.loss.loss_type in ("dapo", "token") else None
+        loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items)
+        if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
+            loss = loss * micro["share"]  # per-sequence means: weight this micro-batch by its share of rows
+        trained = mask.sum().clamp(min=1)
+        out = {k: float(v) for k, v in metrics.items()}
+        out["loss/entropy"] = float((entropy * mask).sum() / trained)
+        return loss, out
+
+    def after_step(self, step: int) -> dict[str, float]:
+        from agentic_rl.rollout.factory import refresh_engine_weights
+
+        metrics = dict(self.cached["metrics"]) if self.cached else {}
+        metrics["rollout/staleness"] = float(self.cached["staleness"]) if self.cached else 0.0
+        metrics["rollout/weights_version"] = float(refresh_engine_weights(self.engine))
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
+        # across μ > 1 updates must survive a resume.
+        keep = self.cached if self.cfg.updates_per_batch > 1 else None
+        return {"cached": keep, "weights_version": self.engine.weights_version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from agentic_rl.rollout.factory import refresh_engine_weights
+
+        self.cached = state.get("cached")
+        refresh_engine_weights(self.engine)  # the runner must read the restored weights
+        self.engine.weights_version = int(state.get("weights_version", 0))
+
+
+def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
+    """Run GRPO (or hand the config to the TRL backend); returns {"final", "history"}."""
+    if cfg.backend == "trl":
+        from agentic_rl.integrations.trl_backend import train_grpo_trl
+
+        return train_grpo_trl(cfg)
+    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
+    if cfg.rollout.batch_size % accelerator.num_processes:
+        raise ValueError(f"rollout.batch_size={cfg.rollout.batch_size} must be a multiple of the {accelerator.num_processes} processes")
+    reference = None
+    if cfg.loss.beta > 0 and not cfg.model.lora.enabled:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
+    objective = GRPOObjective(cfg, tokenizer, reference)
+    history = run_training(objective, TokenScorer(policy), cfg.train, cfg.optim, accelerator, run_dir, description="grpo")
+    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    run_dir.close()
+    return {"final": str(final), "history": history}

@@ -1,0 +1,271 @@
+"""Bradley-Terry reward model on the same trajectories, from the same base model.
+
+    agentic-rl rm --config configs/rm.yaml
+
+The model is `AutoModelForSequenceClassification(num_labels=1)` built from the policy's base
+(LoRA or full; with LoRA the score head is trained in full). The score r(x, y) is the head
+applied to the hidden state of the trajectory's last real token (we pool by the attention
+mask, not by searching for pad ids: SmolLM2's pad id is its end-of-turn id, which every
+trajectory contains). Loss: −E[log σ(r(x, y_w) − r(x, y_l))] (algorithms/reward_model.py).
+
+Pairs (chosen = graded correct, rejected = graded incorrect, same task):
+  * sampled:   the SFT model's own attempts, G per task, graded by the environment; every
+               (correct, incorrect) combination of a task up to `max_pairs_per_task`. Preferred:
+               they look like what RL will score.
+  * corrupted: an oracle demonstration vs. the same demonstration with a wrong final answer,
+               or with a wrong tool result carried into a wrong final answer.
+Held-out pairs come from the test split and give `rm/heldout_accuracy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agentic_rl.algorithms.reward_model import bradley_terry_loss
+from agentic_rl.models.lora import apply_lora, describe_trainable
+from agentic_rl.rollout.trajectory import Trajectory, collate
+from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
+from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.run_dir import RunDir
+
+_FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
+
+
+@dataclasses.dataclass
+class PairsConfig:
+    """Where chosen/rejected pairs come from."""
+
+    source: Literal["sampled", "corrupted"] = "corrupted"
+    """sampled: the policy's own attempts graded by the env; corrupted: broken oracle demonstrations."""
+    env: str = "arith"
+    """Environment that provides tasks and grading."""
+    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Its options."""
+    policy: str = ""
+    """For source=sampled: the model that samples attempts (e.g. the SFT stage's final/ folder)."""
+    tasks: int = 64
+    """Training tasks (train split)."""
+    heldout_tasks: int = 32
+    """Held-out tasks (test split) for pairwise accuracy."""
+    samples_per_task: int = 4
+    """For source=sampled: attempts per task."""
+    max_pairs_per_task: int = 4
+    """Most pairs taken from one task."""
+    temperature: float = 1.0
+    """For source=sampled: sampling temperature."""
+    max_turn_tokens: int = 128
+    """For source=sampled: token limit of one policy turn."""
+
+
+@dataclasses.dataclass
+class RMConfig:
+    """`agentic-rl rm`: a Bradley-Terry reward model."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The base model (the same base as the policy) and adapters."""
+    pairs: PairsConfig = dataclasses.field(default_factory=PairsConfig)
+    """Pair source."""
+    batch_size: int = 8
+    """Pairs per optimizer step (over all processes)."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4))
+    """Optimizer."""
+    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=30, output_dir="runs/rm"))
+    """Loop, output and checkpoints."""
+
+
+class RewardScorer(torch.nn.Module):
+    """Sequence-classification model -> (B,) scores at each row's last real token."""
+
+    def __init__(self, classifier: torch.nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        inner = self.classifier
+        inner = inner.base_model.model if hasattr(inner, "peft_config") else inner
+        backbone = getattr(inner, inner.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
+        last = attention_mask.long().cumsum(-1).argmax(-1)  # (B,): index of the last real token (right padding)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
+        return inner.score(pooled).squeeze(-1).float()  # (B,)
+
+
+def load_reward_model(cfg: ModelConfig, device: Any = "cpu", log=print):
+    """(classifier with LoRA per cfg, tokenizer, base name)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
+    from agentic_rl.training.common import _DTYPES, load_base_and_tokenizer
+
+    if cfg.name == TINY_QWEN3:
+        from transformers import Qwen3ForSequenceClassification
+
+        config = build_tiny_qwen3().config
+        config.num_labels = 1
+        torch.manual_seed(0)
+        classifier, tokenizer, base = Qwen3ForSequenceClassification(config), load_tokenizer(TINY_QWEN3), TINY_QWEN3
+    elif (Path(cfg.name) / "config.json").exists() or cfg.name in BUILTIN_MODELS or "/" in cfg.name and not Path(cfg.name).exists():
+        path = resolve_model_path(cfg.name)
+        tokenizer, base = load_tokenizer(cfg.name), cfg.name
+        classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=_DTYPES[cfg.dtype])
+    else:  # a previous stage's LoRA folder: merge it, then add a score head
+        base_model, tokenizer, base = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
+        with tempfile.TemporaryDirectory() as staging:
+            base_model.save_pretrained(staging)
+            classifier = AutoModelForSequenceClassification.from_pretrained(staging, num_labels=1, dtype=_DTYPES[cfg.dtype])
+    classifier.config.pad_token_id = tokenizer.pad_token_id
+    classifier = apply_lora(classifier, cfg.lora, task_type="SEQ_CLS").to(device)
+    if not cfg.lora.enabled:
+        classifier.requires_grad_(True)
+    log(describe_trainable(classifier))
+    return classifier, tokenizer, base
+
+
+def corrupt_messages(messages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]] | None:
+    """A wrong version of a correct demonstration: wrong final answer, or wrong tool result.
+
+    Returns None when the demonstration has no final answer to corrupt.
+    """
+    final = messages[-1].get("content", "")
+    match = _FINAL.search(final)
+    if match is None:
+        return None
+    value = float(match.group(2).replace(",", ""))
+    wrong = value + rng.choice([-1, 1]) * rng.randint(1, max(2, int(abs(value) * 0.5) + 1))
+    wrong_text = str(int(wrong)) if wrong == int(wrong) else f"{wrong:.2f}"
+    corrupted = [dict(m) for m in messages]
+    corrupted[-1]["content"] = final[: match.start(2)] + wrong_text + final[match.end(2):]
+    tool_indices = [i for i, m in enumerate(corrupted) if m.get("role") == "tool"]
+    if tool_indices and rng.random() < 0.5:
+        last_tool = tool_indices[-1]
+        corrupted[last_tool]["content"] = wrong_text  # the tool "said" the wrong value, carried to the end
+    return corrupted
+
+
+def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed: int) -> list[tuple[Trajectory, Trajectory]]:
+    """(chosen, rejected) trajectory pairs from `n_tasks` tasks of `split` (see module docstring)."""
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.rollout.demos import oracle_demos, trajectory_from_messages
+
+    env = make_env(cfg.env, **cfg.env_options)
+    tasks = env.tasks(split, n=n_tasks, seed=seed)
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    if cfg.source == "sampled":
+        return _sampled_pairs(cfg, tasks, seed)
+    rng = random.Random(seed)
+    pairs = []
+    for demo in oracle_demos(env, tasks, chat_format):
+        wrong = corrupt_messages(demo.messages, rng)
+        if wrong is None:
+            continue
+        rejected = trajectory_from_messages(chat_format, wrong, env.tool_schemas, env.name, demo.task_id, {"correct": False})
+        pairs.append((demo, rejected))
+    return pairs
+
+
+def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.rollout.factory import build_engine
+    from agentic_rl.training.common import load_base_and_tokenizer
+
+    if not cfg.policy:
+        raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
+    policy, tokenizer, _ = load_base_and_tokenizer(cfg.policy, "float32")
+    engine = build_engine(policy, tokenizer, max_turn_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=seed,
+                          max_concurrent=len(tasks) * cfg.samples_per_task)
+    envs = [make_env(cfg.env, **cfg.env_options) for _ in range(len(tasks) * cfg.samples_per_task)]
+    episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])
+    pairs = []
+    for index in range(len(tasks)):
+        group = episodes[index * cfg.samples_per_task : (index + 1) * cfg.samples_per_task]
+        good = [t for t in group if t.info.get("correct")]
+        bad = [t for t in group if not t.info.get("correct")]
+        pairs.extend([(g, b) for g in good for b in bad][: cfg.max_pairs_per_task])
+    return pairs
+
+
+class RMObjective:
+    """Bradley-Terry loss over pair batches; chosen and rejected are scored in one forward."""
+
+    def __init__(self, pairs, heldout, cfg: RMConfig, pad_id: int):
+        self.pairs, self.heldout, self.cfg, self.pad_id = pairs, heldout, cfg, pad_id
+
+    def bind(self, model, accelerator) -> None:
+        self.model, self.accelerator = model, accelerator
+
+    def next_batch(self, step: int) -> list:
+        per_epoch = max(1, len(self.pairs) // self.cfg.batch_size)
+        order = list(range(len(self.pairs)))
+        random.Random(self.cfg.train.seed * 1_000_003 + step // per_epoch).shuffle(order)
+        start = (step % per_epoch) * self.cfg.batch_size
+        chosen = [self.pairs[i] for i in order[start : start + self.cfg.batch_size]]
+        return chosen[self.accelerator.process_index :: self.accelerator.num_processes]
+
+    def micro_batches(self, batch: list) -> list:
+        return [batch]
+
+    def scores(self, model, pairs) -> tuple[torch.Tensor, torch.Tensor]:
+        sides = [p[0] for p in pairs] + [p[1] for p in pairs]
+        tensors = collate(sides, self.pad_id).to(self.accelerator.device)
+        scores = model(tensors.input_ids, tensors.attention_mask)  # (2N,)
+        return scores[: len(pairs)], scores[len(pairs):]
+
+    def loss(self, model, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        chosen, rejected = self.scores(model, batch)
+        loss, accuracy = bradley_terry_loss(chosen, rejected)
+        return loss, {"rm/train_accuracy": float(accuracy), "rm/margin": float((chosen - rejected).mean())}
+
+    @torch.no_grad()
+    def heldout_accuracy(self) -> float:
+        correct = 0
+        for start in range(0, len(self.heldout), 8):
+            chosen, rejected = self.scores(self.model, self.heldout[start : start + 8])
+            correct += int((chosen > rejected).sum())
+        return correct / max(1, len(self.heldout))
+
+    def after_step(self, step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def train_rm(cfg: RMConfig) -> dict[str, Any]:
+    """Train the reward model; returns {"final", "heldout_accuracy", "heldout_accuracy_before", "pairs"}."""
+    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
+    pairs = build_pairs(cfg.pairs, "train", cfg.pairs.tasks, tokenizer, cfg.train.seed)
+    heldout = build_pairs(cfg.pairs, "test", cfg.pairs.heldout_tasks, tokenizer, cfg.train.seed + 1)
+    if len(pairs) < cfg.batch_size or not heldout:
+        raise ValueError(f"only {len(pairs)} training and {len(heldout)} held-out pairs; raise pairs.tasks / pairs.heldout_tasks "
+                         f"(sampled pairs need tasks where the policy is sometimes right and sometimes wrong)")
+    objective = RMObjective(pairs, heldout, cfg, tokenizer.pad_token_id)
+    scorer = RewardScorer(classifier)
+    objective.bind(scorer, accelerator)
+    before = objective.heldout_accuracy()
+    classifier.train()
+    run_training(objective, scorer, cfg.train, cfg.optim, accelerator, run_dir, description="rm")
+    classifier.eval()
+    after = objective.heldout_accuracy()
+    run_dir.log(cfg.train.steps, {"rm/heldout_accuracy": after, "rm/heldout_accuracy_before": before})
+    target = Path(cfg.train.output_dir) / FINAL_DIR
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(objective.model).classifier
+        unwrapped.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        (target / "agentic_rl_rm.json").write_text(__import__("json").dumps({"base": base, "lora": cfg.model.lora.enabled}))
+    run_dir.close()
+    return {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
+            "pairs": len(pairs), "heldout_pairs": len(heldout)}

@@ -1,0 +1,178 @@
+"""SFT with LoRA (or full fine-tuning) on demonstration Trajectories.
+
+    agentic-rl sft --config configs/sft.yaml [--set train.steps=50]
+
+The loss is −Σ log P(y|x) over policy tokens only (algorithms/sft.py), divided by the number of
+trained tokens in the optimizer step. Batches are drawn by length bucketing: demonstrations are
+sorted by length, cut into batches of similar length, and the batch order is shuffled per
+epoch from the seed, so padding stays small on CPU and the order is a pure function of
+(seed, step): resume needs no data cursor beyond the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from agentic_rl.algorithms.sft import sft_loss
+from agentic_rl.rollout.trajectory import Trajectory, collate
+from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final, shard_for_rank
+from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.scoring import TokenScorer, unwrap_policy
+
+
+@dataclasses.dataclass
+class DemoSource:
+    """Where demonstrations come from."""
+
+    kind: Literal["oracle", "jsonl"] = "oracle"
+    """oracle: the env's scripted solver through the env API (arith solver, GSM8K annotations);
+    jsonl: a file of chat conversations (format in README and rollout/demos.py)."""
+    env: str = "arith"
+    """Environment for kind=oracle."""
+    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of that environment (e.g. {difficulty: [1, 2], templates: [...]})."""
+    split: Literal["train", "test"] = "train"
+    """Task split for kind=oracle (keep test for evaluation)."""
+    n: int = 64
+    """Number of demonstrations for kind=oracle."""
+    path: str = ""
+    """The JSONL file for kind=jsonl."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("data.sources[].path is required when kind is jsonl")
+        if self.n <= 0:
+            raise ValueError(f"data.sources[].n must be > 0, got {self.n}")
+
+
+@dataclasses.dataclass
+class SFTBatchConfig:
+    """Batching."""
+
+    batch_size: int = 8
+    """Demonstrations per optimizer step (over all processes)."""
+    micro_batch_size: int = 8
+    """Demonstrations per forward/backward; gradients accumulate up to batch_size."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0 or self.micro_batch_size <= 0:
+            raise ValueError("batch.batch_size and batch.micro_batch_size must be > 0")
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """`agentic-rl sft`: supervised fine-tuning on demonstrations."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The model and its adapters."""
+    sources: list[DemoSource] = dataclasses.field(default_factory=lambda: [DemoSource()])
+    """Demonstration sources, concatenated."""
+    batch: SFTBatchConfig = dataclasses.field(default_factory=SFTBatchConfig)
+    """Batching."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4))
+    """Optimizer."""
+    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=25, output_dir="runs/sft"))
+    """Loop, output and checkpoints."""
+
+
+def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Trajectory]:
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.rollout.demos import load_jsonl_demos, oracle_demos
+
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    demos: list[Trajectory] = []
+    for source in sources:
+        if source.kind == "jsonl":
+            demos.extend(load_jsonl_demos(source.path, chat_format))
+            continue
+        env = make_env(source.env, **source.env_options)
+        tasks = env.tasks(source.split, n=source.n, seed=seed)
+        demos.extend(oracle_demos(env, tasks, chat_format))
+    return demos
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length; batch order shuffled per (seed, epoch).
+
+    The last batch of the sorted order may be short; it is kept (nothing is dropped).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed * 1_000_003 + epoch).shuffle(batches)
+    return batches
+
+
+class SFTObjective:
+    """Masked NLL over demonstration batches (see module docstring)."""
+
+    def __init__(self, demos: list[Trajectory], cfg: SFTConfig, pad_id: int):
+        self.demos = demos
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.lengths = [len(d) for d in demos]
+        self._epoch_batches: dict[int, list[list[int]]] = {}
+
+    def bind(self, model, accelerator) -> None:
+        self.model = model
+        self.accelerator = accelerator
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._epoch_batches:
+            self._epoch_batches = {epoch: length_bucketed_batches(self.lengths, self.cfg.batch.batch_size, self.cfg.train.seed, epoch)}
+        return self._epoch_batches[epoch]
+
+    def next_batch(self, step: int) -> dict[str, Any]:
+        per_epoch = len(self._batches(0))
+        indices = self._batches(step // per_epoch)[step % per_epoch]
+        world = self.accelerator.num_processes
+        local = indices[self.accelerator.process_index :: world]
+        trajectories = [self.demos[i] for i in local]
+        total_tokens = sum(self.demos[i].num_policy_tokens for i in indices)
+        return {"trajectories": trajectories, "normaliser": total_tokens / world, "epoch": step / per_epoch}
+
+    def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        trajs = sorted(batch["trajectories"], key=len)
+        size = self.cfg.batch.micro_batch_size
+        return [{"trajectories": trajs[i : i + size], "normaliser": batch["normaliser"], "epoch": batch["epoch"]} for i in range(0, len(trajs), size)]
+
+    def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        tensors = collate(micro["trajectories"], self.pad_id).to(self.accelerator.device)
+        logps, _ = model(tensors.input_ids, tensors.attention_mask, tensors.loss_mask)  # (B, T)
+        loss = sft_loss(logps, tensors.loss_mask, micro["normaliser"])
+        tokens = float(tensors.loss_mask.sum())
+        padding = 1.0 - float(tensors.attention_mask.float().mean())
+        return loss, {"sft/tokens": tokens, "sft/padding_fraction": padding, "sft/epoch": micro["epoch"]}
+
+    def after_step(self, step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str, Any]:
+    """Run SFT; returns {"final": path, "history": rows, "num_demos": n}."""
+    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
+    if demos is None:
+        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed)
+    if len(demos) < cfg.batch.batch_size:
+        raise ValueError(f"{len(demos)} demonstrations cannot fill batch.batch_size={cfg.batch.batch_size}; add demonstrations or lower it")
+    objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
+    policy.train()
+    scorer = TokenScorer(policy)
+    history = run_training(objective, scorer, cfg.train, cfg.optim, accelerator, run_dir, description="sft")
+    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    run_dir.close()
+    return {"final": str(final), "history": history, "num_demos": len(demos)}

@@ -1,0 +1,356 @@
+"""The `python` tool's sandbox, with every hostile program run for real.
+
+Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 10 s)
+
+Each hostile test ends with `_assert_host_unharmed`: this process is alive (trivially, we
+are running), the sentinel outside the sandbox is byte- and mtime-identical, nothing new
+appeared next to it, and the tool still answers `print(1+1)` with "2".
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from agentic_rl.tools.base import Tool
+from agentic_rl.tools.python_sandbox import SandboxLimits, format_observation, python, run_python
+
+IS_ROOT = os.geteuid() == 0
+SENTINEL_TEXT = "sentinel: must never change\n"
+
+
+@pytest.fixture
+def outside_dir():
+    """A world-writable dir outside /tmp holding a world-writable sentinel file.
+
+    World-writable on purpose: file permissions do not protect it, so only the sandbox's
+    read-only mounts can. /var/tmp because the sandbox replaces /tmp with its own tmpfs,
+    which would make a /tmp path "safe" merely by being invisible.
+    """
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
+    path = tempfile.mkdtemp(prefix="sandbox-outside-", dir=base)
+    os.chmod(path, 0o777)
+    sentinel = os.path.join(path, "sentinel.txt")
+    with open(sentinel, "w") as f:
+        f.write(SENTINEL_TEXT)
+    os.chmod(sentinel, 0o666)
+    os.utime(sentinel, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    yield path
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
+
+
+def _assert_host_unharmed(outside_dir: str) -> None:
+    sentinel = os.path.join(outside_dir, "sentinel.txt")
+    assert sorted(os.listdir(outside_dir)) == ["sentinel.txt"]
+    with open(sentinel) as f:
+        assert f.read() == SENTINEL_TEXT
+    assert os.stat(sentinel).st_mtime_ns == 1_000_000_000_000_000_000
+    assert python("print(1+1)") == "2\n"
+
+
+def _processes_with_marker(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains `marker` (zombies have none)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+# ---------------------------------------------------------------- results the model sees
+
+
+def test_tool_schema_comes_from_the_docstring():
+    """Guards against a schema the model cannot use: wrong name, missing `code`, empty text."""
+    schema = Tool.from_function(python, name="python").schema["function"]
+    assert schema["name"] == "python"
+    assert schema["description"].startswith("Run Python code and return what it prints")
+    assert schema["parameters"]["properties"]["code"]["type"] == "string"
+    assert schema["parameters"]["required"] == ["code"]
+
+
+def test_printed_output_is_the_observation():
+    """Guards against losing stdout or mixing the sandbox's own noise into it."""
+    assert python("import math\nprint(math.comb(10, 3))\nprint('done')") == "120\ndone\n"
+
+
+def test_no_output_says_to_print():
+    """Guards against an empty observation the model cannot tell from a hang."""
+    assert python("x = 6 * 7") == "[no output; use print() to show values]"
+
+
+def test_exception_returns_stdout_then_traceback_tail():
+    """Guards against swallowing the error, or keeping the traceback head and losing its name."""
+    text = python("print('before')\ndef f():\n    return 1 / 0\nf()")
+    assert text.startswith("before\nTraceback (most recent call last):")
+    assert text.endswith("ZeroDivisionError: division by zero")
+    assert 'File "/tmp/work/main.py", line 3, in f' in text  # fixed path: deterministic text
+
+
+def test_syntax_error_is_reported():
+    """Guards against a syntax error looking like a program that printed nothing."""
+    result = run_python("def f(:\n    pass")
+    assert (result.ok, result.exit_reason) == (False, "error")
+    assert result.error == "SyntaxError: invalid syntax"
+    assert format_observation(result, 4096).endswith("SyntaxError: invalid syntax")
+
+
+def test_nonzero_exit_without_traceback_is_an_error():
+    """Guards against sys.exit(3) being reported as success, and sys.exit(200) (> 128, not
+    a signal number) crashing the result classification."""
+    result = run_python("import sys\nprint('partial')\nsys.exit(3)")
+    assert (result.ok, result.exit_reason, result.returncode) == (False, "error", 3)
+    assert python("import sys\nprint('partial')\nsys.exit(3)") == "partial\n[exit status 3]"
+    assert run_python("raise SystemExit(200)").error == "exit status 200"
+
+
+def test_truncation_is_marked_never_silent():
+    """Guards against cutting output silently, so the model takes a prefix for the answer."""
+    text = python("print('a' * 5000)")
+    assert text == "a" * 4096 + "\n[output truncated after 4096 bytes]"
+
+
+def test_long_traceback_keeps_its_last_lines():
+    """Guards against a huge exception message pushing the error type out of the observation."""
+    text = python("print('kept')\nraise ValueError('y' * 10000 + ' the end')")
+    assert text.startswith("kept\n[output truncated: only 4096 bytes of output are shown]")
+    assert text.endswith("y the end")
+
+
+def test_limits_reject_values_that_cannot_work():
+    """Guards against a memory cap so low that every call fails with a confusing error."""
+    with pytest.raises(ValueError, match="below 64 MiB"):
+        SandboxLimits(memory_bytes=10 * 2**20)
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxLimits(timeout_s=0)
+
+
+def test_parallel_calls_do_not_mix_results():
+    """Guards against shared state between concurrent calls from the rollout thread pool."""
+    code = "import time\ntime.sleep(0.1)\nprint({i} * {i})"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda i: run_python(code.format(i=i)), range(8)))
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(8)]
+
+
+# ------------------------------------------------------------------------ hostile programs
+
+
+def test_infinite_loop_times_out_on_the_wall_clock(outside_dir):
+    """Guards against a `while True: pass` that hangs the episode (and the trainer)."""
+    limits = SandboxLimits(timeout_s=1.0, cpu_seconds=30)
+    started = time.monotonic()
+    result = run_python("print('started')\nwhile True:\n    pass", limits)
+    elapsed = time.monotonic() - started
+    assert (result.exit_reason, result.error) == ("timeout", "timed out after 1 s")
+    assert result.stdout == "started\n"  # output before the timeout is kept (unbuffered)
+    assert elapsed < 1.0 + 1.5
+    assert format_observation(result, 4096) == "started\n[timed out after 1 s]"
+    _assert_host_unharmed(outside_dir)
+
+
+def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock(outside_dir):
+    """Guards against RLIMIT_CPU not being applied in the worker."""
+    limits = SandboxLimits(timeout_s=10.0, cpu_seconds=1)
+    result = run_python("while True:\n    pass", limits)
+    assert result.exit_reason == "timeout"
+    assert result.error == "CPU time limit of 1 s exceeded"
+    assert result.duration_s < 8.0  # 1 s of CPU; wall time is longer on a loaded machine
+    _assert_host_unharmed(outside_dir)
+
+
+def test_fork_bomb_hits_the_process_cap_and_leaves_no_process_behind(outside_dir):
+    """Guards against RLIMIT_NPROC not applying (it never binds root) and against children
+    outliving the call. Fan-out is bounded (at most 100 forks, each child asleep) so a
+    broken sandbox cannot take this machine down."""
+    marker = f"sandbox-fork-marker-{uuid.uuid4().hex}"
+    code = f"""
+import os, sys
+forks, failure = 0, None
+for _ in range(100):
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        failure = type(exc).__name__
+        break
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", "{marker}"])
+    forks += 1
+print(forks, failure)
+"""
+    limits = SandboxLimits(max_processes=8)
+    result = run_python(code, limits)
+    forks, failure = result.stdout.split()
+    assert result.exit_reason == "ok", result
+    assert failure == "BlockingIOError"  # EAGAIN from fork: the cap, not the loop's end
+    assert int(forks) < limits.max_processes
+    assert _processes_with_marker(marker) == []
+    _assert_host_unharmed(outside_dir)
+
+
+def test_detached_daemon_does_not_survive_the_call(outside_dir):
+    """Guards against a double-forked setsid() child escaping a process-group kill."""
+    marker = f"sandbox-daemon-marker-{uuid.uuid4().hex}"
+    code = f"""
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", "{marker}"])
+    os._exit(0)
+import time; time.sleep(0.2)
+print("parent exits")
+"""
+    result = run_python(code)
+    assert result.stdout == "parent exits\n"
+    assert _processes_with_marker(marker) == []
+    _assert_host_unharmed(outside_dir)
+
+
+def test_memory_bomb_returns_a_memory_error(outside_dir):
+    """Guards against a 4 GB allocation swapping or OOM-killing the trainer."""
+    result = run_python("data = bytearray(4 * 10**9)\nprint(len(data))")
+    assert result.exit_reason == "memory"
+    assert result.error == "memory limit of 512 MiB exceeded"
+    assert result.stderr.rstrip().endswith("MemoryError")
+    assert python("data = bytearray(4 * 10**9)").endswith(
+        "MemoryError\n[memory limit of 512 MiB exceeded]")
+    _assert_host_unharmed(outside_dir)
+
+
+def test_huge_output_is_cut_fast_and_bounded(outside_dir):
+    """Guards against buffering 100 MB of output in the trainer or waiting for all of it."""
+    result = run_python("print('x' * 10**8)")
+    assert result.exit_reason == "output_truncated"
+    assert result.stdout == "x" * 4096
+    assert result.duration_s < 4.0  # ~0.15 s when idle: killed at 4 KB, not at 100 MB
+    text = python("print('x' * 10**8)")
+    assert text.endswith("\n[output truncated after 4096 bytes]") and len(text) < 4200
+    _assert_host_unharmed(outside_dir)
+
+
+def test_endless_stderr_is_cut_too(outside_dir):
+    """Guards against an unbounded stderr loop running to the timeout or filling memory."""
+    result = run_python("import sys\nwhile True:\n    sys.stderr.write('e' * 1000)")
+    assert result.exit_reason == "output_truncated"
+    assert len(result.stderr) == 4096
+    assert result.duration_s < 4.0
+    _assert_host_unharmed(outside_dir)
+
+
+def test_secret_files_cannot_be_read(outside_dir):
+    """Guards against the code reading /etc/shadow or a root-only 0600 file (root ignores
+    file permissions, so this holds only because the worker drops to another uid)."""
+    secret = os.path.join(outside_dir, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("TOPSECRET-42")
+    os.chmod(secret, 0o600)
+    try:
+        code = f"""
+for path in ("/etc/shadow", {secret!r}):
+    try:
+        print(path, open(path).read())
+    except OSError as exc:
+        print(path, type(exc).__name__)
+"""
+        result = run_python(code)
+        assert "/etc/shadow PermissionError" in result.stdout
+        if IS_ROOT:  # unprivileged, the worker keeps the caller's uid (see threat model)
+            assert f"{secret} PermissionError" in result.stdout
+            assert "TOPSECRET-42" not in result.stdout
+    finally:
+        os.unlink(secret)
+    _assert_host_unharmed(outside_dir)
+
+
+def test_files_outside_the_work_dir_cannot_be_changed(outside_dir):
+    """Guards against overwriting, deleting, creating or chmod-ing files outside the sandbox,
+    here in a world-writable dir where only the read-only mounts stand in the way."""
+    sentinel = os.path.join(outside_dir, "sentinel.txt")
+    outside_tmp = f"/tmp/sandbox-outside-{uuid.uuid4().hex}"
+    attempts = [f"open({sentinel!r}, 'w').write('pwned')", f"os.unlink({sentinel!r})",
+                f"os.utime({sentinel!r}, None)", f"os.chmod({outside_dir!r}, 0o700)",
+                f"open({os.path.join(outside_dir, 'new.txt')!r}, 'w').write('x')",
+                f"open({outside_tmp!r}, 'w').write('x')", "open('/etc/passwd', 'a').write('x')"]
+    code = "import os\n" + "".join(
+        f"try:\n    {a}\n    print('CHANGED')\nexcept OSError as exc:\n"
+        f"    print(type(exc).__name__)\n" for a in attempts)
+    code += "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
+    result = run_python(code)
+    lines = result.stdout.split()
+    assert "CHANGED" not in lines and len(lines) == len(attempts) + 1, result
+    assert lines[-1] == "ok"  # the work dir itself is writable
+    assert not os.path.exists(outside_tmp)
+    assert os.stat(outside_dir).st_mode & 0o777 == 0o777
+    _assert_host_unharmed(outside_dir)
+
+
+def test_socket_cannot_reach_a_listener_on_localhost(outside_dir):
+    """Guards against network access: the code must not reach a port this test listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        code = f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=1)
+    print("CONNECTED")
+except OSError as exc:
+    print(type(exc).__name__, exc.errno)
+"""
+        result = run_python(code)
+        listener.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            listener.accept()  # no connection ever arrived
+    assert result.stdout.startswith("OSError 101"), result  # ENETUNREACH: no route at all
+    _assert_host_unharmed(outside_dir)
+
+
+def test_signals_cannot_reach_the_caller(outside_dir):
+    """Guards against the code killing pytest/the trainer via its parent, its process group,
+    kill(-1), or the caller's real pid."""
+    attempts = ["os.kill(os.getppid(), signal.SIGKILL)", "os.kill(os.getppid(), signal.SIGTERM)",
+                f"os.kill({os.getpid()}, signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)",
+                "os.killpg(0, signal.SIGKILL)"]
+    for attempt in attempts:
+        result = run_python(f"import os, signal\n{attempt}\nprint('still here')")
+        assert result.exit_reason in ("ok", "error"), (attempt, result)
+    assert os.getpid() > 0 and os.getppid() > 1  # we are alive and not orphaned
+    _assert_host_unharmed(outside_dir)
+
+
+def test_environment_variables_are_not_leaked(outside_dir, monkeypatch):
+    """Guards against API keys in the trainer's environment reaching model-written code,
+    directly or through /proc/*/environ of processes it can see."""
+    monkeypatch.setenv("AGENTIC_RL_TEST_SECRET", "hunter2-env-secret")
+    code = """
+import os
+print(sorted(os.environ))
+for pid in os.listdir("/proc"):
+    try:
+        print(pid, open(f"/proc/{pid}/environ", "rb").read()[:2000])
+    except OSError as exc:
+        pass
+"""
+    result = run_python(code, SandboxLimits(max_output_bytes=64000))
+    assert result.ok, result
+    assert "hunter2-env-secret" not in result.stdout
+    visible = set(eval(result.stdout.splitlines()[0]))  # a printed list of names
+    assert visible - {"LD_LIBRARY_PATH"} == {"HOME", "LANG", "PATH", "TMPDIR"}
+    _assert_host_unharmed(outside_dir)

@@ -1,0 +1,531 @@
+"""The rollout engine, HFRunner and sampling: token-exact multi-turn trajectories (DESIGN invariants 1-3, 7).
+
+Model-based tests use tiny-qwen3 (random weights, real Qwen3 tokenizer). Tests that need
+canonical, readable turns use `ScriptedRunner`, a fake model that emits a fixed token script.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentic_rl.envs.base import Env, StepResult, Task
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.loader import load_model, load_tokenizer
+from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.hf_runner import HFRunner
+from agentic_rl.rollout.runner import Runner
+from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
+from agentic_rl.rollout.trajectory import collate
+from agentic_rl.tools.parse import format_tool_call
+
+CALCULATOR_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+
+
+# ---------------------------------------------------------------------- fakes
+
+
+class ToolLoopEnv(Env):
+    """Answers every turn with a tool observation until turn `tool_turns`, then ends (final_answer set).
+
+    With `fail_on_turn`, env.step raises on that turn; with `feedback`, observations are user turns.
+    """
+
+    name = "fake-tools"
+    max_turns = 16
+
+    def __init__(self, tool_turns: int = 2, fail_on_turn: int | None = None, feedback: bool = False, question: str = "What is 6*7?"):
+        self.tool_turns, self.fail_on_turn, self.feedback, self.question = tool_turns, fail_on_turn, feedback, question
+        self.turn = 0
+        self.actions: list[str] = []
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [CALCULATOR_SCHEMA]
+
+    def reset(self, task: Task) -> list[dict[str, Any]]:
+        self.turn, self.actions = 0, []
+        return [{"role": "system", "content": "You solve problems with tools."}, {"role": "user", "content": task.question}]
+
+    def step(self, action_text: str) -> StepResult:
+        self.turn += 1
+        self.actions.append(action_text)
+        if self.turn == self.fail_on_turn:
+            raise RuntimeError("calculator crashed")
+        if self.turn > self.tool_turns:
+            return StepResult(None, 1.0, True, {"final_answer": "42", "correct": True})
+        if self.feedback:
+            observation = [{"role": "user", "content": f"Try again ({self.turn})."}]
+        else:
+            observation = [{"role": "tool", "name": "calculator", "content": f"{self.turn * 7}"}]
+        return StepResult(observation, 0.1 * self.turn, False, {"tool_calls": 1})
+
+
+class ScriptedRunner(Runner):
+    """A fake model: slot k (in alloc order) emits `scripts[k]` token by token (one token per forward).
+
+    It records every chunk it is fed, so tests can check what the KV cache would hold.
+    """
+
+    def __init__(self, scripts: Sequence[Sequence[int]], vocab_size: int, max_slots: int = 16, max_len: int = 4096):
+        self.scripts, self.vocab_size, self.max_slots, self.max_len = [list(s) for s in scripts], vocab_size, max_slots, max_len
+        self.fed: dict[int, list[int]] = {}
+        self.script_of: dict[int, int] = {}
+        self.emitted: dict[int, int] = {}
+        self.allocations = 0
+
+    def alloc(self) -> int:
+        slot = self.allocations
+        self.allocations += 1
+        self.fed[slot], self.script_of[slot], self.emitted[slot] = [], slot, 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        self.emitted.pop(slot)
+
+    def length(self, slot: int) -> int:
+        return len(self.fed[slot])
+
+    def forward(self, slots, chunks):
+        logits = torch.full((len(slots), self.vocab_size), -1e4)
+        for row, (slot, chunk) in enumerate(zip(slots, chunks)):
+            assert chunk, "empty chunk"
+            self.fed[slot].extend(chunk)
+            script = self.scripts[self.script_of[slot]]
+            logits[row, script[min(self.emitted[slot], len(script) - 1)]] = 0.0
+            self.emitted[slot] += 1
+        return logits
+
+
+def _task(i: int = 0, question: str = "What is 6*7?") -> Task:
+    return Task(id=f"t{i}", question=question, answer="42")
+
+
+def _tool_turn(expression: str) -> str:
+    return format_tool_call("calculator", {"expression": expression})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = load_model("tiny-qwen3")
+    return model, tokenizer, ChatFormat.for_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
+def chat(request):
+    tokenizer = load_tokenizer(request.param)
+    return request.param, tokenizer, ChatFormat.for_tokenizer(tokenizer)
+
+
+def _scripted_engine(tokenizer, chat_format, turn_texts_per_episode, limits=None, temperature=0.0):
+    """An engine whose 'model' writes the given turns (canonical tokenization; <|im_end|> turns end with it)."""
+    scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turn_texts_per_episode]
+    runner = ScriptedRunner(scripts, len(tokenizer))
+    limits = limits or RolloutLimits(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
+    return RolloutEngine(runner, chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
+
+
+TURNS = [
+    _tool_turn("6*7"),
+    "Let me check.\n" + _tool_turn("42/1"),
+    "Final Answer: 42<|im_end|>",
+]
+
+
+# ---------------------------------------------------------------------- HFRunner
+
+
+def test_hf_runner_matches_full_forward_on_random_ragged_schedules(tiny):
+    """Guards against wrong position ids, attention to padding holes, or cache rows mixed up when
+    the named slot set changes (shrink, rejoin, free/alloc) between ragged calls."""
+    model, _, _ = tiny
+    generator = torch.Generator().manual_seed(0)
+    runner = HFRunner(model, max_slots=6, max_len=512)
+    slots = [runner.alloc() for _ in range(5)]
+    sequences = {slot: [] for slot in slots}
+    worst = 0.0
+    for step in range(30):
+        count = int(torch.randint(1, len(slots) + 1, (1,), generator=generator))
+        named = [slots[i] for i in torch.randperm(len(slots), generator=generator)[:count].tolist()]
+        chunks = [torch.randint(0, 5000, (int(torch.randint(1, 8, (1,), generator=generator)),), generator=generator).tolist() for _ in named]
+        logits = runner.forward(named, chunks)  # (n, V)
+        for slot, chunk, row in zip(named, chunks, logits):
+            sequences[slot] += chunk
+            assert runner.length(slot) == len(sequences[slot])
+            reference = model(torch.tensor([sequences[slot]])).logits[0, -1].float()  # (V,)
+            worst = max(worst, (reference - row).abs().max().item())
+        if step == 15:  # a finished episode's slot is reused by a fresh one
+            runner.free(slots[0])
+            del sequences[slots[0]]
+            slots = slots[1:] + [runner.alloc()]
+            sequences[slots[-1]] = []
+    assert worst < 1e-4, f"runner logits differ from a full forward by {worst}"
+
+
+def test_hf_runner_rejects_bad_calls(tiny):
+    """Guards against silently truncated caches and double-booked slots."""
+    runner = HFRunner(tiny[0], max_slots=1, max_len=4)
+    slot = runner.alloc()
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        runner.alloc()
+    with pytest.raises(ValueError, match="max_len"):
+        runner.forward([slot], [[1, 2, 3, 4, 5]])
+    with pytest.raises(ValueError, match="empty chunk"):
+        runner.forward([slot], [[]])
+
+
+# ---------------------------------------------------------------------- token bookkeeping (scripted)
+
+
+def test_mask_one_tokens_decode_to_exactly_the_model_turns(chat):
+    """Guards against a mask that covers observation/prompt tokens or misses a turn's stop token."""
+    _, tokenizer, chat_format = chat
+    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=2)], [_task()])
+    trajectory.check()
+    assert trajectory.finish_reason == "answered"
+    policy_ids = [t for t, m in zip(trajectory.input_ids, trajectory.loss_mask) if m]
+    assert tokenizer.decode(policy_ids) == "".join(TURNS)
+    turns = [tokenizer.decode(trajectory.input_ids[s.start:s.end]) for s in trajectory.policy_spans]
+    assert turns == TURNS  # the <|im_end|> of the final turn is generated, so it is in the turn
+    assert trajectory.turn_rewards == [0.1, 0.2, 1.0]
+
+
+def test_mask_zero_tokens_are_exactly_prompt_and_rendered_observations(chat):
+    """Guards against observation tokens that drift from the chat template (invariant 1)."""
+    _, tokenizer, chat_format = chat
+    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
+    env = ToolLoopEnv(tool_turns=2)
+    (trajectory,) = engine.run([env], [_task()])
+    messages = env.reset(_task())
+    expected = [chat_format.prompt_ids(messages, env.tool_schemas)]
+    for turn_index, span in enumerate(trajectory.spans):
+        if span.kind == "observation":
+            turn_text = tokenizer.decode(trajectory.input_ids[trajectory.spans[turn_index - 1].start:span.start])
+            observation = [{"role": "tool", "name": "calculator", "content": f"{len(expected) * 7}"}]
+            expected.append(chat_format.observation_ids(messages, turn_text, observation, env.tool_schemas))
+            messages = messages + [{"role": "assistant", "content": turn_text}] + observation
+    mask_zero_runs = [trajectory.input_ids[s.start:s.end] for s in trajectory.spans if s.kind != "policy"]
+    assert mask_zero_runs == expected
+    # A turn that stopped at </tool_call> leaves the end-of-turn marker to the observation (mask 0).
+    first_observation = trajectory.spans[2]
+    assert trajectory.input_ids[first_observation.start] == chat_format.end_of_turn_id
+
+
+def test_episode_tokens_equal_the_chat_template_render_where_it_preserves_prefixes(chat):
+    """Guards against multi-turn sequences that differ from what the template renders (invariant 1).
+
+    Documented exceptions, asserted here: Qwen3 renders the LAST assistant message with an
+    injected empty `<think>\\n\\n</think>\\n\\n`, and every template adds "\\n" after the final
+    <|im_end|>. So we compare the render of the conversation up to the last turn (with the
+    generation prompt) plus the final turn's tokens.
+    """
+    name, tokenizer, chat_format = chat
+    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
+    env = ToolLoopEnv(tool_turns=2)
+    (trajectory,) = engine.run([env], [_task()])
+    messages = trajectory.messages
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    head = chat_format.encode(chat_format.render(messages[:-1], env.tool_schemas, add_generation_prompt=True))
+    last_turn = trajectory.input_ids[trajectory.policy_spans[-1].start:]
+    assert trajectory.input_ids == head + last_turn
+    full = chat_format.encode(chat_format.render(messages, env.tool_schemas))
+    if name == "tiny-qwen3":
+        assert full != trajectory.input_ids and "<think>\n\n</think>" in tokenizer.decode(full[len(head):])
+    else:
+        assert full == trajectory.input_ids + chat_format.encode("\n")
+
+
+def test_qwen3_rerender_drops_think_before_a_user_feedback_turn_but_engine_keeps_it():
+    """Documents Qwen3's template exception: re-rendering a conversation drops earlier `<think>` blocks
+    once a real user message follows them. The engine never re-renders, so its tokens keep them."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    turns = ["<think>\nadd\n</think>\n\nMaybe 41.<|im_end|>", "<think>\nredo\n</think>\n\nFinal Answer: 42<|im_end|>"]
+    engine, _ = _scripted_engine(tokenizer, chat_format, [turns])
+    env = ToolLoopEnv(tool_turns=1, feedback=True)
+    (trajectory,) = engine.run([env], [_task()])
+    assert trajectory.finish_reason == "answered"
+    assert tokenizer.decode(trajectory.input_ids).count("<think>") == 2
+    rerendered = chat_format.render(trajectory.messages[:-1], env.tool_schemas, add_generation_prompt=True)
+    assert "<think>\nadd" not in rerendered  # the template dropped it
+    head = tokenizer.decode(trajectory.input_ids[: trajectory.policy_spans[-1].start])
+    assert "<think>\nadd" in head and head != rerendered
+
+
+def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls():
+    """Guards against re-encoding the conversation after each tool call (KV cache kept across turns),
+    and against a cache that differs from the trajectory's ids."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    engine, runner = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS[1:]])
+    trajectories = engine.run([ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=1)], [_task(0), _task(1)])
+    for slot, trajectory in enumerate(trajectories):
+        assert runner.fed[slot] == trajectory.input_ids[:-1]  # the final sampled token is never fed
+
+
+# ---------------------------------------------------------------------- log-probs against a plain forward
+
+
+def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max_turn_tokens=5):
+    model, tokenizer, chat_format = tiny
+    runner = HFRunner(model, max_slots=8, max_len=1024)
+    limits = RolloutLimits(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
+    engine = RolloutEngine(runner, chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
+    questions = ["What is 6*7?", "Add 2 and 3, then multiply by a hundred and twelve.", "Hi", "Compute 1+1 please, step by step."]
+    envs = [ToolLoopEnv(tool_turns=2, question=questions[i % 4]) for i in range(n_episodes)]
+    tasks = [_task(i, questions[i % 4]) for i in range(n_episodes)]
+    return engine.run(envs, tasks)
+
+
+def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tiny):
+    """Guards against old log-probs that the trainer's recomputation cannot reproduce (ratio != 1 at
+    step 0): cache/padding bugs in the runner, or recording the truncated (top-p) distribution."""
+    model = tiny[0]
+    temperature = 0.8
+    trajectories = _random_multi_turn(tiny, seed=3, temperature=temperature, top_p=0.9)
+    assert len({len(t) for t in trajectories}) > 1, "want ragged lengths"
+    assert all(len(t.policy_spans) == 3 for t in trajectories), "want multi-turn episodes"
+    batch = collate(trajectories, pad_id=0)  # right padding
+    logits = model(batch.input_ids, attention_mask=batch.attention_mask).logits.float()  # (B, T, V)
+    recomputed = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(2, batch.input_ids[:, 1:, None]).squeeze(2)
+    mask = batch.loss_mask[:, 1:].bool()
+    assert (recomputed - batch.logprobs[:, 1:])[mask].abs().max() < 1e-4
+    # Left padding with explicit position ids gives the same numbers.
+    width = batch.input_ids.shape[1]
+    left_ids = torch.zeros_like(batch.input_ids)
+    left_attention = torch.zeros_like(batch.attention_mask)
+    positions = torch.zeros_like(batch.input_ids)
+    for row, trajectory in enumerate(trajectories):
+        n = len(trajectory)
+        left_ids[row, width - n:] = torch.tensor(trajectory.input_ids)
+        left_attention[row, width - n:] = 1
+        positions[row, width - n:] = torch.arange(n)
+    left_logits = model(left_ids, attention_mask=left_attention, position_ids=positions).logits.float()  # (B, T, V)
+    for row, trajectory in enumerate(trajectories):
+        n = len(trajectory)
+        row_logprobs = torch.log_softmax(left_logits[row, width - n:-1] / temperature, dim=-1)  # (n-1, V)
+        picked = row_logprobs.gather(1, torch.tensor(trajectory.input_ids[1:])[:, None]).squeeze(1)
+        row_mask = torch.tensor(trajectory.loss_mask[1:]).bool()
+        assert (picked - torch.tensor(trajectory.logprobs[1:]))[row_mask].abs().max() < 1e-4
+
+
+def test_same_seed_same_trajectories_and_different_seed_differs(tiny):
+    """Guards against nondeterministic rollouts (invariant 7): thread timing or batch composition leaking into samples."""
+    first = _random_multi_turn(tiny, seed=11)
+    again = _random_multi_turn(tiny, seed=11)
+    other = _random_multi_turn(tiny, seed=12)
+    assert [t.input_ids for t in first] == [t.input_ids for t in again]
+    assert [t.logprobs for t in first] == [t.logprobs for t in again]
+    assert [t.input_ids for t in first] != [t.input_ids for t in other]
+
+
+def test_episode_samples_do_not_depend_on_which_episodes_share_the_batch(tiny):
+    """Guards against one shared RNG drawn in batch order: adding an episode would change the others."""
+    alone = _random_multi_turn(tiny, seed=5, n_episodes=1)
+    together = _random_multi_turn(tiny, seed=5, n_episodes=4)
+    assert alone[0].input_ids == together[0].input_ids
+
+
+def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
+    """Guards against rollouts that cannot be traced to the weights that sampled them (invariant 3)."""
+    model, tokenizer, chat_format = tiny
+    runner = HFRunner(model, max_slots=2, max_len=512)
+    engine = RolloutEngine(runner, chat_format, tokenizer, RolloutLimits(4, 512, 2), SamplingParams(seed=1))
+    (before,) = engine.run([ToolLoopEnv()], [_task()])
+    assert engine.bump_weights_version() == 1
+    (after,) = engine.run([ToolLoopEnv()], [_task()])
+    assert (before.weights_version, after.weights_version) == (0, 1)
+    assert before.input_ids != after.input_ids, "the second run must use a fresh seed (sampling.seed + run_count)"
+
+
+# ---------------------------------------------------------------------- limits and failures
+
+
+def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if_env_stops():
+    """Guards against cut turns that never reach the env (no reward) or that end with the wrong reason."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    long_answer = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutLimits(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
+    env = ToolLoopEnv(tool_turns=0)
+    (trajectory,) = engine.run([env], [_task()])
+    assert trajectory.finish_reason == "max_turn_tokens"
+    assert len(env.actions) == 1 and trajectory.num_policy_tokens == 4 and trajectory.turn_rewards == [1.0]
+
+
+def test_cut_turn_continues_when_env_continues():
+    """Guards against ending an episode at a turn cut the env chose to answer with feedback."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    engine, _ = _scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutLimits(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
+    assert trajectory.finish_reason == "max_turns"
+    assert [s.end - s.start for s in trajectory.policy_spans] == [3, 3, 3]
+
+
+def test_max_turns_ends_the_episode_with_max_turns(chat):
+    """Guards against episodes that run past the turn limit."""
+    _, tokenizer, chat_format = chat
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("1+1")] * 5], RolloutLimits(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=10)], [_task()])
+    assert trajectory.finish_reason == "max_turns" and len(trajectory.policy_spans) == 2
+    assert trajectory.spans[-1].kind == "policy", "no observation is appended after the last allowed turn"
+
+
+def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation():
+    """Guards against episodes longer than max_episode_tokens, and observations appended with no room to act."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    env = ToolLoopEnv(tool_turns=5)
+    prompt = len(chat_format.prompt_ids(env.reset(_task()), env.tool_schemas))
+    turn = tokenizer(_tool_turn("6*7"), add_special_tokens=False)["input_ids"]
+    # Room for one full turn, and an observation would not fit: ends without appending it.
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutLimits(64, prompt + len(turn) + 5, 8))
+    (dropped,) = engine.run([env], [_task()])
+    assert dropped.finish_reason == "max_episode_tokens" and dropped.spans[-1].kind == "policy"
+    assert len(dropped) == prompt + len(turn)
+    # Room for part of a turn only: the turn is cut at the episode limit.
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutLimits(64, prompt + 3, 8))
+    (cut,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
+    assert cut.finish_reason == "max_episode_tokens" and len(cut) == prompt + 3 and cut.num_policy_tokens == 3
+    # No room at all: prompt only.
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")]], RolloutLimits(64, prompt, 8))
+    (empty,) = engine.run([ToolLoopEnv()], [_task()])
+    assert empty.finish_reason == "max_episode_tokens" and empty.num_policy_tokens == 0
+
+
+def test_env_step_exception_fails_only_that_episode():
+    """Guards against one crashing tool taking down the whole rollout batch."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
+    envs = [ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=2, fail_on_turn=2), ToolLoopEnv(tool_turns=2)]
+    trajectories = engine.run(envs, [_task(i) for i in range(3)])
+    assert [t.finish_reason for t in trajectories] == ["answered", "error", "answered"]
+    assert "calculator crashed" in trajectories[1].info["error"]
+    assert len(trajectories[1].policy_spans) == len(trajectories[1].turn_rewards) == 2
+    trajectories[1].check()
+
+
+class _ScriptedEnv(Env):
+    """Replays a list of (kind, length) observations: 'tool' -> an observation, 'done' -> ends."""
+
+    name = "scripted"
+    max_turns = 32
+
+    def __init__(self, plan: list[str]):
+        self.plan, self.turn = plan, 0
+
+    def reset(self, task: Task) -> list[dict[str, Any]]:
+        self.turn = 0
+        return [{"role": "user", "content": task.question}]
+
+    def step(self, action_text: str) -> StepResult:
+        kind = self.plan[min(self.turn, len(self.plan) - 1)]
+        self.turn += 1
+        if kind == "error":
+            raise ValueError("boom")
+        if kind == "done":
+            return StepResult(None, 1.0, True, {"final_answer": None})
+        return StepResult([{"role": "tool", "name": "calculator", "content": "x" * (3 * self.turn)}], 0.0, False, {})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    plans=st.lists(st.lists(st.sampled_from(["tool", "tool", "done", "error"]), min_size=1, max_size=5), min_size=1, max_size=4),
+    turn_tokens=st.integers(1, 12),
+    episode_tokens=st.integers(20, 120),
+    max_turns=st.integers(1, 5),
+)
+def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(plans, turn_tokens, episode_tokens, max_turns):
+    """Property: for any env behaviour and limits, spans tile the ids, mask is 1 exactly on policy
+    spans, lengths respect the limits, and each policy turn has one reward. Guards against
+    off-by-one span/mask bugs at limit boundaries."""
+    tokenizer = _QWEN3_TOKENIZER
+    chat_format = _QWEN3_FORMAT
+    scripts = [[_tool_turn("1+2")] * 6 for _ in plans]
+    engine, _ = _scripted_engine(tokenizer, chat_format, scripts, RolloutLimits(turn_tokens, episode_tokens, max_turns))
+    trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [_task(i) for i in range(len(plans))])
+    for trajectory in trajectories:
+        trajectory.check()
+        assert trajectory.finish_reason in {"answered", "env_done", "max_turns", "max_episode_tokens", "max_turn_tokens", "error"}
+        assert len(trajectory) <= max(episode_tokens, trajectory.prompt_length)
+        assert len(trajectory.policy_spans) <= max_turns
+        assert len(trajectory.turn_rewards) == len(trajectory.policy_spans)
+        assert all(s.end - s.start <= turn_tokens for s in trajectory.policy_spans)
+        assert all(lp == 0.0 for lp, m in zip(trajectory.logprobs, trajectory.loss_mask) if not m)
+
+
+_QWEN3_TOKENIZER = load_tokenizer("tiny-qwen3")
+_QWEN3_FORMAT = ChatFormat.for_tokenizer(_QWEN3_TOKENIZER)
+
+
+# ---------------------------------------------------------------------- sampling
+
+
+def test_sampled_logprob_is_of_the_full_tempered_distribution_even_with_top_p_top_k():
+    """Guards against recording truncated-distribution log-probs the trainer can never reproduce."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.7, top_p=0.5, top_k=5)
+    tokens, logprobs = sample(logits, params, [make_generator(0, i) for i in range(3)])
+    expected = torch.log_softmax(logits / 0.7, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    assert torch.allclose(logprobs, expected)
+    top5 = logits.topk(5, dim=-1).indices
+    assert all(t in row for t, row in zip(tokens.tolist(), top5.tolist()))
+
+
+def test_greedy_and_temperature_zero_take_argmax_with_t1_logprobs():
+    """Guards against dividing by T = 0 and against greedy log-probs at a different temperature."""
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(1))
+    for params in (SamplingParams(greedy=True, temperature=0.5), SamplingParams(temperature=0.0)):
+        tokens, logprobs = sample(logits, params)
+        assert torch.equal(tokens, logits.argmax(-1))
+        assert torch.allclose(logprobs, torch.log_softmax(logits, -1).max(-1).values)
+
+
+def test_sampling_follows_the_distribution():
+    """Guards against an inverse-CDF off-by-one that biases sampling."""
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).repeat(4000, 1)
+    tokens, _ = sample(logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(tokens, minlength=3).float() / 4000
+    assert torch.allclose(frequencies, torch.tensor([0.1, 0.2, 0.7]), atol=0.03)
+
+
+def test_sampling_params_reject_bad_values():
+    """Guards against silently accepted nonsense settings."""
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="max_turns"):
+        RolloutLimits(max_turns=0)
+
+
+def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
+    """Guards against a runner cache overflowing mid-episode."""
+    model, tokenizer, chat_format = tiny
+    with pytest.raises(ValueError, match="max_len"):
+        RolloutEngine(HFRunner(model, max_slots=1, max_len=64), chat_format, tokenizer, RolloutLimits(8, 128, 2), SamplingParams())
+
+
+def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
+    """Guards against alloc failures when prompts x G exceeds max_slots."""
+    tokenizer = _QWEN3_TOKENIZER
+    runner = ScriptedRunner([TURNS] * 0 + [tokenizer(''.join(TURNS), add_special_tokens=False)["input_ids"]] * 5, len(tokenizer), max_slots=2)
+    engine = RolloutEngine(runner, _QWEN3_FORMAT, tokenizer, RolloutLimits(128, 2048, 8), SamplingParams(temperature=0))
+    trajectories = engine.run([ToolLoopEnv() for _ in range(5)], [_task(i) for i in range(5)])
+    assert [t.finish_reason for t in trajectories] == ["answered"] * 5
+    assert json.dumps([t.task_id for t in trajectories]) == json.dumps([f"t{i}" for i in range(5)])
