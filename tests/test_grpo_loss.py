@@ -50,7 +50,8 @@ def reference_loss(logps, old_logps, advantages, mask, cfg: GRPOLossConfig, ref_
             sequence_log_ratio = sum(logps[i, t] - old_logps[i, t] for t in tokens) / len(tokens)
         total = torch.zeros((), dtype=torch.float64)
         for t in tokens:
-            log_ratio = sequence_log_ratio if cfg.importance_sampling_level == "sequence" else logps[i, t] - old_logps[i, t]
+            token_log_ratio = logps[i, t] - old_logps[i, t]
+            log_ratio = sequence_log_ratio if cfg.importance_sampling_level == "sequence" else token_log_ratio
             ratio = torch.exp(log_ratio)
             advantage = float(advantages[i] if advantages.dim() == 1 else advantages[i, t])
             clipped = torch.clamp(ratio, 1 - cfg.epsilon, 1 + clip_high)
@@ -78,9 +79,9 @@ def ragged_batch(batch: int, length: int, seed: int):
         stop = {0: start + 1, 1: start}.get(i, int(torch.randint(start + 1, length + 1, (1,), generator=generator)))
         mask[i, start:stop] = 1
     logps = -torch.rand(batch, length, generator=generator, dtype=torch.float64) * 3  # (B, T)
-    old_logps = logps + 0.3 * torch.randn(batch, length, generator=generator, dtype=torch.float64)  # (B, T)
+    old_logps = logps + 0.4 * torch.randn(batch, length, generator=generator, dtype=torch.float64)  # (B, T)
     ref_logps = logps + 0.5 * torch.randn(batch, length, generator=generator, dtype=torch.float64)  # (B, T)
-    rewards = torch.randint(0, 3, (batch,), generator=generator).double()  # (B,)
+    rewards = torch.randn(batch, generator=generator, dtype=torch.float64)  # (B,)
     return logps, old_logps, ref_logps, rewards, mask
 
 
@@ -118,12 +119,15 @@ def test_every_loss_variant_matches_float64_loop(loss_type, scale, level, beta, 
     loss, metrics = grpo_loss(ours, old_logps, advantages, mask, cfg, ref_logps if beta else None)
     (grad,) = torch.autograd.grad(loss, ours)
     theirs = logps.clone().requires_grad_(True)
-    expected = reference_loss(theirs, old_logps, torch.tensor(expected_advantages, dtype=torch.float64), mask, cfg, ref_logps)
+    expected_advantages = torch.tensor(expected_advantages, dtype=torch.float64)  # (B,)
+    expected = reference_loss(theirs, old_logps, expected_advantages, mask, cfg, ref_logps)
     (expected_grad,) = torch.autograd.grad(expected, theirs)
     assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12, rel=1e-10)
     torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-10)
     assert all(math.isfinite(float(value)) for value in metrics.values())
     assert ("loss/kl" in metrics) == bool(beta)
+    if level == "token":  # the data must actually exercise both branches of the min
+        assert 0 < float(metrics["loss/clip_ratio_region"]) < 1
 
 
 @pytest.mark.parametrize("kl_correction", [False, True])
@@ -400,3 +404,24 @@ def test_sequence_logprobs_rejects_a_trained_first_token(tiny_model_float64):
     loss_mask[:, 0] = 1
     with pytest.raises(ValueError, match="first token has no context"):
         sequence_logprobs(model, input_ids, attention_mask, loss_mask)
+
+
+def test_all_masked_batch_still_backpropagates_a_zero(tiny_model_float64):
+    """A micro-batch with no trained token (all observations) must give zeros that backward()
+    accepts, not an error, so one odd micro-batch cannot crash a training step."""
+    model, tokenizer = tiny_model_float64
+    input_ids, attention_mask, loss_mask = ragged_token_batch(tokenizer.pad_token_id, model.config.vocab_size)
+    logps, _ = sequence_logprobs(model, input_ids, attention_mask, torch.zeros_like(loss_mask))
+    assert (logps == 0).all() and logps.requires_grad
+    logps.sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def test_bfloat16_logits_are_scored_in_float32():
+    """bf16 logits must not give bf16 log-probs (ratios of bf16 logps are off by ~1%)."""
+    logits = torch.randn(6, 50, dtype=torch.float64)
+    targets = torch.randint(0, 50, (6,))
+    reference = torch.log_softmax(logits.bfloat16().double(), -1).gather(-1, targets[:, None])[:, 0]
+    ours = token_logprobs(logits.bfloat16(), targets)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours.double(), reference, atol=1e-5, rtol=0)

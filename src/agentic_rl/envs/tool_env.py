@@ -150,9 +150,8 @@ class ToolEnv(Env):
         observation, n_ok, n_errors = [], 0, 0
         for position, call in enumerate(calls):
             if position >= MAX_CALLS_PER_TURN:
-                name, content, ok = "error", (
-                    f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run"
-                ), False
+                content = f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run"
+                name, ok = "error", False
             else:
                 name, content, ok = self._run_call(call)
             observation.append({"role": "tool", "name": name, "content": content})

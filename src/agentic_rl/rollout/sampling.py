@@ -74,10 +74,10 @@ def sample(
     """
     logits = logits.float()  # (B, V)
     batch = logits.shape[0]
-    logprobs_full = torch.log_softmax(logits / params.logprob_temperature, dim=-1)  # (B, V)
     if params.is_greedy:
-        tokens = logits.argmax(dim=-1)  # (B,)
-        return tokens, logprobs_full.gather(1, tokens[:, None]).squeeze(1)
+        best, tokens = logits.max(dim=-1)  # (B,), (B,)
+        return tokens, best - torch.logsumexp(logits, dim=-1)  # log_softmax at T = 1, no (B, V) temporary
+    logprobs_full = torch.log_softmax(logits / params.temperature, dim=-1)  # (B, V)
     if generators is None or isinstance(generators, torch.Generator):
         uniforms = torch.rand(batch, generator=generators)  # (B,)
     else:

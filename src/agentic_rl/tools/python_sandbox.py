@@ -17,8 +17,9 @@ between, so calls from a thread pool are safe: no preexec_fn, no shared mutable 
                                    └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
                                             exec python -I -S -u -B main.py
 
-The caller reads stdout/stderr incrementally (at most `max_output_bytes` + 1 per stream are
-ever held) and stops the sandbox on overflow or at the wall-clock deadline. Stopping = SIGTERM
+The caller reads stdout/stderr incrementally (stdout's head and stderr's tail, at most
+`max_output_bytes` + one 64 KiB read each are ever held) and stops the sandbox on overflow
+or at the wall-clock deadline. Stopping = SIGTERM
 to the bootstrap, which SIGKILLs init; the kernel then kills everything in the pid namespace
 and init's exit is reported only after they are all gone, so nothing outlives the call. A
 SIGKILL to the bootstrap's process group is the fallback, and init has PDEATHSIG=SIGKILL.
@@ -30,7 +31,8 @@ Threat model (what is enforced, and how):
     passwd entry) so the count covers this sandbox only and parallel sandboxes cannot signal
     each other. Unprivileged, the worker keeps the caller's uid, and the cap is set to the
     uid's current task count + `max_processes` (racy with the user's other processes).
-  - Output: capped per stream; overflow kills the sandbox and is reported, never silent.
+  - Output: more than `max_output_bytes` on stdout, or 16x that on stderr, kills the
+    sandbox; the cut is reported (exit_reason output_truncated + a marker), never silent.
   - Files: the whole mount tree is remounted read-only in the private mount namespace; the
     only writable places are a size-capped tmpfs work dir and a tmpfs /dev/shm, both gone
     when the namespace dies. RLIMIT_FSIZE caps single files. As root, the worker's uid also
@@ -201,7 +203,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     started = time.monotonic()
     code_bytes = code.encode("utf-8", errors="replace")
     if len(code_bytes) > _MAX_CODE_BYTES:
-        return _result(started, "sandbox_error", f"code longer than {_MAX_CODE_BYTES} bytes")
+        # The model's fault, not the host's: an ordinary error it can learn from.
+        return _result(started, "error", f"code longer than {_MAX_CODE_BYTES} bytes")
     # stdin carries one JSON line of config, then the code: nothing lands on the host disk.
     payload = json.dumps(_sandbox_config(limits)).encode() + b"\n" + code_bytes
     status_read, status_write = os.pipe()
@@ -258,9 +261,13 @@ def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: S
     """Feed config and code, collect bounded output until exit or a limit, always tear down."""
     try:
         proc.stdin.write(payload)
-        proc.stdin.close()
     except BrokenPipeError:
         pass  # the bootstrap died in setup; its status message says why
+    finally:
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
     deadline = started + limits.timeout_s
     stdout_fd, stderr_fd = proc.stdout.fileno(), proc.stderr.fileno()
     streams = {stdout_fd: bytearray(), stderr_fd: bytearray(), status_fd: bytearray()}
@@ -464,7 +471,7 @@ def read_only_mounts():
 def prepare_filesystem(cfg, code):
     read_only_mounts()
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this pid ns only
-    # A private, tiny, read-only-for-the-worker /tmp holds just the two fixed mount points.
+    # A private, tiny, read-only /tmp holds just the two fixed mount points.
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for path in (cfg["work_dir"], cfg["bound_prefix"]):
         if path:
@@ -476,6 +483,8 @@ def prepare_filesystem(cfg, code):
     if cfg["prefix"]:
         mount(cfg["prefix"], cfg["bound_prefix"], None, MS_BIND | MS_REC)
         mount(None, cfg["bound_prefix"], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    # Read-only from now on: unprivileged, the worker would own this tmpfs and could write.
+    mount(None, "/tmp", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     main = os.path.join(cfg["work_dir"], "main.py")
     with open(main, "wb") as f:
         f.write(code)

@@ -1,0 +1,141 @@
+"""Evaluate a model on an environment: greedy pass@1, sampled pass@k / maj@k, and statistics.
+
+    agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 --k 4 --json
+
+Episodes run through the rollout engine, the same multi-turn tool loop as training. Greedy
+decoding gives pass@1; with k > 1, k more episodes per problem are sampled (temperature
+`--temperature`) for the unbiased pass@k and maj@k. Reported alongside: format-error rate
+(no parseable final answer), mean policy tokens, tool calls per episode and their success
+rate, accuracy by difficulty (arith) or by number of solution steps (GSM8K), and a few failed
+transcripts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
+from agentic_rl.rollout.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """One evaluation."""
+
+    env: str = "arith"
+    """Environment name."""
+    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Environment options (e.g. {difficulty: [3, 4], templates: [train, garden, warehouse]})."""
+    split: str = "test"
+    """Task split."""
+    n: int = 48
+    """Problems."""
+    k: int = 1
+    """Samples per problem for pass@k / maj@k (1: greedy only)."""
+    temperature: float = 1.0
+    """Sampling temperature for k > 1."""
+    seed: int = 0
+    """Task and sampling seed."""
+    batch_size: int = 16
+    """Episodes decoded concurrently."""
+    max_turn_tokens: int = 128
+    """Token limit of one policy turn."""
+    max_episode_tokens: int = 1024
+    """Token limit of one episode."""
+    max_turns: int = 6
+    """Policy turns per episode."""
+    failures_shown: int = 3
+    """Failed transcripts kept in the result."""
+    label: str = ""
+    """Name of this evaluation in reports (default: the env name)."""
+
+
+def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
+    """Run the evaluation; returns a flat dict of metrics plus "failures" (transcripts)."""
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.rollout.factory import build_engine
+
+    tasks = make_env(cfg.env, **cfg.env_options).tasks(cfg.split, n=cfg.n, seed=cfg.seed)
+    greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.label or cfg.env} greedy", progress=progress)
+    result = episode_statistics(greedy, tasks)
+    result["n"] = len(tasks)
+    if cfg.k > 1:
+        repeated = [t for t in tasks for _ in range(cfg.k)]
+        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.temperature, desc=f"eval {cfg.label or cfg.env} k={cfg.k}", progress=progress)
+        result.update(sampled_metrics(sampled, tasks, cfg.k))
+    result["failures"] = [transcript(t) for t in greedy if not t.info.get("correct")][: cfg.failures_shown]
+    return result
+
+
+def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.rollout.factory import build_engine
+
+    engine = build_engine(model, tokenizer, cfg.max_turn_tokens, cfg.max_episode_tokens, cfg.max_turns,
+                          temperature=temperature, seed=cfg.seed, max_concurrent=cfg.batch_size)
+    out: list[Trajectory] = []
+    for start in tqdm(range(0, len(tasks), cfg.batch_size), desc=desc, disable=not progress):
+        chunk = tasks[start : start + cfg.batch_size]
+        out.extend(engine.run([make_env(cfg.env, **cfg.env_options) for _ in chunk], chunk, seed=cfg.seed + start))
+    return out
+
+
+def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
+    """pass@1 and the per-episode statistics of one episode per task."""
+    calls = [t.info.get("tool_calls", 0) for t in trajs]
+    errors = [t.info.get("tool_errors", 0) for t in trajs]
+    result: dict[str, Any] = {
+        "pass@1": mean([float(bool(t.info.get("correct"))) for t in trajs]),
+        "format_error_rate": mean([float(not t.info.get("format_ok")) for t in trajs]),
+        "mean_tokens": mean([t.num_policy_tokens for t in trajs]),
+        "tool_calls_per_episode": mean(calls),
+        "tool_success_rate": (sum(calls) - sum(errors)) / sum(calls) if sum(calls) else float("nan"),
+        "failed_episodes": sum(t.finish_reason == "error" for t in trajs),
+    }
+    by_group: dict[str, list[float]] = defaultdict(list)
+    for traj, task in zip(trajs, tasks):
+        key = _difficulty_key(task)
+        if key is not None:
+            by_group[key].append(float(bool(traj.info.get("correct"))))
+    for key in sorted(by_group):
+        result[f"accuracy/{key}"] = mean(by_group[key])
+    return result
+
+
+def _difficulty_key(task) -> str | None:
+    if "difficulty" in task.meta:
+        return f"difficulty_{task.meta['difficulty']}"
+    if "n_steps" in task.meta:
+        return f"steps_{task.meta['n_steps']}"
+    return None
+
+
+def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int) -> dict[str, float]:
+    """pass@k and maj@k from k sampled episodes per task (tasks in order, k consecutive each)."""
+    from agentic_rl.envs.answer import answers_match
+
+    pass_k, maj_k = [], []
+    for index, task in enumerate(tasks):
+        group = trajs[index * k : (index + 1) * k]
+        correct = sum(bool(t.info.get("correct")) for t in group)
+        pass_k.append(pass_at_k(k, correct, k))
+        answers = [t.info.get("final_answer") for t in group]
+        maj_k.append(maj_at_k(answers, lambda a, ref=task.answer: answers_match(a, ref), canonical=_canonical))
+    return {f"pass@{k}": mean(pass_k), f"maj@{k}": mean(maj_k), f"sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs])}
+
+
+def _canonical(answer: str) -> str:
+    from agentic_rl.envs.answer import to_fraction
+
+    value = to_fraction(answer)
+    return str(value) if value is not None else answer.strip()
+
+
+def transcript(traj: Trajectory) -> dict[str, Any]:
+    """A failure as a readable record: the task, the answer given and the whole conversation."""
+    return {"task_id": traj.task_id, "finish_reason": traj.finish_reason, "final_answer": traj.info.get("final_answer"),
+            "reference": traj.info.get("reference"), "messages": traj.messages}

@@ -1,0 +1,158 @@
+"""The whole seed pipeline in one command: evaluate → SFT → reward model → GRPO → evaluate.
+
+    agentic-rl pipeline --config configs/demo.yaml
+
+Run directory (`output_dir`):
+
+    eval_base/  sft/  eval_sft/  rm/  grpo/  eval_grpo/      one folder per stage
+    <stage>/DONE.json                                         written last, atomically
+    report.md, plots/*.png, results.json                      the summary
+
+A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
+killed training stage restarts from its newest checkpoint (the loop resumes), and finished
+stages are never redone. Each stage's model and output folder are set by the pipeline from
+`model` and `output_dir`; setting them inside a stage section is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agentic_rl.config import ConfigError
+from agentic_rl.evaluation.runner import EvalConfig
+from agentic_rl.training.grpo import GRPOConfig
+from agentic_rl.training.reward_model import RMConfig
+from agentic_rl.training.sft import SFTConfig
+
+STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo")
+
+
+@dataclasses.dataclass
+class PipelineConfig:
+    """`agentic-rl pipeline`: every stage of the seed pipeline, in order."""
+
+    model: str = "smollm2-135m-instruct"
+    """Base model for every stage (built-in name, local directory or hub id)."""
+    output_dir: str = "runs/demo"
+    """Run directory; each stage writes a subfolder."""
+    evals: list[EvalConfig] = dataclasses.field(default_factory=lambda: [EvalConfig()])
+    """Evaluations run at base, after SFT and after GRPO (the same set each time)."""
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+    """SFT stage (model.name and train.output_dir are set by the pipeline)."""
+    rm: RMConfig = dataclasses.field(default_factory=RMConfig)
+    """Reward-model stage."""
+    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
+    """GRPO stage; starts from the SFT model."""
+    use_reward_model: float = 0.0
+    """Weight of the trained reward model as a GRPO reward term (0: train it, report it, don't use it)."""
+    skip: list[str] = dataclasses.field(default_factory=list)
+    """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.skip) - set(STAGES))
+        if unknown:
+            raise ValueError(f"skip: unknown stage(s) {unknown}; stages are {list(STAGES)}")
+        defaults = {"sft": SFTConfig(), "rm": RMConfig(), "grpo": GRPOConfig()}
+        for name, stage in (("sft", self.sft), ("rm", self.rm), ("grpo", self.grpo)):
+            if stage.model.name != defaults[name].model.name:
+                raise ValueError(f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it")
+            if stage.train.output_dir != defaults[name].train.output_dir:
+                raise ValueError(f"{name}.train.output_dir is set by the pipeline (output_dir/{name}); remove it")
+        if self.grpo.reward_model.path or self.grpo.reward_model.weight:
+            raise ValueError("grpo.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
+
+
+def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    from agentic_rl.training.run_dir import RunDir
+
+    RunDir(root, cfg, tensorboard=False)  # records the resolved config
+    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final")}
+    actions: dict[str, Callable[[], dict[str, Any]]] = {
+        "eval_base": lambda: _evaluate(models["base"], cfg.evals, log),
+        "sft": lambda: _sft(cfg, root, log),
+        "eval_sft": lambda: _evaluate(models["sft"], cfg.evals, log),
+        "rm": lambda: _rm(cfg, root, models["sft"], log),
+        "grpo": lambda: _grpo(cfg, root, models["sft"], log),
+        "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, log),
+    }
+    results: dict[str, Any] = {}
+    for stage in STAGES:
+        if stage in cfg.skip:
+            continue
+        done = root / stage / "DONE.json"
+        if done.exists():
+            log(f"[pipeline] {stage}: already complete, skipping")
+            results[stage] = json.loads(done.read_text())
+            continue
+        log(f"[pipeline] {stage}: running")
+        started = time.perf_counter()
+        result = actions[stage]()
+        result["seconds"] = time.perf_counter() - started
+        _write_atomic(done, result)
+        results[stage] = result
+    from agentic_rl.evaluation.report import write_report
+
+    report = write_report(root, results, cfg)
+    log(f"[pipeline] report: {report}")
+    return results
+
+
+def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(json.dumps(payload, indent=1, default=str))
+    os.replace(staging, path)
+
+
+def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
+    from agentic_rl.evaluation.runner import evaluate
+    from agentic_rl.training.common import load_base_and_tokenizer
+
+    model, tokenizer, _ = load_base_and_tokenizer(model_name, "float32")
+    out = {}
+    for eval_cfg in evals:
+        label = eval_cfg.label or eval_cfg.env
+        out[label] = evaluate(model, tokenizer, eval_cfg)
+        log(f"[pipeline]   {label}: pass@1 = {out[label]['pass@1']:.3f}")
+    return {"model": model_name, "evals": out}
+
+
+def _sft(cfg: PipelineConfig, root: Path, log) -> dict[str, Any]:
+    from agentic_rl.training.sft import train_sft
+
+    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=cfg.model),
+                              train=dataclasses.replace(cfg.sft.train, output_dir=str(root / "sft")))
+    out = train_sft(sft)
+    return {"final": out["final"], "num_demos": out["num_demos"], "final_loss": out["history"][-1]["loss"] if out["history"] else None}
+
+
+def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
+    from agentic_rl.training.reward_model import train_rm
+
+    pairs = cfg.rm.pairs
+    if pairs.source == "sampled" and not pairs.policy:
+        pairs = dataclasses.replace(pairs, policy=sft_model)
+    rm = dataclasses.replace(cfg.rm, model=dataclasses.replace(cfg.rm.model, name=cfg.model), pairs=pairs,
+                             train=dataclasses.replace(cfg.rm.train, output_dir=str(root / "rm")))
+    return train_rm(rm)
+
+
+def _grpo(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
+    from agentic_rl.training.grpo import RewardModelTerm, train_grpo
+
+    start = sft_model if "sft" not in cfg.skip else cfg.model
+    term = RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model) if cfg.use_reward_model else RewardModelTerm()
+    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=start), reward_model=term,
+                               train=dataclasses.replace(cfg.grpo.train, output_dir=str(root / "grpo")))
+    out = train_grpo(grpo)
+    history = out["history"]
+    return {"final": out["final"], "steps": len(history),
+            "reward_first": history[0].get("reward/total/mean") if history else None,
+            "reward_last": history[-1].get("reward/total/mean") if history else None}

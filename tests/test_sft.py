@@ -1,0 +1,169 @@
+"""SFT trainer: masked NLL against a float64 hand computation, mask-0 tokens get no gradient,
+LoRA parameter count, merged adapters, a tiny end-to-end run and exact resume (tiny-qwen3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentic_rl.algorithms.sft import sft_loss
+from agentic_rl.config import load_config
+from agentic_rl.envs.base import make_env
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.loader import build_tiny_qwen3, load_tokenizer
+from agentic_rl.models.lora import LoraConfig, apply_lora, count_parameters
+from agentic_rl.rollout.demos import oracle_demos
+from agentic_rl.rollout.trajectory import collate
+from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.scoring import TokenScorer
+from agentic_rl.training.sft import SFTConfig, train_sft
+
+
+def _demos(n: int = 2, difficulty: int = 2):
+    tokenizer = load_tokenizer("tiny-qwen3")
+    env = make_env("arith", difficulty=difficulty)
+    return oracle_demos(env, env.tasks("train", n=n, seed=0), ChatFormat.for_tokenizer(tokenizer)), tokenizer
+
+
+def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
+    return load_config(SFTConfig, None, overrides=[
+        "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
+        "batch.batch_size=4", "batch.micro_batch_size=2",
+        "sources=[{kind: oracle, env: arith, n: 8, env_options: {difficulty: 1}}]",
+        f"train.output_dir={output_dir}", "train.progress=false", *extra,
+    ])
+
+
+def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only():
+    """Guards against a loss that counts prompt/tool tokens, is off by one position, or
+    normalises by the wrong token count (the seed's mask bugs)."""
+    demos, tokenizer = _demos()
+    model = build_tiny_qwen3().double()
+    batch = collate(demos, tokenizer.pad_token_id)
+    logps, _ = TokenScorer(model)(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
+    count = float(batch.loss_mask.sum())
+    loss = sft_loss(logps, batch.loss_mask, count)
+
+    with torch.no_grad():
+        expected_sum, expected_count = 0.0, 0
+        for traj in demos:  # one plain, unpadded full forward per demo
+            ids = torch.tensor([traj.input_ids])
+            log_probs = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (T, V)
+            for t, masked in enumerate(traj.loss_mask):
+                if masked:
+                    expected_sum -= float(log_probs[t - 1, traj.input_ids[t]])
+                    expected_count += 1
+    assert expected_count == count
+    assert expected_count < sum(len(d) for d in demos) / 2, "the demos must contain many mask-0 (prompt/tool) tokens"
+    assert float(loss) == pytest.approx(expected_sum / expected_count, rel=1e-10, abs=1e-10)
+
+
+def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens():
+    """Guards against tool output / prompt tokens being trained as targets (DESIGN invariant 2):
+    the loss gradient w.r.t. the final hidden state is nonzero exactly at positions t-1 whose
+    next token t has mask 1, and exactly zero where the next token is prompt, tool or padding."""
+    demos, tokenizer = _demos()
+    model = build_tiny_qwen3().double()
+    captured = {}
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured["hidden"] = output
+
+    handle = model.model.norm.register_forward_hook(keep)
+    batch = collate(demos, tokenizer.pad_token_id)
+    logps, _ = TokenScorer(model)(batch.input_ids, batch.attention_mask, batch.loss_mask)
+    sft_loss(logps, batch.loss_mask, float(batch.loss_mask.sum())).backward()
+    handle.remove()
+    grad_norm = captured["hidden"].grad.norm(dim=-1)  # (B, T)
+    predicts_policy = torch.zeros_like(grad_norm, dtype=torch.bool)
+    predicts_policy[:, :-1] = batch.loss_mask[:, 1:].bool()
+    assert bool((grad_norm[~predicts_policy] == 0).all()), "a position predicting a mask-0 token received gradient"
+    assert bool((grad_norm[predicts_policy] > 0).all()), "a position predicting a policy token received no gradient"
+    observation_tokens = sum(s.end - s.start for d in demos for s in d.spans if s.kind == "observation")
+    assert observation_tokens > 0, "the demos must contain tool observations for this check to mean anything"
+
+
+def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix():
+    """Guards against adapters on the wrong layers or a missing target (trainable count drifts)."""
+    model = build_tiny_qwen3()
+    c = model.config
+    r = 4
+    q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes = [(c.hidden_size, q_out), (c.hidden_size, kv_out), (c.hidden_size, kv_out), (q_out, c.hidden_size),
+              (c.hidden_size, c.intermediate_size), (c.hidden_size, c.intermediate_size), (c.intermediate_size, c.hidden_size)]
+    expected = c.num_hidden_layers * sum(r * (d_in + d_out) for d_in, d_out in shapes)
+    assert expected == 8192  # 2 layers x 4 x (128 + 96 + 96 + 128 + 192 + 192 + 192)
+    trainable, total = count_parameters(apply_lora(model, LoraConfig(r=r)))
+    assert trainable == expected
+    assert total == sum(p.numel() for p in build_tiny_qwen3().parameters()) + expected
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft") / "run"
+    cfg = _sft_cfg(out, "train.steps=3", "train.checkpoint_every=0")
+    result = train_sft(cfg)
+    return out, result
+
+
+def test_sft_end_to_end_changes_adapters_and_writes_the_run_directory(sft_run):
+    """Guards against a run that trains nothing (frozen adapters, zero loss mask) or writes an
+    incomplete run directory."""
+    out, result = sft_run
+    history = result["history"]
+    assert len(history) == 3
+    for row in history:
+        assert all(torch.isfinite(torch.tensor(v)) for k, v in row.items() if k != "optim/grad_norm"), row
+        assert row["loss"] > 0 and row["sft/tokens"] > 0
+    assert history[-1]["loss"] < history[0]["loss"], "3 steps at lr 1e-2 should lower the loss on the same tiny demo set"
+    adapters = load_file(out / "final" / "adapter_model.safetensors")
+    lora_b = [v for k, v in adapters.items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at zero; it must have moved"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert (out / "config.yaml").exists() and any((out / "tb").iterdir())
+    assert (out / "final" / "agentic_rl_model.json").exists()
+
+
+def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_path):
+    """Guards against merge_adapters writing the base weights, a wrong scale (alpha/r) or dropped
+    modules: the merged standalone model must equal base + adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.training.common import merge_adapters
+
+    out, _ = sft_run
+    merged_dir = merge_adapters(out / "final", tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    with_adapters = PeftModel.from_pretrained(build_tiny_qwen3(), out / "final").eval()
+    base = build_tiny_qwen3()
+    ids = torch.tensor([load_tokenizer("tiny-qwen3").encode("Maya has $48. She spends $12. How much is left?")])
+    with torch.no_grad():
+        expected = with_adapters(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        base_logits = base(input_ids=ids).logits
+    assert float((expected - base_logits).abs().max()) > 1e-3, "the adapters must change the logits for this test to mean anything"
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path):
+    """Guards against a resume that restarts the data order, loses the optimizer moments or
+    the schedule: 2 steps + resume to 4 must equal 4 uninterrupted steps exactly."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ("optim.schedule=linear", "optim.warmup_steps=1")
+    train_sft(_sft_cfg(straight, "train.steps=4", *common))
+    train_sft(_sft_cfg(split, "train.steps=2", *common))
+    # The second run is a relaunch with a longer horizon; steps-2 checkpoint is the resume point.
+    result = train_sft(_sft_cfg(split, "train.steps=4", *common))
+    assert len(result["history"]) == 2, "the relaunch must resume at step 2, not start over"
+    a = load_file(straight / "final" / "adapter_model.safetensors")
+    b = load_file(split / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["step"] for r in read_metrics(split / "metrics.jsonl")] == [1, 2, 3, 4]
