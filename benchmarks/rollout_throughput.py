@@ -82,7 +82,10 @@ class _ScriptedToolEnv(Env):
 
 def _tasks_and_envs(n: int, turns: int) -> tuple[list[Task], list[Env], str]:
     try:
-        from agentic_rl.envs import make_env
+        try:
+            from agentic_rl.envs import make_env
+        except ImportError:
+            from agentic_rl.envs.base import make_env
 
         probe = make_env("arith")
         tasks = probe.tasks("test", n=n, seed=0)

@@ -80,3 +80,29 @@ def test_describe_lists_every_leaf_key_with_its_docstring():
 def test_malformed_override_is_explained():
     with pytest.raises(ConfigError, match="must look like key.subkey=value"):
         load_config(Example, overrides=["steps"])
+
+
+@dataclasses.dataclass
+class Stage:
+    optim: Optim = dataclasses.field(default_factory=lambda: Optim(lr=3e-4, schedule="cosine"))
+    """Optimizer with a stage-specific default."""
+    options: dict = dataclasses.field(default_factory=lambda: {"a": 1, "b": 2})
+    """Free options."""
+
+
+@dataclasses.dataclass
+class Outer:
+    stage: Stage = dataclasses.field(default_factory=Stage)
+    """A nested stage."""
+
+
+def test_partial_section_keeps_the_fields_own_defaults():
+    """Guards against `optim: {lr: 1e-3}` silently resetting schedule to the class default."""
+    cfg = load_config(Outer, overrides=["stage.optim.lr=1e-3"])
+    assert cfg.stage.optim.lr == pytest.approx(1e-3)
+    assert cfg.stage.optim.schedule == "cosine"
+
+
+def test_dict_valued_options_are_replaced_not_merged():
+    cfg = load_config(Outer, overrides=["stage.options={c: 3}"])
+    assert cfg.stage.options == {"c": 3}

@@ -103,8 +103,11 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
     from agentic_rl.integrations.trl_backend import build_trl_trainer
     from agentic_rl.integrations.trl_adapters import task_from_json
 
-    trainer, info = build_trl_trainer(_cfg(tmp_path))
-    assert info["multi_turn"] and info["max_turns"] == 2  # arith difficulty 1: env allows 8, rollout 3 -> min
+    from agentic_rl.algorithms.grpo import GRPOLossConfig
+
+    # beta = 0: no reference pass (keeps the test fast; the beta > 0 path is exercised by the benchmark)
+    trainer, info = build_trl_trainer(_cfg(tmp_path, loss=GRPOLossConfig(beta=0.0)))
+    assert info["multi_turn"] and info["max_turns"] == 3  # min(rollout.max_turns=3, env max_turns=8)
     tokenizer = trainer.processing_class
     tasks = [task_from_json(t) for t in trainer.train_dataset["task"]]
     calls = []
@@ -117,7 +120,7 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
             turn = text.count("<tool_response>")
             action = oracle_actions(task)[min(turn, len(oracle_actions(task)) - 1)]
             calls.append(turn)
-            out.extend([tokenizer.encode(action + "<|im_end|>", add_special_tokens=False)] * num_generations)
+            out.append(tokenizer.encode(action + "<|im_end|>", add_special_tokens=False))  # prompts arrive repeated G times
         return out, None
 
     trainer._generate_single_turn = scripted

@@ -83,13 +83,32 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
     if unknown:
         allowed = ", ".join(sorted(fields))
         raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'; allowed keys in {where}: {allowed}")
-    kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}", source) for name, value in data.items()}
+    kwargs = {}
+    for name, value in data.items():
+        field_default = _nested_default(fields[name], hints[name])
+        if field_default is not None and isinstance(value, dict):
+            # A partial section overrides the field's own default instance, not the class defaults:
+            # `train: {steps: 5}` keeps SFTConfig's train.output_dir = "runs/sft".
+            # Shallow on purpose: nested sections merge again one level down (their own defaults),
+            # and plain dict-valued options are replaced, never merged.
+            value = {**dataclasses.asdict(field_default), **value}
+        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
     try:
         return cls(**kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{source}: invalid value in {where}: {exc}") from exc
+
+
+def _nested_default(field: dataclasses.Field, hint: Any) -> Any:
+    if not dataclasses.is_dataclass(hint):
+        return None
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return field.default_factory()  # type: ignore[misc]
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return None
 
 
 def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:

@@ -211,11 +211,12 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
         save_steps=train.checkpoint_every or 500, save_total_limit=train.keep_checkpoints,
         bf16=train.mixed_precision == "bf16", fp16=False,
         use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
         model_init_kwargs={"dtype": cfg.model.dtype},
         logging_steps=train.log_every, disable_tqdm=not train.progress,
         report_to="none", disable_dropout=False, log_completions=False,
     )
+    if cfg.model.gradient_checkpointing:  # passed only when on: the key is deprecated (warns) in transformers 5.24
+        args["gradient_checkpointing"] = True
     args.update(extra_args or {})
     trl_args = TRLGRPOConfig(**args)
     lora = cfg.model.lora

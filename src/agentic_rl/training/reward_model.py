@@ -221,7 +221,7 @@ class RMObjective:
     def loss(self, model, batch) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected = self.scores(model, batch)
         loss, accuracy = bradley_terry_loss(chosen, rejected)
-        return loss, {"rm/train_accuracy": float(accuracy), "rm/margin": float((chosen - rejected).mean())}
+        return loss, {"rm/train_accuracy": float(accuracy), "rm/margin": float((chosen - rejected).detach().mean())}
 
     @torch.no_grad()
     def heldout_accuracy(self) -> float:

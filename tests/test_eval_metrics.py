@@ -1,0 +1,62 @@
+"""Evaluation metrics on constructed cases: pass@k against its exact formula, maj@k with ties."""
+
+import itertools
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, strategies as st
+
+from agentic_rl.evaluation.metrics import maj_at_k, pass_at_k
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """Enumerate every k-subset of n samples (c correct): the share containing a correct one."""
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(any(samples[i] for i in subset) for subset in subsets), len(subsets))
+
+
+@given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_equals_enumeration_over_subsets(args):
+    n, c, k = args
+    assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(n, c, k)), abs=1e-12)
+
+
+def test_pass_at_k_hand_values():
+    """n=4, c=1: pass@1 = 1/4; pass@2 = 1 − C(3,2)/C(4,2) = 1 − 3/6 = 0.5; c=0 gives 0."""
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 0, 4) == 0.0
+    assert pass_at_k(4, 3, 2) == 1.0
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(3, 4, 1)
+
+
+def correct_is(reference):
+    return lambda answer: answer == reference
+
+
+def test_maj_at_k_clear_majority():
+    assert maj_at_k(["5", "5", "7", None], correct_is("5")) == 1.0
+    assert maj_at_k(["7", "7", "5"], correct_is("5")) == 0.0
+
+
+def test_maj_at_k_ties_score_their_expectation():
+    """Guards against order-dependent tie-breaking: a 2-way tie with one correct answer is worth 1/2."""
+    assert maj_at_k(["5", "7"], correct_is("5")) == pytest.approx(0.5)
+    assert maj_at_k(["7", "5"], correct_is("5")) == pytest.approx(0.5)
+    assert maj_at_k(["5", "7", "9", "5", "7", "9"], correct_is("9")) == pytest.approx(1 / 3)
+
+
+def test_maj_at_k_unparseable_answers_do_not_vote():
+    assert maj_at_k([None, None, "5"], correct_is("5")) == 1.0
+    assert maj_at_k([None, None], correct_is("5")) == 0.0
+
+
+def test_maj_at_k_groups_equivalent_spellings():
+    from agentic_rl.evaluation.runner import _canonical
+
+    assert maj_at_k(["72", "72.0", "$72", "80", "80"], correct_is(str(Fraction(72))), canonical=_canonical) == 1.0

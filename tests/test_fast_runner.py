@@ -1,0 +1,237 @@
+"""FastRunner: logits equal a plain full forward of the HF model over each slot's history."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentic_rl.models import load_model
+from agentic_rl.rollout.fast_runner import FastRunner
+
+TOL = 1e-4
+
+
+def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    kwargs = dict(
+        vocab_size=300,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.1,  # large enough that wrong histories change logits by >> TOL
+    )
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    model, _ = load_model("tiny-qwen3")
+    return model.eval()
+
+
+def reference_logits(model, history: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([history])).logits[0, -1].float()
+
+
+def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:
+    """Random ragged schedule: multi-slot prefill, partial decodes, free/realloc, appends, holes.
+    Returns the max abs error against full forwards."""
+    rng = random.Random(seed)
+    hist: dict[int, list[int]] = {}
+    worst = 0.0
+
+    def step(slots, chunks):
+        nonlocal worst
+        out = runner.forward(slots, chunks)
+        assert out.dtype == torch.float32 and out.shape == (len(slots), vocab)
+        for i, (s, c) in enumerate(zip(slots, chunks)):
+            hist[s] = hist.get(s, []) + list(c)
+            assert runner.length(s) == len(hist[s])
+            worst = max(worst, (out[i] - reference_logits(model, hist[s])).abs().max().item())
+
+    def toks(n):
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    slots = [runner.alloc() for _ in range(4)]
+    step(slots, [toks(rng.randint(5, 20)) for _ in slots])  # ragged prefill
+    step(slots, [toks(1) for _ in slots])  # batched decode, contiguous range (fast path)
+    step([slots[2], slots[0]], [toks(1), toks(1)])  # decode a subset, caller order != slot order
+    step([slots[3]], [toks(7)])  # observation appended to one slot
+    runner.free(slots[1])
+    del hist[slots[1]]
+    new = runner.alloc()  # reuses the freed row (stale cache contents must be invisible)
+    assert new == slots[1]
+    step([slots[3], new, slots[0]], [toks(2), toks(9), toks(1)])
+    far = [runner.alloc() for _ in range(runner.max_slots - 4)]
+    step([slots[0], far[-1]], [toks(1), toks(3)])  # sparse set: gathered rows
+    step([far[-1], slots[0]], [toks(1), toks(1)])
+    for _ in range(3):  # mixed decode + chunk on a range with holes (dummy rows)
+        live = sorted(hist)
+        pick = rng.sample(live, k=rng.randint(1, len(live)))
+        step(pick, [toks(rng.choice([1, 1, 4])) for _ in pick])
+    return worst
+
+
+@pytest.mark.parametrize("layout", ["t", "n"])
+def test_qwen3_ragged_schedule_matches_full_forward(qwen3, layout):
+    runner = FastRunner(qwen3, max_slots=8, max_len=96, weight_layout=layout)
+    assert run_schedule(qwen3, runner, qwen3.config.vocab_size, seed=1) < TOL
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_llama_ragged_schedule_matches_full_forward(bias):
+    model = tiny_llama(attention_bias=bias, mlp_bias=bias)
+    runner = FastRunner(model, max_slots=8, max_len=96)
+    assert run_schedule(model, runner, 300, seed=2) < TOL
+
+
+def test_llama_tied_embeddings_and_n_layout():
+    model = tiny_llama(seed=3, tie_word_embeddings=True)
+    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n")
+    assert runner._lm.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
+    assert run_schedule(model, runner, 300, seed=3) < TOL
+
+
+def test_long_sequence_crosses_zeroing_blocks(qwen3):
+    runner = FastRunner(qwen3, max_slots=2, max_len=600)
+    a, b = runner.alloc(), runner.alloc()
+    rng = random.Random(4)
+    ha = [rng.randrange(1000) for _ in range(300)]
+    hb = [rng.randrange(1000) for _ in range(2)]
+    runner.forward([a, b], [ha, hb])
+    extra = [rng.randrange(1000) for _ in range(290)]
+    out = runner.forward([b], [extra])  # b now reads positions beyond a's first block
+    assert (out[0] - reference_logits(qwen3, hb + extra)).abs().max().item() < TOL
+
+
+def test_bf16_mode_is_close(qwen3):
+    r32 = FastRunner(qwen3, max_slots=2, max_len=64)
+    r16 = FastRunner(qwen3, max_slots=2, max_len=64, dtype=torch.bfloat16)
+    prompt = list(range(100, 130))
+    for r in (r32, r16):
+        r.alloc()
+    o32, o16 = r32.forward([0], [prompt]), r16.forward([0], [prompt])
+    assert o16.dtype == torch.float32
+    assert (o32 - o16).abs().max().item() < 0.05 * o32.abs().max().item() + 0.02
+
+
+def _peft_llama():
+    peft = pytest.importorskip("peft")
+    model = tiny_llama(seed=5)
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    pmodel = peft.get_peft_model(model, config).eval()
+    torch.manual_seed(6)
+    with torch.no_grad():
+        for name, p in pmodel.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)  # non-zero B: the adapters change the outputs
+    return pmodel
+
+
+def test_lora_merge_matches_peft_forward_and_staleness_is_detected():
+    pmodel = _peft_llama()
+    runner = FastRunner(pmodel, max_slots=4, max_len=64)
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79]
+    with pmodel.disable_adapter():
+        base_ref = reference_logits(pmodel, prompt)
+    ref = reference_logits(pmodel, prompt)
+    assert (ref - base_ref).abs().max().item() > 1e-2  # the adapters matter
+    s = runner.alloc()
+    assert (runner.forward([s], [prompt])[0] - ref).abs().max().item() < TOL
+
+    # A training step changes the LoRA parameters in place.
+    with torch.no_grad():
+        for name, p in pmodel.named_parameters():
+            if "lora_A" in name:
+                p.add_(0.05)
+    new_ref = reference_logits(pmodel, prompt)
+    assert runner.is_stale()
+    runner.free(s)
+    s = runner.alloc()
+    with pytest.raises(RuntimeError, match="refresh_weights"):
+        runner.forward([s], [prompt])
+    # Without the check, stale copies silently give the old policy's logits: the contract is
+    # that the trainer calls refresh_weights() after every optimizer step.
+    runner.check_weights = False
+    stale = runner.forward([s], [prompt])[0]
+    assert (stale - new_ref).abs().max().item() > 1e-3
+    assert (stale - ref).abs().max().item() < TOL
+
+    version = runner.weights_version
+    assert runner.refresh_weights() == version + 1 and not runner.is_stale()
+    runner.free(s)
+    s = runner.alloc()
+    assert (runner.forward([s], [prompt])[0] - new_ref).abs().max().item() < TOL
+
+    # The adapter state is captured at refresh time: disabled adapters -> the base model.
+    with pmodel.disable_adapter():
+        runner.refresh_weights()
+        base_now = reference_logits(pmodel, prompt)
+    runner.free(s)
+    s = runner.alloc()
+    assert (runner.forward([s], [prompt])[0] - base_now).abs().max().item() < TOL
+
+
+def test_base_weight_change_is_detected(qwen3):
+    model = copy.deepcopy(qwen3)
+    runner = FastRunner(model, max_slots=2, max_len=32)
+    s = runner.alloc()
+    runner.forward([s], [[1, 2, 3]])
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    with pytest.raises(RuntimeError, match="refresh_weights"):
+        runner.forward([s], [[4]])
+    runner.refresh_weights()
+    runner.forward([s], [[4]])
+
+
+def test_slot_errors(qwen3):
+    runner = FastRunner(qwen3, max_slots=2, max_len=8)
+    a, b = runner.alloc(), runner.alloc()
+    assert (a, b) == (0, 1)
+    with pytest.raises(RuntimeError, match="max_slots"):
+        runner.alloc()
+    with pytest.raises(ValueError, match="max_len"):
+        runner.forward([a], [list(range(9))])
+    assert runner.length(a) == 0  # a failed call changes nothing
+    runner.forward([a], [list(range(6))])
+    with pytest.raises(ValueError, match="max_len"):
+        runner.forward([a, b], [[1, 2, 3], [1]])
+    assert runner.length(a) == 6 and runner.length(b) == 0
+    runner.forward([a], [[1, 2]])  # exactly max_len is fine
+    assert runner.length(a) == 8
+    with pytest.raises(ValueError, match="empty"):
+        runner.forward([b], [[]])
+    with pytest.raises(ValueError, match="duplicate"):
+        runner.forward([b, b], [[1], [2]])
+    runner.free(b)
+    with pytest.raises(KeyError):
+        runner.forward([b], [[1]])
+    with pytest.raises(KeyError):
+        runner.length(b)
+    with pytest.raises(KeyError):
+        runner.free(5)
+    assert runner.alloc() == b
+
+
+def test_unsupported_rope_is_rejected():
+    model = tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(NotImplementedError, match="rope_type"):
+        FastRunner(model, max_slots=1, max_len=16)

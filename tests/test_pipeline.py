@@ -1,0 +1,46 @@
+"""The pipeline resumes after a kill without redoing finished stages (tiny-qwen3)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIG = Path(__file__).parent / "data" / "pipeline-tiny.yaml"
+
+
+def _launch(out: Path, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={out}"]
+    return subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
+    """Guards against a rerun that starts over (hours lost) or reuses a half-finished stage."""
+    out = tmp_path / "run"
+    first = _launch(out, tmp_path / "first.log")
+    sft_done = out / "sft" / "DONE.json"
+    deadline = time.time() + 240
+    while not sft_done.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert sft_done.exists(), (tmp_path / "first.log").read_text()[-2000:]
+    os.killpg(first.pid, signal.SIGKILL)  # dies somewhere in eval_sft / rm
+    first.wait()
+    assert not (out / "report.md").exists()
+    finished_before = {stage: (out / stage / "DONE.json").stat().st_mtime_ns
+                       for stage in ("eval_base", "sft") if (out / stage / "DONE.json").exists()}
+    assert set(finished_before) == {"eval_base", "sft"}
+
+    second = _launch(out, tmp_path / "second.log")
+    assert second.wait(timeout=400) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    log = (tmp_path / "second.log").read_text()
+    assert "eval_base: already complete, skipping" in log
+    assert "sft: already complete, skipping" in log
+    assert "[pipeline] sft: running" not in log and "[pipeline] grpo: running" in log
+    for stage, mtime in finished_before.items():
+        assert (out / stage / "DONE.json").stat().st_mtime_ns == mtime
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo"}
+    assert (out / "report.md").read_text().count("| arith-d1 |") == 3
+    assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "kl_and_length.png"))
