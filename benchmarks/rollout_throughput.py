@@ -177,6 +177,10 @@ def main() -> None:
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     print(f"# SmolLM2-135M-Instruct, {args.dtype}, runner={args.runner}, T={args.temperature}, threads={torch.get_num_threads()}")
     rows, ratios = [], {}
+    # Warm-up (untimed): first calls pay one-off allocation and kernel selection costs.
+    warm_tasks = [Task("w", QUESTIONS[0], "")]
+    _engine_run(model, tokenizer, args, [_ScriptedToolEnv(1)], warm_tasks, 4, 1, seed=0)
+    _generate(model, tokenizer, [chat_format.prompt_ids([{"role": "user", "content": QUESTIONS[0]}])], 4, args.temperature)
     for batch in [int(b) for b in args.batch_sizes.split(",") if b]:
         tasks = [Task(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(batch)]
         engine_rates, generate_rates = [], []

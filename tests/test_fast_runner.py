@@ -42,7 +42,7 @@ def qwen3():
 
 def reference_logits(model, history: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return model(torch.tensor([history])).logits[0, -1].float()
+        return model(torch.tensor([history]), logits_to_keep=1).logits[0, -1].float()
 
 
 def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:

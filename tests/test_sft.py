@@ -151,15 +151,33 @@ def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_p
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
-def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path):
+class _Killed(Exception):
+    """Stands in for SIGKILL: raised inside the loop after a checkpoint was written."""
+
+
+def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path, monkeypatch):
     """Guards against a resume that restarts the data order, loses the optimizer moments or
-    the schedule: 2 steps + resume to 4 must equal 4 uninterrupted steps exactly."""
+    the LR schedule: a run interrupted after its step-2 checkpoint and relaunched with the same
+    config must end with exactly the adapters of an uninterrupted 4-step run."""
+    from agentic_rl.training.sft import SFTObjective
+
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ("optim.schedule=linear", "optim.warmup_steps=1")
-    train_sft(_sft_cfg(straight, "train.steps=4", *common))
-    train_sft(_sft_cfg(split, "train.steps=2", *common))
-    # The second run is a relaunch with a longer horizon; steps-2 checkpoint is the resume point.
-    result = train_sft(_sft_cfg(split, "train.steps=4", *common))
+    common = ("train.steps=4", "train.checkpoint_every=2", "optim.schedule=linear", "optim.warmup_steps=1")
+    train_sft(_sft_cfg(straight, *common))
+
+    original = SFTObjective.next_batch
+
+    def dies_at_step_2(self, step):
+        if step == 2:
+            raise _Killed()
+        return original(self, step)
+
+    monkeypatch.setattr(SFTObjective, "next_batch", dies_at_step_2)
+    with pytest.raises(_Killed):
+        train_sft(_sft_cfg(split, *common))
+    monkeypatch.setattr(SFTObjective, "next_batch", original)
+    assert (split / "checkpoints" / "step-000002" / "trainer_state.pt").exists()
+    result = train_sft(_sft_cfg(split, *common))
     assert len(result["history"]) == 2, "the relaunch must resume at step 2, not start over"
     a = load_file(straight / "final" / "adapter_model.safetensors")
     b = load_file(split / "final" / "adapter_model.safetensors")
@@ -167,3 +185,4 @@ def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert [r["step"] for r in read_metrics(split / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert read_metrics(split / "metrics.jsonl")[-1]["loss"] == read_metrics(straight / "metrics.jsonl")[-1]["loss"]

@@ -1,0 +1,277 @@
+"""GRPO trainer on tiny-qwen3: end-to-end runs, the reference pass, fail-fast config errors,
+failed episodes, micro-batching invariance and exact resume.
+
+A random model's rewards under the built-in terms are all equal (it never answers, and it
+always fills the turn budget), so every advantage would be 0. `token_parity` below is a
+test-only reward that depends on the sampled ids, so groups have reward variance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.envs.arith import ArithEnv
+from agentic_rl.envs.base import list_envs, register_env
+from agentic_rl.rewards.base import list_rewards, register_reward
+from agentic_rl.training.grpo import GRPOConfig, GRPOObjective, train_grpo
+from agentic_rl.training.run_dir import read_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+
+if "token_parity" not in list_rewards():
+
+    @register_reward("token_parity")
+    def token_parity(traj) -> float:
+        """Share of the episode's policy tokens with an even id (test only: varies per sample)."""
+        ids = [i for i, m in zip(traj.input_ids, traj.loss_mask) if m]
+        return sum(i % 2 == 0 for i in ids) / max(1, len(ids))
+
+
+if "flaky_arith" not in list_envs():
+
+    @register_env("flaky_arith")
+    class FlakyArith(ArithEnv):
+        """arith whose step raises on the first task of the train split (test only)."""
+
+        name = "flaky_arith"
+
+        def reset(self, task):
+            self._task = task
+            return super().reset(task)
+
+        def step(self, action_text):
+            if self._task.id == self.tasks("train", n=1, seed=0)[0].id:
+                raise RuntimeError("tool server exploded")
+            return super().step(action_text)
+
+
+TINY = [
+    "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
+    "rollout.batch_size=4", "rollout.group_size=2", "rollout.max_turn_tokens=8", "rollout.max_turns=1",
+    "rollout.max_episode_tokens=1024", "env.options={difficulty: 1}", "env.task_pool=8",
+    "rewards=[{name: token_parity}, {name: format, weight: 0.5}]",
+    "micro_batch_size=4", "train.progress=false",
+]
+
+
+def _cfg(output_dir: Path, *extra: str) -> GRPOConfig:
+    return load_config(GRPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
+
+
+def _finite(row: dict) -> bool:
+    return all(torch.isfinite(torch.tensor(float(v))) for k, v in row.items() if k != "optim/grad_norm")
+
+
+def _adapters(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "final" / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """An uninterrupted 4-step run (checkpoint every 2), shared by the e2e and resume tests."""
+    out = tmp_path_factory.mktemp("grpo") / "straight"
+    result = train_grpo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    return out, result
+
+
+def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straight_run):
+    """Guards against a run that never updates (zero advantages, frozen adapters), stale rollout
+    weights (DESIGN invariant 3), and reward terms that are summed but not logged (invariant 5)."""
+    out, result = straight_run
+    history = result["history"]
+    assert len(history) == 4
+    for step, row in enumerate(history, start=1):
+        assert _finite(row), row
+        for name in ("total", "token_parity", "format"):
+            assert f"reward/{name}/mean" in row and f"reward/{name}/std" in row
+        assert row["rollout/staleness"] == 0.0
+        assert row["rollout/weights_version"] == float(step)
+        assert row["rollout/failed"] == 0.0
+    assert any(row["reward/token_parity/std"] > 0 for row in history), "the test reward must vary"
+    lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at 0 and must have moved"
+    logged = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert logged[-1]["reward/token_parity/mean"] == pytest.approx(history[-1]["reward/token_parity/mean"])
+
+
+def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run(straight_run, tmp_path, monkeypatch):
+    """Guards against a resume that re-samples different rollouts (engine seeds/RNG), trains the
+    FastRunner on stale weights after loading, or loses optimizer/scheduler state (invariant 7)."""
+
+    class Killed(Exception):
+        pass
+
+    original = GRPOObjective.next_batch
+
+    def dies_at_step_2(self, step):
+        if step == 2:
+            raise Killed()
+        return original(self, step)
+
+    out = tmp_path / "split"
+    cfg_args = ("train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
+    monkeypatch.setattr(GRPOObjective, "next_batch", dies_at_step_2)
+    with pytest.raises(Killed):
+        train_grpo(_cfg(out, *cfg_args))
+    monkeypatch.setattr(GRPOObjective, "next_batch", original)
+    resumed = train_grpo(_cfg(out, *cfg_args))
+    assert len(resumed["history"]) == 2
+    assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
+    straight, _ = straight_run
+    expected, got = _adapters(straight), _adapters(out)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert [r["reward/total/mean"] for r in a] == [r["reward/total/mean"] for r in b]
+
+
+@pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
+def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
+    """Guards against checkpoints that are only complete on a clean exit (non-atomic writes) and
+    against state that lives only in the dying process."""
+    out = tmp_path / "killed"
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import test_grpo_trainer as t\n"
+        "from agentic_rl.training.grpo import train_grpo\n"
+        "train_grpo(t._cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
+    ) % (str(REPO / "tests"), str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    marker = out / "checkpoints" / "step-000002" / "trainer_state.pt"
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), proc.stderr.read().decode()[-3000:]
+    if (out / "final").exists():
+        pytest.skip("the child finished before it could be killed (machine too fast for this check)")
+    resumed = train_grpo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    assert len(resumed["history"]) <= 2
+    straight, _ = straight_run
+    expected, got = _adapters(straight), _adapters(out)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+
+
+def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
+    """Guards against paying for π_ref (a full forward per batch) when β = 0 (invariant 4)."""
+    calls = []
+    original = GRPOObjective._score
+
+    def recording(self, tensors, reference):
+        calls.append(reference)
+        return original(self, tensors, reference)
+
+    monkeypatch.setattr(GRPOObjective, "_score", recording)
+    result = train_grpo(_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
+    assert calls == []
+    assert result["history"][0]["time/reference"] < 0.05
+    assert "loss/kl" not in result["history"][0]
+
+
+def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch):
+    """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
+    toggle on a model that has none, when lora.enabled=false and β > 0."""
+    from agentic_rl.models.loader import build_tiny_qwen3
+
+    seen = []
+    original = GRPOObjective._score
+
+    def recording(self, tensors, reference):
+        seen.append((reference, self.reference))
+        return original(self, tensors, reference)
+
+    monkeypatch.setattr(GRPOObjective, "_score", recording)
+    result = train_grpo(_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
+    refs = [ref for is_ref, ref in seen if is_ref]
+    assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
+    initial = build_tiny_qwen3().state_dict()
+    assert all(not p.requires_grad for p in refs[0].parameters())
+    for name, value in refs[0].state_dict().items():
+        assert torch.equal(value, initial[name]), f"reference weight {name} changed"
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "full" / "final").state_dict()
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial if k in trained), "the policy must have changed"
+    assert result["history"][1]["loss/kl"] > 0, "after one update the policy differs from π_ref"
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("rollout.batch_size=6", "batch_size = prompts × G"),
+    ("rewards=[{name: no_such_reward}]", "unknown reward 'no_such_reward'"),
+])
+def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
+    """Guards against the peers' silent failures: a batch that is not whole groups, a typo'd reward."""
+    with pytest.raises(ConfigError, match="") as info:
+        _cfg(tmp_path, "rollout.group_size=4", override)
+    assert fragment in str(info.value)
+
+
+def test_missing_lora_target_module_fails_fast_naming_the_real_modules(tmp_path):
+    """Guards against PEFT's behaviour of adapting nothing / failing deep inside for a typo."""
+    cfg = _cfg(tmp_path / "bad", "model.lora.target_modules=[nonexistent]", "train.steps=1")
+    with pytest.raises(ValueError, match=r"nonexistent.*q_proj"):
+        train_grpo(cfg)
+
+
+def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on(tmp_path):
+    """Guards against one bad tool call killing a long run, and against training on a failed
+    episode's tokens."""
+    cfg = _cfg(tmp_path / "flaky", "env.name=flaky_arith", "env.options={}", "env.task_pool=2", "train.steps=2", "loss.beta=0")
+    result = train_grpo(cfg)
+    assert len(result["history"]) == 2
+    for row in result["history"]:
+        assert row["rollout/failed"] == 2.0  # the whole group of the exploding task (G = 2)
+        assert row["rollout/finish/error"] == 0.5
+        assert _finite(row)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
+    """Guards against micro-batch losses scaled by the wrong share (e.g. per-micro-batch means
+    that over-weight short micro-batches): accumulated gradients must equal the full-batch one."""
+    from agentic_rl.training.common import load_policy, make_accelerator
+    from agentic_rl.training.scoring import TokenScorer
+
+    cfg = _cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
+               "rollout.max_turn_tokens=6", "micro_batch_size=8")
+    accelerator = make_accelerator("no", 0)
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    with torch.no_grad():  # non-zero adapters, so π_θ ≠ π_ref and the KL gradient is not trivially 0
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    model = TokenScorer(policy)
+    objective = GRPOObjective(cfg, tokenizer, None)
+    objective.bind(model, accelerator)
+    batch = objective.next_batch(0)
+    assert float(batch["advantages"].abs().sum()) > 0
+    assert len({len(t) for t in batch["trajectories"]}) >= 1
+
+    def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
+        objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
+        model.zero_grad(set_to_none=True)
+        micros = objective.micro_batches(batch)
+        assert len(micros) == -(-8 // micro_batch_size)
+        for micro in micros:
+            loss, _ = objective.loss(model, micro)
+            loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    full, split = gradient(8), gradient(2)
+    assert any(float(g.abs().max()) > 0 for g in full.values())
+    for name in full:
+        torch.testing.assert_close(split[name], full[name], atol=1e-6, rtol=1e-4, msg=name)

@@ -1,0 +1,94 @@
+"""Reward model: the Bradley-Terry loss against float64 by hand, corrupted pairs, and a tiny
+end-to-end `train_rm` run (tiny-qwen3)."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentic_rl.algorithms.reward_model import bradley_terry_loss
+from agentic_rl.config import load_config
+from agentic_rl.envs.base import make_env
+from agentic_rl.training.reward_model import RMConfig, corrupt_messages, train_rm
+from agentic_rl.training.run_dir import read_metrics
+
+
+def _log_sigmoid64(z: float) -> float:
+    """log σ(z) in float64 without overflow: z − log(1 + e^z) for z < 0, −log(1 + e^−z) otherwise."""
+    return z - math.log1p(math.exp(z)) if z < 0 else -math.log1p(math.exp(-z))
+
+
+def test_bradley_terry_loss_equals_float64_formula_including_huge_margins():
+    """Guards against log(sigmoid(x)) written naively: it overflows to inf/NaN at large margins
+    (a confident RM on an easy pair) and loses precision at small ones."""
+    chosen = torch.tensor([0.3, 2.0, 1000.0, -1000.0, 45.5, -3.25], dtype=torch.float32, requires_grad=True)
+    rejected = torch.tensor([0.1, 2.5, -1000.0, 1000.0, 45.5, 80.0], dtype=torch.float32)
+    loss, accuracy = bradley_terry_loss(chosen, rejected)
+    margins = [c - r for c, r in zip(chosen.tolist(), rejected.tolist())]
+    expected = -sum(_log_sigmoid64(m) for m in margins) / len(margins)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-6)
+    assert expected > 300  # the −2000 margin contributes 2000 / 6: a naive version gives inf here
+    assert float(accuracy) == pytest.approx(2 / 6)  # ties (45.5 vs 45.5) count as wrong
+    loss.backward()
+    assert torch.isfinite(chosen.grad).all()
+    expected_grad = [-math.exp(_log_sigmoid64(-m)) / len(margins) for m in margins]  # d/dc −log σ(c − r) / N = −σ(−m) / N
+    torch.testing.assert_close(chosen.grad, torch.tensor(expected_grad, dtype=torch.float32), atol=1e-7, rtol=1e-5)
+    summed, _ = bradley_terry_loss(chosen.detach(), rejected, num_pairs=1.0)
+    assert float(summed) == pytest.approx(expected * len(margins), rel=1e-6)
+
+
+def test_corrupted_demonstration_has_a_wrong_final_answer():
+    """Guards against "rejected" sides that are secretly correct (e.g. a corruption of 0, or a
+    rounding that maps back to the right value): the RM would learn noise."""
+    env = make_env("arith", difficulty=[1, 2, 3])
+    rng = random.Random(0)
+    tasks = env.tasks("train", n=40, seed=3)
+    wrong_tools = 0
+    for task in tasks:
+        messages = env.reset(task)
+        conversation = list(messages)
+        for action in env.oracle_actions(task):
+            result = env.step(action)
+            conversation.append({"role": "assistant", "content": action})
+            if result.done:
+                break
+            conversation.extend(result.observation or [])
+        corrupted = corrupt_messages(conversation, rng)
+        assert corrupted is not None
+        final = re.search(r"Final Answer:\s*(-?[\d,]*\.?\d+)", corrupted[-1]["content"])
+        assert final is not None
+        assert float(final.group(1).replace(",", "")) != float(task.answer), task.id
+        assert corrupted[:-1] == conversation[:-1] or any(m.get("role") == "tool" for m in corrupted)
+        assert conversation[-1]["content"] != corrupted[-1]["content"]
+        wrong_tools += sum(a != b for a, b in zip(conversation, corrupted) if a.get("role") == "tool")
+    assert wrong_tools > 0, "about half the corruptions should also falsify the last tool result"
+    assert corrupt_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no answer"}], rng) is None
+
+
+def test_train_rm_end_to_end_on_corrupted_pairs(tmp_path):
+    """Guards against an RM trainer that never updates (frozen score head or adapters), or
+    that does not report held-out pairwise accuracy."""
+    out = tmp_path / "rm"
+    cfg = load_config(RMConfig, None, overrides=[
+        "model.name=tiny-qwen3", "model.lora.r=4", "pairs.source=corrupted", "pairs.tasks=8", "pairs.heldout_tasks=4",
+        "pairs.env_options={difficulty: 1}", "batch_size=4", "optim.lr=1e-2", "train.steps=3",
+        f"train.output_dir={out}", "train.progress=false",
+    ])
+    result = train_rm(cfg)
+    assert result["pairs"] == 8 and result["heldout_pairs"] == 4
+    assert 0.0 <= result["heldout_accuracy"] <= 1.0
+    assert result["heldout_accuracy"] in {0.0, 0.25, 0.5, 0.75, 1.0}
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows[:3]] == [1, 2, 3]
+    for row in rows[:3]:
+        assert math.isfinite(row["loss"]) and math.isfinite(row["rm/margin"]) and row["optim/grad_norm"] > 0
+    assert rows[-1]["rm/heldout_accuracy"] == result["heldout_accuracy"]
+    saved = load_file(out / "final" / "adapter_model.safetensors")
+    lora_b = [v for k, v in saved.items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "adapters must have moved from zero"
+    assert any("score" in k for k in saved), "the score head is trained in full and must be saved"
