@@ -25,10 +25,11 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 @pytest.fixture(scope="module")
 def ddp_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", "0", str(REPO / "tests" / "ddp_worker.py"), str(out)]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # No ACCELERATE_USE_CPU here on purpose: a plain torchrun launch must give real gloo DDP.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("ACCELERATE_USE_CPU", None)
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(REPO / "tests" / "ddp_worker.py"), str(out)]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 

@@ -16,7 +16,7 @@ Weights contract
 ----------------
 The runner computes from *copies* of most projection weights: q/k/v fused into one matrix,
 gate/up fused into one matrix, the RMSNorm scales folded into the following projection, the
-q/k rows permuted for RoPE-as-complex-multiply, transposed where that is faster (fp32 on CPU),
+q/k rows permuted for RoPE-as-complex-multiply, optionally transposed (`weight_layout="t"`),
 cast in bf16 mode, and LoRA deltas merged. So the runner does not see weight updates by itself:
 **call `refresh_weights()` after every optimizer step** (and after loading a checkpoint or
 switching/enabling/disabling LoRA adapters: the adapter state is captured at refresh time).
@@ -45,7 +45,10 @@ and discarded), else they are gathered (a copy per layer). `alloc` hands out the
 which keeps decoding sets compact.
 
 Performance (CPU, 2 cores): decoding small models is bound by per-op overhead and weight
-reads, so each layer is ~11 ops: rms_norm, one fused QKV matmul, one in-place complex multiply
+reads. The weight reads are fixed by the precision (fp32 SmolLM2-135M streams ~540 MB per step,
+so on a machine whose memory bandwidth is shared this floor dominates and the speed-up over
+`generate` shrinks); what is left to cut is the op count. Each layer is ~11 compute ops
+(about half of transformers' per-step aten calls): rms_norm, one fused QKV matmul, one in-place complex multiply
 for RoPE on q and k together, one index_put of k and v into the cache, one SDPA call (GQA via a
 reshape: the g query heads of a KV head become g query rows, no KV repeat), one addmm for o_proj
 fused with the residual, rms_norm, one fused gate/up matmul, in-place silu and multiply, and one
@@ -112,7 +115,7 @@ class FastRunner(Runner):
         `dtype`: compute dtype, default float32 (bf16 is a separate, approximate mode; logits
         are always returned as float32). `device`: default the model's.
         `weight_layout`: "t" stores (in, out) contiguous copies (fastest for fp32 on CPU),
-        "n" uses the (out, in) layout of nn.Linear; "auto" picks "t" for fp32 on CPU.
+        "n" uses the (out, in) layout of nn.Linear (and reuses unfused weights); "auto" = "n".
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
@@ -125,7 +128,10 @@ class FastRunner(Runner):
         self.device = torch.device(device) if device is not None else next(hf.parameters()).device
         self.dtype = dtype or torch.float32
         if weight_layout == "auto":
-            weight_layout = "t" if (self.device.type == "cpu" and self.dtype == torch.float32) else "n"
+            # "t" wins only while the weights stay cache-resident (fp32 microbenchmarks at M=8);
+            # with weights streamed from DRAM (the real decode case) the two layouts measure
+            # alike, and "n" reuses o_proj/down_proj/lm_head without copies.
+            weight_layout = "n"
         if weight_layout not in ("t", "n"):
             raise ValueError(f"weight_layout must be 'auto', 't' or 'n', got {weight_layout!r}")
         self.weight_layout = weight_layout
@@ -163,6 +169,8 @@ class FastRunner(Runner):
             dtype=self.dtype,
             device=self.device,
         )
+        self._caches = list(self._kv.unbind(0))  # per-layer views, hoisted out of forward
+        self._kviews = [(c[:, 0], c[:, 1]) for c in self._caches]
         self._zeroed = [0] * self.max_slots  # positions [0, z) of each cache row hold finite values
         self._lengths: list[int | None] = [None] * self.max_slots  # None: free
         self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
@@ -348,7 +356,7 @@ class FastRunner(Runner):
 
     # ------------------------------------------------------------------ forward
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the returned logits may be used next to autograd tensors
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         n = len(slots)
         if n == 0 or n != len(chunks):
@@ -435,6 +443,7 @@ class FastRunner(Runner):
         nq, nqk = nh * hd, (nh + nkv) * hd
         eps, scale = self.eps, self.scale
         complex_ok = self.dtype == torch.float32
+        caches, kviews = self._caches, self._kviews
         for li, lw in enumerate(self._layers):
             h = F.rms_norm(x, (H,), None, eps)
             qkv = torch.mm(h, lw.wqkv) if lw.bqkv is None else torch.addmm(lw.bqkv, h, lw.wqkv)
@@ -447,16 +456,21 @@ class FastRunner(Runner):
                 qkf = qk.float()
                 torch.view_as_complex(qkf.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
                 qk.copy_(qkf)
-            cache = self._kv[li]
+            cache = caches[li]
             cache[slot_d, :, :, pos_d] = qkv[:, nq:].view(T, 2, nkv, hd)
-            kv = cache[lo : hi + 1, :, :, :lk] if cover else cache[rows_d, :, :, :lk]
+            if cover:
+                k, v = kviews[li]
+                k, v = k[lo : hi + 1, :, :lk], v[lo : hi + 1, :, :lk]
+            else:
+                kv = cache[rows_d, :, :, :lk]
+                k, v = kv[:, 0], kv[:, 1]
             q = qkv[:, :nq]
             if fast:
                 qq = q.view(B, nkv, g, hd)
             else:
                 qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
                 qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
-            o = F.scaled_dot_product_attention(qq, kv[:, 0], kv[:, 1], attn_mask=mask, scale=scale)
+            o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)
             if fast:
                 a = o.view(B, nq)
             else:

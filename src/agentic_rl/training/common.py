@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any, Literal
@@ -48,7 +49,14 @@ def make_accelerator(mixed_precision: str = "no", seed: int = 0):
 
     # LoRA leaves frozen parameters with no gradient; DDP must not wait for them.
     ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
-    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=[ddp])
+    # Under torchrun on a machine without a GPU, accelerate only sets up gloo DDP when told it
+    # runs on CPU; otherwise every rank silently trains alone and they race on output_dir.
+    launched_world = int(os.environ.get("WORLD_SIZE", "1"))
+    cpu_only = launched_world > 1 and not torch.cuda.is_available()
+    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=[ddp], cpu=cpu_only)
+    if accelerator.num_processes != launched_world:
+        raise RuntimeError(f"launched with WORLD_SIZE={launched_world} but accelerate runs {accelerator.num_processes} "
+                           "process(es); check the launcher / accelerate config")
     seed_everything(seed)
     return accelerator
 

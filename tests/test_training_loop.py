@@ -1,0 +1,130 @@
+"""The shared training loop with a toy objective (no LLM): accumulation, checkpoints, exact
+resume (RNG, optimizer, schedule), metrics files and config validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentic_rl.training.checkpoint import latest_checkpoint
+from agentic_rl.training.common import make_accelerator
+from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.run_dir import RunDir, read_metrics
+
+
+class ToyObjective:
+    """Least squares on fresh random data each step, drawn from the GLOBAL torch RNG, so an
+    exact resume needs the RNG state restored (accelerate's save_state does that)."""
+
+    def __init__(self, micro_batch_size: int = 8, batch_size: int = 8):
+        self.micro_batch_size, self.batch_size = micro_batch_size, batch_size
+        self.target = torch.arange(4, dtype=torch.float32)
+
+    def bind(self, model, accelerator):
+        self.model = model
+
+    def next_batch(self, step):
+        x = torch.randn(self.batch_size, 4)  # (B, 4)
+        return x, x @ self.target + 0.1 * torch.randn(self.batch_size)
+
+    def micro_batches(self, batch):
+        x, y = batch
+        m = self.micro_batch_size
+        return [(x[i : i + m], y[i : i + m], self.batch_size) for i in range(0, len(x), m)]
+
+    def loss(self, model, micro):
+        x, y, total = micro
+        loss = ((model(x).squeeze(-1) - y) ** 2).sum() / total  # this micro-batch's share of the batch mean
+        return loss, {"toy/rows": float(len(x))}
+
+    def after_step(self, step):
+        return {}
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def _train(out, steps, micro=8, checkpoint_every=0, objective=None, schedule="cosine"):
+    accelerator = make_accelerator("no", seed=0)
+    model = torch.nn.Linear(4, 1)
+    loop = LoopConfig(steps=steps, seed=0, output_dir=str(out), checkpoint_every=checkpoint_every, progress=False)
+    optim = OptimConfig(lr=0.05, schedule=schedule, warmup_steps=2)
+    run_dir = RunDir(out, loop, tensorboard=False)
+    history = run_training(objective or ToyObjective(micro), model, loop, optim, accelerator, run_dir)
+    return accelerator.unwrap_model(model), history
+
+
+def test_accumulated_micro_batches_give_the_full_batch_update(tmp_path):
+    """Guards against accumulation that averages micro-batch means (or forgets no_sync/zero_grad):
+    1 × 8 and 4 × 2 micro-batches must give the same weights after several steps."""
+    full, _ = _train(tmp_path / "a", steps=3, micro=8)
+    split, history = _train(tmp_path / "b", steps=3, micro=2)
+    for p, q in zip(full.parameters(), split.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+    assert history[0]["toy/rows"] == 2.0  # metrics are averaged over micro-batches
+
+
+def test_resume_restores_rng_optimizer_and_schedule_exactly(tmp_path):
+    """Guards against resume that re-draws data with a fresh RNG, resets Adam moments or
+    restarts the warm-up: an interrupted-and-resumed run must be bit-identical."""
+
+    class Killed(Exception):
+        pass
+
+    straight, _ = _train(tmp_path / "straight", steps=6, checkpoint_every=2)
+
+    class DiesAtStep3(ToyObjective):
+        def next_batch(self, step):
+            if step == 3:
+                raise Killed()
+            return super().next_batch(step)
+
+    with pytest.raises(Killed):
+        _train(tmp_path / "split", steps=6, checkpoint_every=2, objective=DiesAtStep3())
+    assert latest_checkpoint(tmp_path / "split" / "checkpoints").name == "step-000002"
+    torch.manual_seed(1234)  # a resumed process starts with whatever RNG state; the checkpoint must win
+    resumed, history = _train(tmp_path / "split", steps=6, checkpoint_every=2)
+    assert len(history) == 4
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+    a, b = read_metrics(tmp_path / "straight" / "metrics.jsonl"), read_metrics(tmp_path / "split" / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6], "steps logged before the kill but after the checkpoint are dropped"
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["optim/lr"] for r in a] == [r["optim/lr"] for r in b]
+
+
+def test_partial_checkpoints_are_never_resumed_and_old_ones_are_pruned(tmp_path):
+    """Guards against resuming from a half-written checkpoint (a kill during save) and against
+    checkpoints filling the disk."""
+    _train(tmp_path, steps=6, checkpoint_every=1)
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000005", "step-000006"]  # keep_checkpoints=2
+    (folder / ".tmp-step-000007").mkdir()
+    (folder / "step-000008").mkdir()  # no trainer_state.pt: incomplete
+    assert latest_checkpoint(folder).name == "step-000006"
+
+
+def test_a_finished_run_relaunched_does_not_train_again(tmp_path):
+    """Guards against a relaunch of a finished run training extra steps or duplicating metrics."""
+    first, _ = _train(tmp_path, steps=3)
+    again, history = _train(tmp_path, steps=3)
+    assert history == []
+    for p, q in zip(first.parameters(), again.parameters()):
+        assert torch.equal(p, q)
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: OptimConfig(lr=0),
+    lambda: OptimConfig(betas=[0.9]),
+    lambda: OptimConfig(warmup_steps=-1),
+    lambda: LoopConfig(steps=-1),
+    lambda: LoopConfig(keep_checkpoints=0),
+])
+def test_invalid_loop_and_optimizer_settings_are_rejected(make):
+    """Guards against nonsense settings (zero LR, one beta) being accepted and silently misused."""
+    with pytest.raises(ValueError):
+        make()
