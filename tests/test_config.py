@@ -106,3 +106,14 @@ def test_partial_section_keeps_the_fields_own_defaults():
 def test_dict_valued_options_are_replaced_not_merged():
     cfg = load_config(Outer, overrides=["stage.options={c: 3}"])
     assert cfg.stage.options == {"c": 3}
+
+
+@dataclasses.dataclass
+class Precision:
+    mixed_precision: Literal["no", "bf16"] = "bf16"
+    """Autocast precision."""
+
+
+def test_yaml_no_is_the_literal_string_when_the_choices_say_so():
+    """Guards against `--set train.mixed_precision=no` failing because YAML 1.1 reads `no` as False."""
+    assert load_config(Precision, overrides=["mixed_precision=no"]).mixed_precision == "no"

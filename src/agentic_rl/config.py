@@ -116,6 +116,9 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)
     if origin is Literal:
+        if isinstance(value, bool) and value not in args:  # YAML 1.1 reads no/off/yes/on as booleans
+            spelled = [a for a in args if isinstance(a, str) and a.lower() in (("no", "off", "false") if not value else ("yes", "on", "true"))]
+            value = spelled[0] if len(spelled) == 1 else value
         if value not in args:
             raise ConfigError(f"{source}: '{key}' must be one of {list(args)}, got {value!r}")
         return value

@@ -67,7 +67,11 @@ class PipelineConfig:
             raise ValueError("grpo.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
 
 
-def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     from agentic_rl.training.run_dir import RunDir

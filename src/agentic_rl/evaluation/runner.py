@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -48,6 +48,8 @@ class EvalConfig:
     """Token limit of one episode."""
     max_turns: int = 6
     """Policy turns per episode."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Decode precision (bfloat16: ~2x faster on CPU, fast runner only)."""
     failures_shown: int = 3
     """Failed transcripts kept in the result."""
     label: str = ""
@@ -76,7 +78,7 @@ def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str
     from agentic_rl.rollout.factory import build_engine
 
     engine = build_engine(model, tokenizer, cfg.max_turn_tokens, cfg.max_episode_tokens, cfg.max_turns,
-                          temperature=temperature, seed=cfg.seed, max_concurrent=cfg.batch_size)
+                          temperature=temperature, seed=cfg.seed, max_concurrent=cfg.batch_size, dtype=cfg.dtype)
     out: list[Trajectory] = []
     for start in tqdm(range(0, len(tasks), cfg.batch_size), desc=desc, disable=not progress):
         chunk = tasks[start : start + cfg.batch_size]

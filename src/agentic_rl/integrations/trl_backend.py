@@ -85,6 +85,8 @@ def _check_unmappable(cfg) -> None:
         errors.append("rollout.runner=fast: TRL decodes with transformers generate; use runner: auto or hf")
     if cfg.rollout.tool_workers != defaults.tool_workers:
         errors.append(f"rollout.tool_workers={cfg.rollout.tool_workers}: TRL runs tool calls one after another")
+    if cfg.rollout.dtype != "float32":
+        errors.append(f"rollout.dtype={cfg.rollout.dtype}: TRL generates with the training weights; use float32")
     if cfg.updates_per_batch > 1 and cfg.old_logprobs == "sampling":
         errors.append("old_logprobs=sampling with updates_per_batch > 1: TRL re-scores pi_old with a forward pass; "
                       "set old_logprobs: recompute")

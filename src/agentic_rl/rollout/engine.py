@@ -156,6 +156,8 @@ class HFBackend:
         self.seed = seed
         self._rows: dict[int, _RowState] = {}
         self.forward_calls = 0
+        self.min_shared_prefix = 16
+        """Shortest common prompt prefix worth a separate prefill (see `_share_prompt_prefix`)."""
 
     def capacity(self) -> int:
         return self.runner.max_slots - len(self._rows)
@@ -185,6 +187,7 @@ class HFBackend:
         if not keys:
             return []
         rows = [self._rows[key] for key in keys]
+        self._share_prompt_prefix(rows)
         logits = self.runner.forward([row.slot for row in rows], [row.pending for row in rows])  # (B, V)
         self.forward_calls += 1
         tokens, logprobs = sample(logits, self.sampling, [row.generator for row in rows])  # (B,), (B,)
@@ -203,6 +206,38 @@ class HFBackend:
             finished.append(TurnOutput(key, row.turn_ids, row.turn_logprobs, stop))
             row.last_token, row.turn_ids, row.turn_logprobs = token, [], []
         return finished
+
+    def _share_prompt_prefix(self, rows: list[_RowState]) -> None:
+        """Prefill the longest prefix shared by the new episodes' prompts once, then fork it.
+
+        The G episodes of a prompt have identical prompts, and all episodes of an env share its
+        system prompt and tool schemas, so most prompt tokens are common. The shared prefix is
+        computed once in the first new slot and copied into the others (its KV cache is exactly
+        what each would have computed); only the differing suffixes are prefilled per episode.
+        At least one token of every prompt stays in its own chunk, to produce its logits.
+        """
+        if type(self.runner).fork is Runner.fork:  # this runner cannot copy caches
+            return
+        new = [row for row in rows if self.runner.length(row.slot) == 0 and row.pending]
+        if len(new) < 2:
+            return
+        prefix = min(len(row.pending) for row in new) - 1  # type: ignore[arg-type]
+        first = new[0].pending
+        for row in new[1:]:
+            same = 0
+            for a, b in zip(first[:prefix], row.pending[:prefix]):  # type: ignore[index]
+                if a != b:
+                    break
+                same += 1
+            prefix = same
+        if prefix < self.min_shared_prefix:
+            return
+        self.runner.forward([new[0].slot], [first[:prefix]])  # type: ignore[index]
+        self.forward_calls += 1
+        for row in new[1:]:
+            self.runner.fork(new[0].slot, row.slot, prefix)
+        for row in new:
+            row.pending = row.pending[prefix:]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------- episodes

@@ -346,6 +346,18 @@ class FastRunner(Runner):
         self._free.append(slot)
         self._free.sort()
 
+    def fork(self, source: int, target: int, length: int) -> None:
+        """Copy the first `length` cached positions of `source` into the empty slot `target`."""
+        self._check_slot(source)
+        self._check_slot(target)
+        if self._lengths[target] != 0:
+            raise ValueError(f"fork target slot {target} must be empty, it holds {self._lengths[target]} tokens")
+        if not 0 < length <= self._lengths[source]:  # type: ignore[operator]
+            raise ValueError(f"fork length {length} must be in [1, {self._lengths[source]}] for slot {source}")
+        self._ensure_zeroed([target], length)
+        self._kv[:, target, :, :, :length].copy_(self._kv[:, source, :, :, :length])
+        self._lengths[target] = length
+
     def length(self, slot: int) -> int:
         self._check_slot(slot)
         return self._lengths[slot]  # type: ignore[return-value]

@@ -43,6 +43,15 @@ class Runner(abc.ABC):
     def length(self, slot: int) -> int:
         """How many tokens the slot's cache holds."""
 
+    def fork(self, source: int, target: int, length: int) -> None:
+        """Make empty slot `target` hold a copy of the first `length` cached tokens of `source`.
+
+        Lets G episodes of one prompt (and all episodes sharing a system prompt) prefill the
+        shared prefix once. Optional: runners without it raise NotImplementedError and the
+        caller prefills normally.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot fork slots")
+
     @abc.abstractmethod
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         """Append `chunks[i]` (non-empty) to slot `slots[i]`'s cache and return the logits

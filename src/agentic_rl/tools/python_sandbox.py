@@ -338,7 +338,10 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
     grace_end = time.monotonic() + _STOP_GRACE_S
     while time.monotonic() < grace_end:
-        exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        try:
+            exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped (e.g. by Popen.poll elsewhere): it has exited
+            break
         if exited is not None:
             break
         time.sleep(0.005)
