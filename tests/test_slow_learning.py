@@ -38,7 +38,7 @@ def test_sft_on_oracle_demos_lifts_heldout_two_step_accuracy(tmp_path):
     cfg = load_config(SFTConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=5e-4",
         "sources=[{kind: oracle, env: arith, n: 64, env_options: {difficulty: 2}}]",
-        "batch.batch_size=8", "batch.micro_batch_size=8", "train.steps=20",
+        "batch.batch_size=8", "batch.micro_batch_size=8", "train.steps=20", "train.mixed_precision=bf16",
         f"train.output_dir={tmp_path / 'sft'}", "train.progress=false",
     ])
     tasks = make_env("arith", difficulty=2).tasks("test", n=16, seed=0)
@@ -58,8 +58,9 @@ def test_reward_model_separates_heldout_correct_from_corrupted_solutions(tmp_pat
     from agentic_rl.training.reward_model import RMConfig, train_rm
 
     cfg = load_config(RMConfig, None, overrides=[
-        f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=64", "pairs.heldout_tasks=32",
-        "pairs.env_options={difficulty: [1, 2]}", "batch_size=8", "optim.lr=3e-4", "train.steps=24",
+        f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=48", "pairs.heldout_tasks=16",
+        "pairs.env_options={difficulty: [1, 2]}", "batch_size=4", "optim.lr=5e-4", "train.steps=12",
+        "train.mixed_precision=bf16",
         f"train.output_dir={tmp_path / 'rm'}", "train.progress=false",
     ])
     result = train_rm(cfg)
@@ -68,17 +69,25 @@ def test_reward_model_separates_heldout_correct_from_corrupted_solutions(tmp_pat
 
 def test_grpo_raises_the_training_reward_on_one_step_arith(tmp_path):
     """Guards against a flipped advantage sign, a mask that trains observations, or rollouts
-    from stale weights: any of these keeps the reward flat or pushes it down."""
+    from stale weights: any of these keeps the reward flat or pushes it down.
+
+    The base model almost never writes `Final Answer:`, so accuracy alone gives GRPO no signal
+    from scratch. The reward adds the length penalty −0.02·max(0, l − 16): every 48-token
+    ramble costs 0.64, and a policy that learns to answer briefly and stop earns more. The
+    direction of that change is exactly what a sign or mask error would reverse."""
     from agentic_rl.training.grpo import GRPOConfig, train_grpo
 
     cfg = load_config(GRPOConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=3e-4", "loss.beta=0",
-        "env.options={difficulty: 1}", "rewards=[{name: accuracy}, {name: format, weight: 0.5}]",
-        "rollout.batch_size=16", "rollout.group_size=8", "rollout.max_turn_tokens=64", "rollout.max_turns=3",
-        "rollout.max_episode_tokens=768", "rollout.temperature=1.0", "micro_batch_size=8",
-        "train.steps=10", "train.seed=0", f"train.output_dir={tmp_path / 'grpo'}", "train.progress=false",
+        "env.options={difficulty: 1}",
+        "rewards=[{name: accuracy}, {name: format, weight: 0.5}, {name: length_penalty, params: {alpha: 0.02, target: 16}}]",
+        "rollout.batch_size=16", "rollout.group_size=8", "rollout.max_turn_tokens=48", "rollout.max_turns=2",
+        "rollout.max_episode_tokens=768", "rollout.temperature=1.0", "rollout.dtype=bfloat16", "old_logprobs=detach",
+        "micro_batch_size=8", "train.mixed_precision=bf16",
+        "train.steps=8", "train.seed=0", f"train.output_dir={tmp_path / 'grpo'}", "train.progress=false",
     ])
     history = train_grpo(cfg)["history"]
     rewards = [row["reward/total/mean"] for row in history]
+    lengths = [row["rollout/completion_tokens/mean"] for row in history]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last >= first + 0.15, f"mean reward per step: {rewards}"
+    assert last >= first + 0.15, f"mean reward per step: {rewards}, policy tokens: {lengths}"
