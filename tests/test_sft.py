@@ -186,3 +186,45 @@ def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path, monkeyp
         assert torch.equal(a[key], b[key]), key
     assert [r["step"] for r in read_metrics(split / "metrics.jsonl")] == [1, 2, 3, 4]
     assert read_metrics(split / "metrics.jsonl")[-1]["loss"] == read_metrics(straight / "metrics.jsonl")[-1]["loss"]
+
+
+def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_path):
+    """Guards against GRPO adapters recorded as sitting on the base model while they were trained
+    on the merged SFT model: reloading them silently dropped the SFT weights (demo accuracy fell to 0)."""
+    import json
+
+    import torch
+
+    from agentic_rl.models import load_model
+    from agentic_rl.models.lora import LoraConfig, apply_lora
+    from agentic_rl.training.common import ModelConfig, load_base_and_tokenizer, load_policy, save_final
+
+    class _Accelerator:
+        is_main_process = True
+
+        def wait_for_everyone(self):
+            pass
+
+        def unwrap_model(self, model):
+            return model
+
+    def train_one_stage(start: str, folder, seed: int) -> str:
+        policy, tokenizer, recorded = load_policy(ModelConfig(name=start, lora=LoraConfig(r=2, alpha=2.0)), log=lambda _: None)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        return str(save_final(policy, tokenizer, folder, recorded, _Accelerator())), policy
+
+    first, first_policy = train_one_stage("tiny-qwen3", tmp_path / "sft", 0)
+    second, second_policy = train_one_stage(first, tmp_path / "grpo", 1)
+    assert json.loads((tmp_path / "grpo" / "final" / "agentic_rl_model.json").read_text())["base"] == first
+    ids = torch.tensor([[9707, 1879, 151645]])
+    reloaded, _, root = load_base_and_tokenizer(second, "float32")
+    assert root == "tiny-qwen3"
+    with torch.no_grad():
+        expected = second_policy(input_ids=ids).logits
+        assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-4)
+        base, _ = load_model("tiny-qwen3")
+        assert not torch.allclose(base(input_ids=ids).logits, expected, atol=1e-3)

@@ -72,21 +72,21 @@ def _log(message: str) -> None:
 
 
 def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """Run every stage not yet done, each in a fresh process; write the report; return the results.
+
+    A stage runs in its own spawned process so the memory of its models, optimizer states and
+    KV caches is returned to the system when it ends; one process for all stages grew past
+    20 GB on the demo and was killed by the OOM killer.
+    """
+    import multiprocessing
+
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     from agentic_rl.training.run_dir import RunDir
 
     RunDir(root, cfg, tensorboard=False)  # records the resolved config
-    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final")}
-    actions: dict[str, Callable[[], dict[str, Any]]] = {
-        "eval_base": lambda: _evaluate(models["base"], cfg.evals, log),
-        "sft": lambda: _sft(cfg, root, log),
-        "eval_sft": lambda: _evaluate(models["sft"], cfg.evals, log),
-        "rm": lambda: _rm(cfg, root, models["sft"], log),
-        "grpo": lambda: _grpo(cfg, root, models["sft"], log),
-        "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, log),
-    }
     results: dict[str, Any] = {}
+    context = multiprocessing.get_context("spawn")
     for stage in STAGES:
         if stage in cfg.skip:
             continue
@@ -96,16 +96,36 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             results[stage] = json.loads(done.read_text())
             continue
         log(f"[pipeline] {stage}: running")
-        started = time.perf_counter()
-        result = actions[stage]()
-        result["seconds"] = time.perf_counter() - started
-        _write_atomic(done, result)
-        results[stage] = result
+        worker = context.Process(target=_run_stage, args=(cfg, stage), name=f"agentic-rl-{stage}")
+        worker.start()
+        worker.join()
+        if worker.exitcode != 0 or not done.exists():
+            raise RuntimeError(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); see the messages above. "
+                               "Rerun the same command to resume from this stage.")
+        results[stage] = json.loads(done.read_text())
     from agentic_rl.evaluation.report import write_report
 
     report = write_report(root, results, cfg)
     log(f"[pipeline] report: {report}")
     return results
+
+
+def _run_stage(cfg: PipelineConfig, stage: str) -> None:
+    """Body of one stage's process: run it and write its DONE.json atomically."""
+    root = Path(cfg.output_dir)
+    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final")}
+    actions: dict[str, Callable[[], dict[str, Any]]] = {
+        "eval_base": lambda: _evaluate(models["base"], cfg.evals, _log),
+        "sft": lambda: _sft(cfg, root, _log),
+        "eval_sft": lambda: _evaluate(models["sft"], cfg.evals, _log),
+        "rm": lambda: _rm(cfg, root, models["sft"], _log),
+        "grpo": lambda: _grpo(cfg, root, models["sft"], _log),
+        "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, _log),
+    }
+    started = time.perf_counter()
+    result = actions[stage]()
+    result["seconds"] = time.perf_counter() - started
+    _write_atomic(root / stage / "DONE.json", result)
 
 
 def _write_atomic(path: Path, payload: dict[str, Any]) -> None:

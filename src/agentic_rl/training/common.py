@@ -75,17 +75,24 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu"):
         if record["kind"] == "lora":
             from peft import PeftModel
 
-            base, tokenizer = load_model(record["base"], dtype=_DTYPES[dtype], device=device)
+            # "base" is the model these adapters were trained on, itself possibly a stage's
+            # final/ folder (SFT -> GRPO): resolve the chain down to real weights.
+            base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device)
             merged = PeftModel.from_pretrained(base, name).merge_and_unload()
-            return merged, tokenizer, record["base"]
+            return merged, tokenizer, root
         return (*load_model(name, dtype=_DTYPES[dtype], device=device), record["base"])
     model, tokenizer = load_model(name, dtype=_DTYPES[dtype], device=device)
     return model, tokenizer, name
 
 
 def load_policy(cfg: ModelConfig, device: Any = "cpu", log=print):
-    """(policy, tokenizer, base_name): the model with LoRA applied per cfg, ready to train."""
-    model, tokenizer, base_name = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
+    """(policy, tokenizer, start): the model with LoRA applied per cfg, ready to train.
+
+    `start` is cfg.name, the model the new adapters sit on; `save_final` records it, so the
+    adapters are later applied to exactly these weights (for GRPO after SFT: the SFT model).
+    """
+    model, tokenizer, _ = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
+    base_name = cfg.name
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if cfg.gradient_checkpointing:
