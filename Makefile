@@ -31,8 +31,11 @@ $(VENV)/.setup-dev-done: $(VENV)/.setup-done
 demo: setup
 	$(VENV)/bin/agentic-rl pipeline --config configs/demo.yaml
 
+# The slow tests (real embedded model) run in their own pytest process, so the memory the fast
+# suite leaves behind never adds to theirs.
 test: setup-dev
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -m slow
 
 test-fast: setup-dev
 	$(VENV)/bin/pytest -q -m "not slow"
