@@ -118,6 +118,20 @@ class Objective(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class StatelessObjective:
+    """Defaults for objectives whose batches are a pure function of (seed, step): nothing to do
+    after a step, nothing to checkpoint beyond model, optimizer and RNG (SFT, reward model)."""
+
+    def after_step(self, step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

@@ -32,7 +32,7 @@ from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
-from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
@@ -192,7 +192,7 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     return pairs
 
 
-class RMObjective:
+class RMObjective(StatelessObjective):
     """Bradley-Terry loss over pair batches; chosen and rejected are scored in one forward."""
 
     def __init__(self, pairs, heldout, cfg: RMConfig, pad_id: int):
@@ -230,15 +230,6 @@ class RMObjective:
             chosen, rejected = self.scores(self.model, self.heldout[start : start + 8])
             correct += int((chosen > rejected).sum())
         return correct / max(1, len(self.heldout))
-
-    def after_step(self, step: int) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def train_rm(cfg: RMConfig) -> dict[str, Any]:

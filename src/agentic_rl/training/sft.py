@@ -21,7 +21,7 @@ import torch
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final, shard_for_rank
-from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 from agentic_rl.training.scoring import TokenScorer, unwrap_policy
 
@@ -109,7 +109,7 @@ def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int, epoc
     return batches
 
 
-class SFTObjective:
+class SFTObjective(StatelessObjective):
     """Masked NLL over demonstration batches (see module docstring)."""
 
     def __init__(self, demos: list[Trajectory], cfg: SFTConfig, pad_id: int):
@@ -149,15 +149,6 @@ class SFTObjective:
         tokens = float(tensors.loss_mask.sum())
         padding = 1.0 - float(tensors.attention_mask.float().mean())
         return loss, {"sft/tokens": tokens, "sft/padding_fraction": padding, "sft/epoch": micro["epoch"]}
-
-    def after_step(self, step: int) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str, Any]:
