@@ -22,7 +22,7 @@ from agentic_rl.algorithms.grpo import (
     token_advantages_from_turns,
     turn_advantages,
 )
-from agentic_rl.algorithms.logprobs import sequence_logprobs, token_entropy, token_logprobs
+from agentic_rl.algorithms.logprobs import shared_prefix_length, sequence_logprobs, token_entropy, token_logprobs
 
 # ----------------------------------------------------------------------------------------------
 # Independent references: plain Python loops over sequences and tokens, float64 scalars.
@@ -375,6 +375,87 @@ def test_sequence_logprobs_equal_full_forward_values_and_gradients(tiny_model_fl
     reference_grads = torch.autograd.grad((reference * weights).sum(), params)
     for mine, theirs in zip(ours_grads, reference_grads):
         torch.testing.assert_close(mine, theirs, atol=1e-10, rtol=1e-8)
+
+
+def shared_prefix_batch(pad_id: int, vocab_size: int, prefix: int = 20):
+    """Four right-padded rows that share their first `prefix` tokens (a system prompt), then ragged
+    own tokens; each row's loss mask starts at a different place after the shared part."""
+    generator = torch.Generator().manual_seed(2)
+    shared = torch.randint(0, vocab_size, (prefix,), generator=generator)
+    lengths, first_trained, width = [prefix + 9, prefix + 4, prefix + 12, prefix + 2], [prefix + 3, prefix + 1, prefix + 6, prefix + 1], prefix + 12
+    input_ids = torch.full((4, width), pad_id)  # (B, T)
+    attention_mask = torch.zeros(4, width, dtype=torch.long)  # (B, T)
+    loss_mask = torch.zeros(4, width)  # (B, T)
+    for row, (length, first) in enumerate(zip(lengths, first_trained)):
+        input_ids[row, :prefix] = shared
+        input_ids[row, prefix:length] = torch.randint(0, vocab_size, (length - prefix,), generator=generator)
+        attention_mask[row, :length] = 1
+        loss_mask[row, first:length] = 1
+    loss_mask[2, prefix + 8 : prefix + 10] = 0  # an observation inside the third episode
+    return input_ids, attention_mask, loss_mask
+
+
+def test_shared_prefix_runs_once_with_the_same_values_and_gradients(tiny_model_float64):
+    """The shared prefix (system prompt, or a GRPO group's prompt) is run for one row and its KV
+    repeated over the batch. Guards against position or mask offsets after the prefix and against
+    gradients lost through the repeat: values and LoRA gradients must equal the plain pass."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model_float64
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False))
+    batch = shared_prefix_batch(tokenizer.pad_token_id, model.config.vocab_size)
+    assert shared_prefix_length(*batch) == 20  # first trained token at 21 in rows 1 and 3: P = 21 - 1
+    weights = torch.randn(batch[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    shared, _ = sequence_logprobs(peft_model, *batch, temperature=0.7)
+    plain, _ = sequence_logprobs(peft_model, *batch, temperature=0.7, share_prefix=False)
+    torch.testing.assert_close(shared, full_forward_logprobs(peft_model, *batch, temperature=0.7), atol=1e-10, rtol=0)
+    torch.testing.assert_close(shared, plain, atol=0, rtol=0)
+    shared_grads = torch.autograd.grad((shared * weights).sum(), params)
+    plain_grads = torch.autograd.grad((plain * weights).sum(), params)
+    assert all(float(g.abs().max()) > 0 for g in plain_grads)
+    # Values agree bit for bit. Gradients agree to float32 rounding, not float64: Qwen3's RMSNorm
+    # runs in float32 even in a float64 model, and the prefix's gradient is summed in another order.
+    for mine, theirs in zip(shared_grads, plain_grads):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_shared_prefix_length_by_hand():
+    """P = common leading tokens, stopped one before the first trained position; 0 when it does
+    not pay (one row, left padding, fewer than 16 tokens)."""
+    ids = torch.tensor([list(range(30)), list(range(25)) + [7] * 5, list(range(30))])  # (3, 30)
+    ones, mask = torch.ones_like(ids), torch.zeros(3, 30)
+    mask[:, 28:] = 1
+    assert shared_prefix_length(ids, ones, mask) == 25  # rows part at 25
+    mask[1, 20] = 1
+    assert shared_prefix_length(ids, ones, mask) == 19  # token 20 is trained: position 19 predicts it
+    mask[1, 20], mask[0, 10] = 0, 1
+    assert shared_prefix_length(ids, ones, mask) == 0  # 9 < 16 tokens: not worth a second call
+    mask[0, 10] = 0
+    assert shared_prefix_length(ids[:1], ones[:1], mask[:1]) == 0  # one row
+    left_padded = ones.clone()
+    left_padded[1, 0] = 0
+    assert shared_prefix_length(ids, left_padded, mask) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=2, max_size=5), st.integers(1, 40), st.integers(1, 3))
+def test_shared_prefix_length_is_never_past_a_difference_or_a_trained_token(diverge_at, first_trained, vocab):
+    """Property: the P leading tokens agree in every row, and no row trains a token at index <= P."""
+    rows, width = len(diverge_at), 41
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    for row, at in enumerate(diverge_at):
+        ids[row, at:] = row + vocab  # row-specific tokens from `at` on
+    mask = torch.zeros(rows, width)
+    mask[0, first_trained:] = 1
+    p = shared_prefix_length(ids, torch.ones_like(ids), mask)
+    assert p == 0 or p >= 16
+    assert (ids[:, :p] == ids[:1, :p]).all()
+    assert p == 0 or not bool(mask[:, : p + 1].any())
+    if min(diverge_at) >= 17 and first_trained >= 18:  # when sharing pays it is used, up to the bound
+        assert p == min(min(diverge_at), first_trained - 1)
 
 
 def test_sequence_logprobs_sees_through_peft_and_keeps_adapters_active(tiny_model_float64):

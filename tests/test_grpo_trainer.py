@@ -275,3 +275,60 @@ def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     assert any(float(g.abs().max()) > 0 for g in full.values())
     for name in full:
         torch.testing.assert_close(split[name], full[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_path):
+    """With beta = 0 an episode whose advantage is 0 (a group with equal rewards) has exactly zero
+    loss and gradient. Guards against skipping that changes the update: the normaliser must still
+    count the skipped episodes."""
+    from agentic_rl.training.common import load_policy, make_accelerator
+    from agentic_rl.training.scoring import TokenScorer
+
+    cfg = _cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
+               "micro_batch_size=2")
+    accelerator = make_accelerator("no", 0)
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    model = TokenScorer(policy)
+    objective = GRPOObjective(cfg, tokenizer, None)
+    objective.bind(model, accelerator)
+    batch = objective.next_batch(0)
+    batch["advantages"][:4] = 0.0  # the first group earned equal rewards
+    assert float(batch["advantages"][4:].abs().min()) > 0
+
+    def gradient(skip: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
+        objective.cfg = dataclasses.replace(cfg, skip_zero_advantage=skip)
+        model.zero_grad(set_to_none=True)
+        micros = objective.micro_batches(batch)
+        for micro in micros:
+            loss, _ = objective.loss(model, micro)
+            loss.backward()
+        rows = sorted(i for micro in micros for i in micro["rows"])
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, rows
+
+    (skipped, trained), (full, everything) = gradient(True), gradient(False)
+    assert trained == [4, 5, 6, 7] and everything == list(range(8))
+    assert batch["metrics"]["train/episodes_trained"] == 8.0  # the last call's count
+    for name in full:
+        torch.testing.assert_close(skipped[name], full[name], atol=1e-7, rtol=1e-5, msg=name)
+
+    objective.cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.04))
+    batch["ref"] = batch["tensors"].logprobs.clone()
+    assert len(objective.micro_batches(batch)) == 4  # beta > 0: the KL term has a gradient everywhere
+
+
+def test_a_batch_without_any_gradient_still_steps_the_optimizer(tmp_path):
+    """All rewards equal: every row is skipped, and the optimizer steps on zero gradients (AdamW's
+    weight decay and moments move on), exactly as the unskipped run does."""
+    common = ["loss.beta=0", "rewards=[{name: format}]", "train.steps=2", "optim.weight_decay=0.1"]
+    skipped = train_grpo(_cfg(tmp_path / "skip", *common))
+    full = train_grpo(_cfg(tmp_path / "full", *common, "skip_zero_advantage=false"))
+    assert [row["train/episodes_trained"] for row in skipped["history"]] == [0.0, 0.0]
+    assert [row["train/episodes_trained"] for row in full["history"]] == [4.0, 4.0]
+    a, b = _adapters(tmp_path / "skip"), _adapters(tmp_path / "full")
+    assert [row["optim/grad_norm"] for row in skipped["history"]] == [0.0, 0.0]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)

@@ -92,3 +92,33 @@ def test_train_rm_end_to_end_on_corrupted_pairs(tmp_path):
     lora_b = [v for k, v in saved.items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "adapters must have moved from zero"
     assert any("score" in k for k in saved), "the score head is trained in full and must be saved"
+
+
+def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path):
+    """RewardScorer runs the prefix all rows share (the system prompt) once. Guards against an
+    offset in the pooled position after the prefix, and gradients lost through the repeated cache:
+    scores equal the classifier's own forward, and gradients the plain pass."""
+    from agentic_rl.training.common import ModelConfig
+    from agentic_rl.training.reward_model import RewardScorer, load_reward_model
+
+    classifier, tokenizer, _ = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
+    classifier = classifier.double()
+    generator = torch.Generator().manual_seed(0)
+    vocab = [i for i in range(1000) if i != tokenizer.pad_token_id]
+    shared = [vocab[int(i)] for i in torch.randint(0, len(vocab), (24,), generator=generator)]
+    lengths = [31, 27, 40, 26]
+    input_ids = torch.full((4, 40), tokenizer.pad_token_id)  # (B, T), right padded
+    attention_mask = torch.zeros(4, 40, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        own = [vocab[int(i)] for i in torch.randint(0, len(vocab), (length - 24,), generator=generator)]
+        input_ids[row, :length] = torch.tensor(shared + own)
+        attention_mask[row, :length] = 1
+    scorer = RewardScorer(classifier)
+    scores = scorer(input_ids, attention_mask)  # (B,), shared prefix of 24 tokens
+    expected = classifier(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
+    torch.testing.assert_close(scores, expected.float(), atol=1e-6, rtol=0)
+    params = [p for p in classifier.parameters() if p.requires_grad]
+    shared_grads = torch.autograd.grad(scores.sum(), params)
+    plain_grads = torch.autograd.grad(expected.sum(), params)
+    for mine, theirs in zip(shared_grads, plain_grads):  # float32 RMSNorm inside: float32 rounding
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)

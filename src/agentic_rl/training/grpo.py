@@ -165,6 +165,11 @@ class GRPOConfig:
     π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
     micro_batch_size: int = 8
     """Episodes per forward/backward on each process."""
+    skip_zero_advantage: bool = True
+    """With beta = 0, leave out of the forward/backward every episode whose advantages are all 0
+    (e.g. a group whose G episodes earned the same reward): its loss and gradient are exactly 0,
+    and the normalisers still count it, so the update is unchanged. No effect when beta > 0 (the KL
+    term has a gradient) or for loss_type bnpo (its normaliser depends on the micro-batch)."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer."""
     train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
@@ -347,25 +352,54 @@ class GRPOObjective:
         n = len(batch["trajectories"])
         size = self.cfg.micro_batch_size
         tokens_local = float(batch["tensors"].loss_mask.sum())
-        return [{"batch": batch, "rows": slice(start, min(start + size, n)), "share": (min(start + size, n) - start) / n,
-                 "tokens": tokens_local} for start in range(0, n, size)]
+        rows = self._rows_to_train(batch)
+        batch["metrics"]["train/episodes_trained"] = float(len(rows))
+        return [{"batch": batch, "rows": rows[start : start + size], "share": len(rows[start : start + size]) / n,
+                 "tokens": tokens_local} for start in range(0, len(rows), size)]
+
+    def _rows_to_train(self, batch: dict[str, Any]) -> list[int]:
+        """The local rows to run forward/backward on, shortest first (less padding per micro-batch).
+
+        Every term of the clipped loss is A·f(ratio), so with beta = 0 a row whose advantages are
+        all 0, or that has no trained token, adds exactly 0 to the loss and to the gradient; the
+        normalisers ("share" and the token count) still count it. Under DDP each rank must run the
+        same number of micro-batches, so a rank with fewer live rows tops up with skipped ones."""
+        cfg, tensors = self.cfg, batch["tensors"]
+        n = tensors.input_ids.shape[0]
+        rows = list(range(n))
+        if cfg.skip_zero_advantage and cfg.loss.beta == 0 and cfg.loss.loss_type != "bnpo":
+            advantages = batch["advantages"]
+            has_tokens = tensors.loss_mask.sum(-1) > 0  # (B_local,)
+            if isinstance(advantages, torch.Tensor):
+                live = (advantages != 0) & has_tokens
+            else:
+                live = torch.tensor([any(a != 0 for a in turns) for turns in advantages], dtype=torch.bool) & has_tokens
+            kept = [i for i in rows if live[i]]
+            micro_count = torch.tensor([-(-len(kept) // cfg.micro_batch_size)])
+            if self.accelerator.num_processes > 1:
+                micro_count = self.accelerator.gather(micro_count.to(self.accelerator.device)).max().cpu()
+            target = min(n, int(micro_count) * cfg.micro_batch_size)
+            kept += [i for i in rows if not live[i]][: target - len(kept)]
+            rows = kept
+        lengths = tensors.attention_mask.sum(-1)  # (B_local,)
+        return sorted(rows, key=lambda i: (int(lengths[i]), i))
 
     def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         batch, rows, device = micro["batch"], micro["rows"], self.accelerator.device
-        t = batch["tensors"]
-        ids, attention, mask = t.input_ids[rows], t.attention_mask[rows], t.loss_mask[rows]
+        t, index = batch["tensors"], torch.tensor(rows, dtype=torch.long)
+        ids, attention, mask = t.input_ids[index], t.attention_mask[index], t.loss_mask[index]
         # Trim right padding shared by the whole micro-batch: no compute on it.
         length = int(attention.sum(-1).max())
         ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
         logps, entropy = model(ids, attention, mask, self.cfg.rollout.temperature, True)  # (b, T), (b, T)
         advantages = batch["advantages"]
         if isinstance(advantages, torch.Tensor):
-            adv = advantages[rows].to(device)  # (b,)
+            adv = advantages[index].to(device)  # (b,)
         else:
-            spans = [tr.policy_spans for tr in batch["trajectories"][rows]]
-            adv = token_advantages_from_turns(advantages[rows], spans, length).to(device)  # (b, T)
-        old = logps.detach() if batch["old"] is None else batch["old"][rows][:, :length].to(device)
-        ref = batch["ref"][rows][:, :length].to(device) if batch["ref"] is not None else None
+            spans = [batch["trajectories"][i].policy_spans for i in rows]
+            adv = token_advantages_from_turns([advantages[i] for i in rows], spans, length).to(device)  # (b, T)
+        old = logps.detach() if batch["old"] is None else batch["old"][index][:, :length].to(device)
+        ref = batch["ref"][index][:, :length].to(device) if batch["ref"] is not None else None
         num_items = micro["tokens"] if self.cfg.loss.loss_type in ("dapo", "token") else None
         loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items)
         if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):

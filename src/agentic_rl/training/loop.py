@@ -104,7 +104,9 @@ class Objective(Protocol):
         """The data of optimizer step `step`. Must be a function of (seed, step, own state) only."""
 
     def micro_batches(self, batch: Any) -> Sequence[Any]:
-        """Split a batch for gradient accumulation."""
+        """Split a batch for gradient accumulation. May leave out rows whose gradient is exactly 0
+        (none at all: the optimizer still steps, on zero gradients). Under DDP every rank must
+        return the same number of micro-batches."""
 
     def loss(self, model: torch.nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the full-batch loss, and metrics to average."""
@@ -187,6 +189,10 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
         loss_total += float(loss.detach())
         for key, value in metrics.items():
             metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+    if not micro_batches:  # nothing in this batch has a gradient: step on zeros, exactly as if computed
+        for param in model.parameters():
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
     backward_seconds = time.perf_counter() - started
     started = time.perf_counter()
     grad_norm = float("nan")
@@ -197,7 +203,7 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     optimizer.zero_grad(set_to_none=True)
     after = objective.after_step(step)
     optimizer_seconds = time.perf_counter() - started
-    row = {key: value / len(micro_batches) for key, value in metric_sums.items()}
+    row = {key: value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
     row.update(after)
     row.update({
         "loss": loss_total,

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import torch
 
+from agentic_rl.algorithms.logprobs import backbone_hidden, shared_prefix_length
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.rollout.trajectory import Trajectory, collate
@@ -91,9 +92,13 @@ class RewardScorer(torch.nn.Module):
         inner = self.classifier
         inner = inner.base_model.model if hasattr(inner, "peft_config") else inner
         backbone = getattr(inner, inner.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # (B, T, H)
         last = attention_mask.long().cumsum(-1).argmax(-1)  # (B,): index of the last real token (right padding)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, H)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        pooled_at = torch.zeros_like(input_ids)
+        pooled_at[rows, last] = 1  # (B, T): shared_prefix_length keeps P before every pooled position
+        prefix = shared_prefix_length(input_ids, attention_mask, pooled_at)
+        hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H)
+        pooled = hidden[rows, last - prefix]  # (B, H)
         return inner.score(pooled).squeeze(-1).float()  # (B,)
 
 
