@@ -68,20 +68,25 @@ def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens():
     next token t has mask 1, and exactly zero where the next token is prompt, tool or padding."""
     demos, tokenizer = _demos()
     model = build_tiny_qwen3().double()
-    captured = {}
+    calls = []
 
     def keep(module, inputs, output):
         output.retain_grad()
-        captured["hidden"] = output
+        calls.append(output)
 
     handle = model.model.norm.register_forward_hook(keep)
     batch = collate(demos, tokenizer.pad_token_id)
     logps, _ = TokenScorer(model)(batch.input_ids, batch.attention_mask, batch.loss_mask)
     sft_loss(logps, batch.loss_mask, float(batch.loss_mask.sum())).backward()
     handle.remove()
-    grad_norm = captured["hidden"].grad.norm(dim=-1)  # (B, T)
-    predicts_policy = torch.zeros_like(grad_norm, dtype=torch.bool)
+    hidden = calls[-1]  # positions P..T-1; the shared system prompt 0..P-1 ran once, in an earlier call
+    prefix = batch.input_ids.shape[1] - hidden.shape[1]
+    assert len(calls) == 2 and prefix > 100, "the demos share their system prompt, which must run once"
+    grad_norm = hidden.grad.norm(dim=-1)  # (B, T-P)
+    predicts_policy = torch.zeros(batch.input_ids.shape, dtype=torch.bool)  # (B, T)
     predicts_policy[:, :-1] = batch.loss_mask[:, 1:].bool()
+    assert not bool(predicts_policy[:, :prefix].any())
+    predicts_policy = predicts_policy[:, prefix:]
     assert bool((grad_norm[~predicts_policy] == 0).all()), "a position predicting a mask-0 token received gradient"
     assert bool((grad_norm[predicts_policy] > 0).all()), "a position predicting a policy token received no gradient"
     observation_tokens = sum(s.end - s.start for d in demos for s in d.spans if s.kind == "observation")

@@ -358,7 +358,7 @@ class GRPOObjective:
                  "tokens": tokens_local} for start in range(0, len(rows), size)]
 
     def _rows_to_train(self, batch: dict[str, Any]) -> list[int]:
-        """The local rows to run forward/backward on, shortest first (less padding per micro-batch).
+        """The local rows to run forward/backward on, in batch order.
 
         Every term of the clipped loss is A·f(ratio), so with beta = 0 a row whose advantages are
         all 0, or that has no trained token, adds exactly 0 to the loss and to the gradient; the
@@ -381,8 +381,7 @@ class GRPOObjective:
             target = min(n, int(micro_count) * cfg.micro_batch_size)
             kept += [i for i in rows if not live[i]][: target - len(kept)]
             rows = kept
-        lengths = tensors.attention_mask.sum(-1)  # (B_local,)
-        return sorted(rows, key=lambda i: (int(lengths[i]), i))
+        return sorted(rows)  # group order: a micro-batch of one group shares its whole prompt (see sequence_logprobs)
 
     def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         batch, rows, device = micro["batch"], micro["rows"], self.accelerator.device
