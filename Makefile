@@ -34,11 +34,11 @@ demo: setup
 # The slow tests (real embedded model) run in their own pytest process, so the memory the fast
 # suite leaves behind never adds to theirs.
 test: setup-dev
-	$(VENV)/bin/pytest -q -m "not slow"
-	$(VENV)/bin/pytest -q -m slow
+	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
+	$(VENV)/bin/pytest -q --durations=5 -m slow
 
 test-fast: setup-dev
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

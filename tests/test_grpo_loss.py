@@ -248,6 +248,20 @@ def test_group_advantages_hand_values_and_unbiased_std():
     assert group_advantages(rewards, 3, "none").tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0, 0, 0])
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("value", [0.1, 0.3, 1.1, -0.7, 1e-3])
+def test_a_group_of_equal_rewards_gets_advantages_of_exactly_zero(value, scale):
+    """Eight float32 rewards of 0.1 average to 0.1 + 7e-9; centred and divided by std + 1e-4 that
+    was A = -7e-5 on every row: a gradient of rounding noise that Adam scales up to a full step,
+    and that the zero-advantage skip cannot see. The advantages must be exactly 0.0."""
+    rewards = torch.tensor([value] * 8 + [0.0, 1.0] * 4, dtype=torch.float32)
+    advantages = group_advantages(rewards, 8, scale)
+    assert advantages[:8].tolist() == [0.0] * 8
+    assert float(advantages[8:].abs().min()) > 0.4
+    turns = turn_advantages([[value]] * 8 + [[r] for r in [0.0, 1.0] * 4], 8, scale)
+    assert [t[0] for t in turns[:8]] == [0.0] * 8
+
+
 def test_batch_not_divisible_by_group_size_explains_the_rule():
     """Peers fail with an opaque view() error; ours must say why B % G matters and how to fix it."""
     with pytest.raises(ValueError, match=r"not a multiple of the group size G=4.*ALL G samples of the same prompt"):

@@ -175,7 +175,12 @@ def _baseline_and_divisor(
     if scale not in REWARD_SCALINGS:
         raise ValueError(f"scale={scale!r} is not one of {REWARD_SCALINGS}")
     grouped = rewards.view(-1, group_size)  # (P, G)
-    baseline = grouped.mean(dim=1).repeat_interleave(group_size)  # (B,)
+    # A group whose rewards are all equal takes its own value as the baseline, so its advantages
+    # are exactly 0: its float mean can miss the value (eight rewards of 0.1 average to 0.1 + 7e-9
+    # in float32), and after division by std + eps that leaves A = -7e-5 on every row, a gradient of
+    # pure rounding that Adam would scale up to a full-size step, and that defeats skipping.
+    constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P,)
+    baseline = torch.where(constant, grouped[:, 0], grouped.mean(dim=1)).repeat_interleave(group_size)  # (B,)
     # One sample has no std (torch.std would be NaN): leave it unscaled, as TRL does in eval.
     if scale == "group" and group_size > 1:
         return baseline, grouped.std(dim=1).repeat_interleave(group_size) + eps  # (B,), (B,)
