@@ -38,7 +38,9 @@ def main(out: Path) -> None:
         metrics = original_after(self, step)
         params = [p.detach().double() for p in self.policy.parameters() if p.requires_grad]
         digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in params)).hexdigest()
-        records[-1].update({"step": step, "param_digest": digest, "param_abs_sum": float(sum(p.abs().sum() for p in params)),
+        logged = {k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k}
+        records[-1].update({"step": step, "param_digest": digest, "metrics": logged,
+                            "policy_tokens": [len([m for m in t.loss_mask if m]) for t in self.cached["trajectories"]], "param_abs_sum": float(sum(p.abs().sum() for p in params)),
                             "rank": self.accelerator.process_index, "world": self.accelerator.num_processes})
         return metrics
 

@@ -69,3 +69,18 @@ def test_parameters_are_identical_on_all_ranks_after_every_step(ddp_records):
         assert step0["param_digest"] == step1["param_digest"], f"ranks differ after step {step0['step']}"
     assert rank0[0]["param_abs_sum"] != rank0[1]["param_abs_sum"], "the second step must change the weights"
     assert rank0[0]["param_abs_sum"] > 0
+
+
+def test_logged_rollout_metrics_cover_the_whole_batch_on_every_rank(ddp_records):
+    """Guards against per-rank statistics (each rank logging the mean of its own half): reward
+    components and rollout numbers must be the whole batch's, and the same on both ranks."""
+    rank0, rank1 = ddp_records
+    for step0, step1 in zip(rank0, rank1):
+        assert step0["metrics"] == step1["metrics"]
+        rewards = step0["global_rewards"]
+        parity = torch.tensor(rewards)  # total = token_parity + 0.5 * format, and format is 0 here
+        assert step0["metrics"]["reward/format/mean"] == 0.0
+        assert step0["metrics"]["reward/token_parity/mean"] == pytest.approx(float(parity.mean()), abs=1e-9)
+        assert step0["metrics"]["reward/token_parity/std"] == pytest.approx(float(parity.std()), abs=1e-9)
+        tokens = step0["policy_tokens"] + step1["policy_tokens"]
+        assert step0["metrics"]["rollout/completion_tokens/mean"] == pytest.approx(sum(tokens) / 8)

@@ -318,32 +318,43 @@ class GRPOObjective:
         return out
 
     def _batch_metrics(self, trajs: list[Trajectory], global_rewards: torch.Tensor, rollout_seconds: float) -> dict[str, float]:
-        """Rollout statistics of this batch (reward components over the local episodes)."""
+        """Rollout statistics over the whole batch: under DDP every rank gathers every episode's
+        numbers, so each rank logs the same values as one process would."""
+        names = list(trajs[0].reward_components) if trajs else []
+        stats = ["correct", "policy_tokens", "turns", "tool_calls", "tool_errors", "failed"]
+        local = torch.tensor([[t.reward_components[n] for n in names] + [
+            float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(len(t.policy_spans)),
+            float(t.info.get("tool_calls", 0)), float(t.info.get("tool_errors", 0)), float(t.finish_reason == "error"),
+        ] for t in trajs], dtype=torch.float64).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
+        table = self._gather_in_global_order(local)  # (B, K)
+        column = {key: table[:, i] for i, key in enumerate([*names, *stats])}
+        reasons = self._gather_objects([t.finish_reason for t in trajs])  # (B,)
         metrics: dict[str, float] = {
             "reward/total/mean": float(global_rewards.mean()),
             "reward/total/std": float(global_rewards.std()) if global_rewards.numel() > 1 else 0.0,
         }
-        for name in trajs[0].reward_components if trajs else []:
-            values = torch.tensor([t.reward_components[name] for t in trajs])
-            metrics[f"reward/{name}/mean"] = float(values.mean())
-            metrics[f"reward/{name}/std"] = float(values.std()) if values.numel() > 1 else 0.0
-        generated = sum(t.num_policy_tokens for t in trajs)
+        for name in names:
+            metrics[f"reward/{name}/mean"] = float(column[name].mean())
+            metrics[f"reward/{name}/std"] = float(column[name].std()) if column[name].numel() > 1 else 0.0
+        episodes = max(1, table.shape[0])
         metrics.update({
-            "rollout/accuracy": sum(bool(t.info.get("correct")) for t in trajs) / max(1, len(trajs)),
-            "rollout/completion_tokens/mean": generated / max(1, len(trajs)),
-            "rollout/completion_tokens/max": float(max((t.num_policy_tokens for t in trajs), default=0)),
-            "rollout/turns/mean": sum(len(t.policy_spans) for t in trajs) / max(1, len(trajs)),
-            "rollout/tool_calls/mean": sum(t.info.get("tool_calls", 0) for t in trajs) / max(1, len(trajs)),
-            "rollout/tool_errors/mean": sum(t.info.get("tool_errors", 0) for t in trajs) / max(1, len(trajs)),
-            "rollout/failed": float(sum(t.finish_reason == "error" for t in trajs)),
-            "rollout/tokens_per_second": generated / max(rollout_seconds, 1e-9),
+            "rollout/accuracy": float(column["correct"].sum()) / episodes,
+            "rollout/completion_tokens/mean": float(column["policy_tokens"].sum()) / episodes,
+            "rollout/completion_tokens/max": float(column["policy_tokens"].max()) if table.shape[0] else 0.0,
+            "rollout/turns/mean": float(column["turns"].sum()) / episodes,
+            "rollout/tool_calls/mean": float(column["tool_calls"].sum()) / episodes,
+            "rollout/tool_errors/mean": float(column["tool_errors"].sum()) / episodes,
+            "rollout/failed": float(column["failed"].sum()),
+            # ranks decode at the same time: all of the batch's tokens over this rank's wall time
+            "rollout/tokens_per_second": float(column["policy_tokens"].sum()) / max(rollout_seconds, 1e-9),
             "time/rollout": rollout_seconds,
         })
-        for reason in sorted({t.finish_reason for t in trajs}):
-            metrics[f"rollout/finish/{reason}"] = sum(t.finish_reason == reason for t in trajs) / len(trajs)
-        for traj in trajs:
+        for reason in sorted(set(reasons)):
+            metrics[f"rollout/finish/{reason}"] = reasons.count(reason) / len(reasons)
+        rank = f"[rank {self.accelerator.process_index}] " if self.accelerator.num_processes > 1 else ""
+        for traj in trajs:  # every rank reports its own failed episodes
             if traj.finish_reason == "error":
-                self.accelerator.print(f"episode failed (task {traj.task_id}): {traj.info.get('error')}")
+                print(f"{rank}episode failed (task {traj.task_id}): {traj.info.get('error')}", flush=True)
         return metrics
 
     # ---------------------------------------------------------------- micro-batches: the loss
