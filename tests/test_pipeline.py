@@ -44,3 +44,11 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert set(results) == {"eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo"}
     assert (out / "report.md").read_text().count("| arith-d1 |") == 3
     assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "kl_and_length.png"))
+
+    # A rerun with another SFT config must not pass off these results as its own.
+    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={out}",
+               "--set", "sft.optim.lr=0.123"]
+    changed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert changed.returncode != 0
+    assert "stage 'sft' finished with a different config: sft changed" in changed.stderr + changed.stdout
+    assert "eval_base: already complete" in changed.stdout  # its inputs (model, evals) did not change

@@ -10,7 +10,9 @@ Run directory (`output_dir`):
 
 A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
-stages are never redone. Each stage's model and output folder are set by the pipeline from
+stages are never redone. DONE.json records the config sections the stage's result depends on
+(its own and every earlier stage's it reads); a rerun whose config changed one of them stops
+with the stage and the sections named, rather than reporting results of another config. Each stage's model and output folder are set by the pipeline from
 `model` and `output_dir`; setting them inside a stage section is an error.
 """
 
@@ -92,8 +94,9 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             continue
         done = root / stage / "DONE.json"
         if done.exists():
-            log(f"[pipeline] {stage}: already complete, skipping")
             results[stage] = json.loads(done.read_text())
+            _check_unchanged(cfg, stage, results[stage], done)
+            log(f"[pipeline] {stage}: already complete, skipping")
             continue
         log(f"[pipeline] {stage}: running")
         worker = context.Process(target=_run_stage, args=(cfg, stage), name=f"agentic-rl-{stage}")
@@ -125,7 +128,33 @@ def _run_stage(cfg: PipelineConfig, stage: str) -> None:
     started = time.perf_counter()
     result = actions[stage]()
     result["seconds"] = time.perf_counter() - started
+    result["inputs"] = stage_inputs(cfg, stage)
     _write_atomic(root / stage / "DONE.json", result)
+
+
+def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
+    """The config sections a stage's result depends on (JSON-ready): its own, and those of the
+    stages whose output it reads (the SFT model feeds everything after SFT)."""
+    sections = {"eval_base": ["model", "evals"], "sft": ["model", "sft"], "eval_sft": ["model", "sft", "evals"],
+                "rm": ["model", "sft", "rm"], "grpo": ["model", "sft", "grpo", "use_reward_model"],
+                "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"]}[stage]
+    if cfg.use_reward_model and stage in ("grpo", "eval_grpo"):
+        sections.append("rm")
+    as_dict = dataclasses.asdict(cfg)
+    return json.loads(json.dumps({name: as_dict[name] for name in sections}, default=str))
+
+
+def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], done: Path) -> None:
+    recorded, now = result.get("inputs"), stage_inputs(cfg, stage)
+    if recorded is None or recorded == now:
+        return
+    changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
+    later = list(STAGES[STAGES.index(stage):])
+    raise ConfigError(
+        f"stage '{stage}' finished with a different config: {', '.join(changed)} changed since {done} was written. "
+        f"Its results would not match this config. Delete the folders of {later} under {done.parent.parent} "
+        "to redo them, or set another output_dir."
+    )
 
 
 def _write_atomic(path: Path, payload: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ def _eval_table(results: dict[str, Any]) -> list[str]:
 def _stage_table(results: dict[str, Any]) -> list[str]:
     lines = ["", "## Stages", "", "| stage | seconds | notes |", "|---|---|---|"]
     for stage, result in results.items():
-        notes = ", ".join(f"{k} {_fmt(v)}" for k, v in result.items() if k not in ("evals", "seconds", "final", "model"))
+        notes = ", ".join(f"{k} {_fmt(v)}" for k, v in result.items() if k not in ("evals", "seconds", "final", "model", "inputs"))
         lines.append(f"| {stage} | {_fmt(result.get('seconds'))} | {notes} |")
     return lines
 
