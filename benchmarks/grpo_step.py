@@ -100,17 +100,18 @@ def run_trl(setting: str, warmup: int, steps: int) -> tuple[list[float], list[fl
 def flop_floor(setting: str, prompt_tokens: float, new_tokens: float) -> dict[str, float]:
     """FLOP floor of one step at 169 GFLOP/s fp32 (N = matmul parameters incl. the LM head).
 
-    rollout decode: 2·N·(B·C) (+ prefill 2·N·B·P); reference forward and policy forward: 2·N·B·(P+C) each;
-    backward: 4·N·B·(P+C) for full fine-tuning (weight + activation gradients), 2·N·B·(P+C) with LoRA
-    (activation gradients only; LoRA's own matmuls are negligible). B = 8, C = generated tokens, P = prompt.
+    Counted over the step's U distinct tokens: each prompt once (its G episodes share it, and a
+    trainer that runs a shared prefix once needs no more), plus every generated token:
+    U = (B/G)·P + B·C. Rollout (prefill + decode), reference forward and policy forward: 2·N·U
+    each; backward: 4·N·U for full fine-tuning (weight + activation gradients), 2·N·U with LoRA
+    (activation gradients only; LoRA's own matmuls are negligible). B = 8, C = generated tokens
+    per episode, P = prompt tokens.
     """
     h, inter, layers, vocab = 576, 1536, 30, 49152
     n = layers * (2 * h * h + 2 * h * (h // 3) + 3 * h * inter) + h * vocab  # q,o: h*h; k,v: h*h/3 (GQA 9:3); MLP; LM head
-    b = PROMPTS * G
-    seq = b * (prompt_tokens + new_tokens)
-    decode = 2 * n * b * (prompt_tokens + new_tokens)
-    backward = (4 if setting == "full" else 2) * n * seq
-    total = decode + 2 * n * seq + 2 * n * seq + backward
+    distinct = PROMPTS * prompt_tokens + PROMPTS * G * new_tokens
+    backward = (4 if setting == "full" else 2) * n * distinct
+    total = 2 * n * distinct * 3 + backward
     return {"params": n, "flops": total, "seconds": total / MATMUL_FLOPS}
 
 
@@ -164,7 +165,7 @@ def main() -> None:
             print(f"| {setting} | {side} | {summary(r[side])} | {toks:.0f} | {floor['seconds']:.2f} |")
         print(f"| {setting} | ours phases (median s) | " + ", ".join(f"{k[5:]}={v:.2f}" for k, v in r["phases"].items()) + " | | |")
     print(f"N (matmul params) = {flop_floor('full', prompt_len, NEW_TOKENS)['params'] / 1e6:.1f} M; floor = "
-          "[2N·B(P+C) decode + 2N·B(P+C) reference + 2N·B(P+C) policy + (4N full | 2N LoRA)·B(P+C) backward] / 169 GFLOP/s")
+          "[2N·U rollout + 2N·U reference + 2N·U policy + (4N full | 2N LoRA)·U backward] / 169 GFLOP/s, U = prompts·P + B·C distinct tokens")
     print(json.dumps({k: round(v, 3) for k, v in ratios.items()}))
 
 
