@@ -80,7 +80,7 @@ def test_logged_rollout_metrics_cover_the_whole_batch_on_every_rank(ddp_records)
         rewards = step0["global_rewards"]
         parity = torch.tensor(rewards)  # total = token_parity + 0.5 * format, and format is 0 here
         assert step0["metrics"]["reward/format/mean"] == 0.0
-        assert step0["metrics"]["reward/token_parity/mean"] == pytest.approx(float(parity.mean()), abs=1e-9)
-        assert step0["metrics"]["reward/token_parity/std"] == pytest.approx(float(parity.std()), abs=1e-9)
+        assert step0["metrics"]["reward/token_parity/mean"] == pytest.approx(float(parity.mean()), abs=1e-6)  # total is float32
+        assert step0["metrics"]["reward/token_parity/std"] == pytest.approx(float(parity.std()), abs=1e-6)
         tokens = step0["policy_tokens"] + step1["policy_tokens"]
         assert step0["metrics"]["rollout/completion_tokens/mean"] == pytest.approx(sum(tokens) / 8)
