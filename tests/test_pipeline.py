@@ -52,3 +52,23 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert changed.returncode != 0
     assert "stage 'sft' finished with a different config: sft changed" in changed.stderr + changed.stdout
     assert "eval_base: already complete" in changed.stdout  # its inputs (model, evals) did not change
+
+
+def test_stage_inputs_follow_what_each_stage_reads():
+    """A changed setting invalidates the stage that uses it and every later stage that reads its
+    output, and nothing else; how a run is watched (progress bar, log interval) invalidates none."""
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import STAGES, PipelineConfig, stage_inputs
+
+    base = load_config(PipelineConfig, CONFIG)
+
+    def changed(*overrides: str) -> list[str]:
+        other = load_config(PipelineConfig, CONFIG, overrides=list(overrides))
+        return [stage for stage in STAGES if stage_inputs(base, stage) != stage_inputs(other, stage)]
+
+    assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo"]
+    assert changed("rm.optim.lr=0.123") == ["rm"]
+    assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == ["rm", "grpo", "eval_grpo"]  # the RM is a reward term
+    assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo"]
+    assert changed("evals=[{env: arith, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo"]
+    assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []

@@ -141,7 +141,13 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     if cfg.use_reward_model and stage in ("grpo", "eval_grpo"):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
+    for name in ("sft", "rm", "grpo"):  # how a run is watched and saved does not change its result
+        for key in _LOOP_KEYS_WITHOUT_EFFECT:
+            as_dict[name]["train"].pop(key, None)
     return json.loads(json.dumps({name: as_dict[name] for name in sections}, default=str))
+
+
+_LOOP_KEYS_WITHOUT_EFFECT = ("progress", "log_every", "checkpoint_every", "keep_checkpoints", "resume")
 
 
 def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], done: Path) -> None:
