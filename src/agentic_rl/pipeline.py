@@ -12,7 +12,8 @@ A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
 stages are never redone. DONE.json records the config sections the stage's result depends on
 (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
-with the stage and the sections named, rather than reporting results of another config. Each stage's model and output folder are set by the pipeline from
+with the stage and the sections named, rather than reporting results of another config.
+Each stage's model and output folder are set by the pipeline from
 `model` and `output_dir`; setting them inside a stage section is an error.
 """
 
