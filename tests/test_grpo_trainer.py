@@ -77,6 +77,33 @@ def _adapters(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "adapter_model.safetensors")
 
 
+def _first_batch(cfg: GRPOConfig):
+    """(scorer, bound objective, its step-0 batch) with non-zero adapters, so π_θ ≠ π_ref and the
+    KL gradient is not trivially 0."""
+    from agentic_rl.training.common import load_policy, make_accelerator
+    from agentic_rl.training.scoring import TokenScorer
+
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    model = TokenScorer(policy)
+    objective = GRPOObjective(cfg, tokenizer, None)
+    objective.bind(model, make_accelerator("no", 0))
+    return model, objective, objective.next_batch(0)
+
+
+def _accumulated_gradient(model, objective: GRPOObjective, batch) -> tuple[dict[str, torch.Tensor], list]:
+    """The gradient summed over the objective's micro-batches of `batch`, and those micro-batches."""
+    model.zero_grad(set_to_none=True)
+    micros = objective.micro_batches(batch)
+    for micro in micros:
+        loss, _ = objective.loss(model, micro)
+        loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, micros
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """An uninterrupted 4-step run (checkpoint every 2), shared by the e2e and resume tests."""
@@ -243,33 +270,17 @@ def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on
 def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     """Guards against micro-batch losses scaled by the wrong share (e.g. per-micro-batch means
     that over-weight short micro-batches): accumulated gradients must equal the full-batch one."""
-    from agentic_rl.training.common import load_policy, make_accelerator
-    from agentic_rl.training.scoring import TokenScorer
-
     cfg = _cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
                "rollout.max_turn_tokens=6", "micro_batch_size=8")
-    accelerator = make_accelerator("no", 0)
-    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
-    with torch.no_grad():  # non-zero adapters, so π_θ ≠ π_ref and the KL gradient is not trivially 0
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    model = TokenScorer(policy)
-    objective = GRPOObjective(cfg, tokenizer, None)
-    objective.bind(model, accelerator)
-    batch = objective.next_batch(0)
+    model, objective, batch = _first_batch(cfg)
     assert float(batch["advantages"].abs().sum()) > 0
     assert len({len(t) for t in batch["trajectories"]}) >= 1
 
     def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
         objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
-        model.zero_grad(set_to_none=True)
-        micros = objective.micro_batches(batch)
+        grads, micros = _accumulated_gradient(model, objective, batch)
         assert len(micros) == -(-8 // micro_batch_size)
-        for micro in micros:
-            loss, _ = objective.loss(model, micro)
-            loss.backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return grads
 
     full, split = gradient(8), gradient(2)
     assert any(float(g.abs().max()) > 0 for g in full.values())
@@ -281,33 +292,16 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
     """With beta = 0 an episode whose advantage is 0 (a group with equal rewards) has exactly zero
     loss and gradient. Guards against skipping that changes the update: the normaliser must still
     count the skipped episodes."""
-    from agentic_rl.training.common import load_policy, make_accelerator
-    from agentic_rl.training.scoring import TokenScorer
-
     cfg = _cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
                "micro_batch_size=2")
-    accelerator = make_accelerator("no", 0)
-    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    model = TokenScorer(policy)
-    objective = GRPOObjective(cfg, tokenizer, None)
-    objective.bind(model, accelerator)
-    batch = objective.next_batch(0)
+    model, objective, batch = _first_batch(cfg)
     batch["advantages"][:4] = 0.0  # the first group earned equal rewards
     assert float(batch["advantages"][4:].abs().min()) > 0
 
     def gradient(skip: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
         objective.cfg = dataclasses.replace(cfg, skip_zero_advantage=skip)
-        model.zero_grad(set_to_none=True)
-        micros = objective.micro_batches(batch)
-        for micro in micros:
-            loss, _ = objective.loss(model, micro)
-            loss.backward()
-        rows = sorted(i for micro in micros for i in micro["rows"])
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, rows
+        grads, micros = _accumulated_gradient(model, objective, batch)
+        return grads, sorted(i for micro in micros for i in micro["rows"])
 
     (skipped, trained), (full, everything) = gradient(True), gradient(False)
     assert trained == [4, 5, 6, 7] and everything == list(range(8))
