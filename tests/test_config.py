@@ -117,3 +117,17 @@ class Precision:
 def test_yaml_no_is_the_literal_string_when_the_choices_say_so():
     """Guards against `--set train.mixed_precision=no` failing because YAML 1.1 reads `no` as False."""
     assert load_config(Precision, overrides=["mixed_precision=no"]).mixed_precision == "no"
+
+
+def test_sampling_logprobs_are_pi_old_only_when_rollout_decodes_in_the_models_dtype():
+    """old_logprobs=sampling needs the rollout to sample from the trained weights themselves: a
+    bf16 decode of a float32 model is refused with what to set; bf16 with bf16 is allowed."""
+    from agentic_rl.training.grpo import GRPOConfig
+
+    with pytest.raises(ValueError, match=r"rollout\.dtype=bfloat16.*float32 model.*old_logprobs: detach"):
+        load_config(GRPOConfig, None, overrides=["rollout.dtype=bfloat16"])
+    cfg = load_config(GRPOConfig, None, overrides=["rollout.dtype=bfloat16", "model.dtype=bfloat16"])
+    assert cfg.old_logprobs == "sampling"
+    with pytest.raises(ValueError, match=r"rollout\.dtype=float32.*bfloat16 model"):
+        load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16"])
+    assert load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16", "old_logprobs=recompute"]).rollout.dtype == "float32"

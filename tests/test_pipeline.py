@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 CONFIG = Path(__file__).parent / "data" / "pipeline-tiny.yaml"
 
 
@@ -72,3 +74,13 @@ def test_stage_inputs_follow_what_each_stage_reads():
     assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo"]
     assert changed("evals=[{env: arith, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo"]
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "configs").glob("*.yaml")))
+def test_every_shipped_config_loads_and_validates(path):
+    """Guards the configs users run first against keys or combinations the loader rejects."""
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig
+
+    cfg = load_config(PipelineConfig, path)
+    assert cfg.evals and cfg.grpo.rollout.batch_size % cfg.grpo.rollout.group_size == 0

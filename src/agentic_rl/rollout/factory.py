@@ -35,7 +35,7 @@ def build_runner(model: Any, kind: RunnerKind, max_slots: int, max_len: int, dty
         try:
             from agentic_rl.rollout.fast_runner import FastRunner
 
-            compute = torch.bfloat16 if dtype == "bfloat16" else None
+            compute = torch.bfloat16 if dtype == "bfloat16" else torch.float32
             return FastRunner(model, max_slots=max_slots, max_len=max_len, dtype=compute)
         except NotImplementedError:
             if kind == "fast":

@@ -4,7 +4,7 @@ The interface is `Runner` (see runner.py): slots, and `forward(slots, chunks)` t
 ragged token chunks to slot caches and returns the fp32 next-token logits after each chunk.
 Prefill of a prompt, of an observation, and a batched one-token decode step are the same call.
 
-    runner = FastRunner(model, max_slots=32, max_len=2048)       # fp32, same device as the model
+    runner = FastRunner(model, max_slots=32, max_len=2048)       # the model's dtype and device
     a, b = runner.alloc(), runner.alloc()
     logits = runner.forward([a, b], [prompt_a, prompt_b])          # (2, V) float32
     logits = runner.forward([a, b], [[tok_a], [tok_b]])            # one decode step
@@ -112,8 +112,9 @@ class FastRunner(Runner):
         check_weights: bool = True,
     ) -> None:
         """`model`: a LlamaForCausalLM / Qwen3ForCausalLM, optionally peft-wrapped.
-        `dtype`: compute dtype, default float32 (bf16 is a separate, approximate mode; logits
-        are always returned as float32). `device`: default the model's.
+        `dtype`: compute dtype, default the model's own when it is fp32 or bf16 (else fp32);
+        bf16 copies of an fp32 model are a separate, approximate mode. Logits
+        are always returned as float32. `device`: default the model's.
         `weight_layout`: "t" stores (in, out) contiguous copies (fastest for fp32 on CPU),
         "n" uses the (out, in) layout of nn.Linear (and reuses unfused weights); "auto" = "n".
         """
@@ -125,8 +126,9 @@ class FastRunner(Runner):
         self._check_config(cfg)
         self.max_slots = int(max_slots)
         self.max_len = int(max_len)
-        self.device = torch.device(device) if device is not None else next(hf.parameters()).device
-        self.dtype = dtype or torch.float32
+        first = next(hf.parameters())
+        self.device = torch.device(device) if device is not None else first.device
+        self.dtype = dtype or (first.dtype if first.dtype in (torch.float32, torch.bfloat16) else torch.float32)
         if weight_layout == "auto":
             # "t" wins only while the weights stay cache-resident (fp32 microbenchmarks at M=8);
             # with weights streamed from DRAM (the real decode case) the two layouts measure

@@ -98,8 +98,9 @@ class RolloutConfig:
     tool_workers: int = 4
     """Threads running tool calls of different episodes in parallel."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Decode precision (fast runner). bfloat16 is ~2x faster on CPU; its sampling log-probs
-    then differ from the trained model's, so old_logprobs must be detach or recompute."""
+    """Decode precision (fast runner). Set it to the model's dtype (model.dtype) for exact π_old
+    log-probs; bfloat16 decoding of a float32 model is ~1.6x faster on CPU, but its sampling
+    log-probs then differ from the trained model's, so old_logprobs must be detach or recompute."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -183,9 +184,10 @@ class GRPOConfig:
         if self.old_logprobs == "detach" and self.updates_per_batch > 1:
             raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
                              "with updates_per_batch > 1 use sampling or recompute")
-        if self.rollout.dtype != "float32" and self.old_logprobs == "sampling":
-            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained fp32 model, "
-                             "so its log-probs are not π_old; set old_logprobs: detach (μ = 1) or recompute")
+        if self.rollout.dtype != self.model.dtype and self.old_logprobs == "sampling":
+            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
+                             f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
+                             f"or recompute, or rollout.dtype: {self.model.dtype}")
         if self.reward_model.weight and not self.reward_model.path:
             raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
 
