@@ -11,31 +11,24 @@ with the calculator schema, user question, tool calls and observations):
 * grpo: one GRPO group: `--batch` episodes of the SAME problem (the oracle's demonstration with
         its final answer varied per row, so the rows differ after the prompt); they share the
         whole prompt.
-* grpo-2groups: two GRPO groups of `--batch`/2 episodes of two problems (built like `grpo`):
-        all rows share the system prompt, each group its question. Here a third side runs the
-        one-level sharing alone (the system prompt once, each question once per row), to show
-        what the second level (`prompt_groups`) adds.
 
 Each side calls `sequence_logprobs` (the function every trainer uses) with share_prefix on or
 off, sums the log-probs over the loss mask and runs backward into the adapters: exactly the
 work of one micro-batch of SFT or GRPO. The two sides are interleaved per repeat (off, on, ...)
 so that the noise of a shared machine hits both alike; reported: median, min and max seconds,
-and the ratio of medians. The last line is JSON: {"sft/fp32": off/on, ..., "grpo-2groups/fp32/second_level":
-one-level/on}.
+and the ratio of medians. The last line is JSON: {"sft/fp32": off/on, ...}.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
-from unittest import mock
 
 import torch
 
-from agentic_rl.algorithms.logprobs import prompt_groups, sequence_logprobs, shared_prefix_length
+from agentic_rl.algorithms.logprobs import sequence_logprobs, shared_prefix_length
 from agentic_rl.envs.base import make_env
 from agentic_rl.models import load_model
 from agentic_rl.models.chat_format import ChatFormat
@@ -51,27 +44,18 @@ def micro_batches(tokenizer, batch: int) -> dict[str, tuple[torch.Tensor, torch.
     chat = ChatFormat.for_tokenizer(tokenizer)
     demos = oracle_demos(env, env.tasks("train", n=batch, seed=0), chat)
     sft = collate(demos, tokenizer.pad_token_id)
-
-    def group(task, size):
-        rows = [oracle_demos(env, [task], chat)[0] for _ in range(size)]
-        for row, traj in enumerate(rows):  # vary each row's last policy token so the rows differ after the prompt
-            last = max(i for i, m in enumerate(traj.loss_mask) if m)
-            traj.input_ids[last - 2] = tokenizer.convert_tokens_to_ids(str(row % 10))
-        return rows
-
-    first, second = env.tasks("train", n=2, seed=1)
-    grpo = collate(group(first, batch), tokenizer.pad_token_id)
-    two = collate(group(first, batch // 2) + group(second, batch - batch // 2), tokenizer.pad_token_id)
-    return {name: (b.input_ids, b.attention_mask, b.loss_mask) for name, b in (("sft", sft), ("grpo", grpo), ("grpo-2groups", two))}
+    group = [oracle_demos(env, env.tasks("train", n=1, seed=1), chat)[0] for _ in range(batch)]
+    for row, traj in enumerate(group):  # vary each row's last policy token so the rows differ after the prompt
+        last = max(i for i, m in enumerate(traj.loss_mask) if m)
+        traj.input_ids[last - 2] = tokenizer.convert_tokens_to_ids(str(row % 10))
+    grpo = collate(group, tokenizer.pad_token_id)
+    return {name: (b.input_ids, b.attention_mask, b.loss_mask) for name, b in (("sft", sft), ("grpo", grpo))}
 
 
-def step(model, batch, share: bool | str, precision: str) -> float:
-    """share: False (every row in full), True (all sharing), "one-level" (prompt_groups off)."""
+def step(model, batch, share: bool, precision: str) -> float:
     started = time.perf_counter()
-    one_level = mock.patch("agentic_rl.algorithms.logprobs.prompt_groups", return_value=[])
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"), \
-            (one_level if share == "one-level" else contextlib.nullcontext()):
-        logps, _ = sequence_logprobs(model, *batch, share_prefix=bool(share))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logps, _ = sequence_logprobs(model, *batch, share_prefix=share)
         loss = -(logps * batch[2]).sum() / batch[2].sum()
     loss.backward()
     model.zero_grad(set_to_none=True)
@@ -90,29 +74,21 @@ def main() -> None:
     batches = micro_batches(tokenizer, args.batch)
     ratios = {}
     print(f"{MODEL}, LoRA, {args.batch} rows per micro-batch, threads {torch.get_num_threads()}, repeats {args.repeats}")
-    print("| micro-batch | precision | tokens (rows x T) | shared prefix P (groups: rows, P_g) | full rows s (min-max) "
-          "| one level s (min-max) | shared prefix s (min-max) | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
-    span = lambda values: f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"  # noqa: E731
+    print("| micro-batch | precision | tokens (rows x T) | shared prefix P | full rows s (min-max) | shared prefix s (min-max) | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for name, batch in batches.items():
         prefix = shared_prefix_length(*batch)
-        groups = prompt_groups(*batch, prefix)
-        sides = (False, "one-level", True) if groups else (False, True)
         for precision in args.precision:
-            for share in sides:
-                step(model, batch, share, precision)  # warm-up
-            times = {share: [] for share in sides}
+            step(model, batch, True, precision), step(model, batch, False, precision)  # warm-up
+            times = {False: [], True: []}
             for _ in range(args.repeats):
-                for share in sides:
+                for share in (False, True):
                     times[share].append(step(model, batch, share, precision))
             off, on = statistics.median(times[False]), statistics.median(times[True])
             ratios[f"{name}/{precision}"] = round(off / on, 3)
-            one = span(times["one-level"]) if groups else "(same as shared)"
-            if groups:
-                ratios[f"{name}/{precision}/second_level"] = round(statistics.median(times["one-level"]) / on, 3)
-            described = f"{prefix} ({', '.join(f'{len(rows)}: {own}' for rows, own in groups)})" if groups else f"{prefix}"
-            print(f"| {name} | {precision} | {batch[0].shape[0]} x {batch[0].shape[1]} | {described} | "
-                  f"{span(times[False])} | {one} | {span(times[True])} | {off / on:.2f}x |", flush=True)
+            print(f"| {name} | {precision} | {batch[0].shape[0]} x {batch[0].shape[1]} | {prefix} | "
+                  f"{off:.2f} ({min(times[False]):.2f}-{max(times[False]):.2f}) | "
+                  f"{on:.2f} ({min(times[True]):.2f}-{max(times[True]):.2f}) | {off / on:.2f}x |", flush=True)
     print(json.dumps(ratios))
 
 

@@ -22,13 +22,7 @@ from agentic_rl.algorithms.grpo import (
     token_advantages_from_turns,
     turn_advantages,
 )
-from agentic_rl.algorithms.logprobs import (
-    prompt_groups,
-    sequence_logprobs,
-    shared_prefix_length,
-    token_entropy,
-    token_logprobs,
-)
+from agentic_rl.algorithms.logprobs import shared_prefix_length, sequence_logprobs, token_entropy, token_logprobs
 
 # ----------------------------------------------------------------------------------------------
 # Independent references: plain Python loops over sequences and tokens, float64 scalars.
@@ -439,63 +433,6 @@ def test_shared_prefix_runs_once_with_the_same_values_and_gradients(tiny_model_f
     # Values agree bit for bit. Gradients agree to float32 rounding, not float64: Qwen3's RMSNorm
     # runs in float32 even in a float64 model, and the prefix's gradient is summed in another order.
     for mine, theirs in zip(shared_grads, plain_grads):
-        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
-
-
-def grouped_prompt_batch(pad_id: int, vocab_size: int):
-    """A GRPO-like micro-batch: a 20-token system prompt shared by all 5 rows, then question A
-    (rows 0, 2, 4: 18 tokens) or question B (row 1: 24 tokens), or a question of its own
-    (row 3: 17 tokens); then ragged completions, one with an observation inside it."""
-    generator = torch.Generator().manual_seed(4)
-    tokens = lambda n: torch.randint(0, vocab_size, (n,), generator=generator)  # noqa: E731
-    system, question_a, question_b, question_c = tokens(20), tokens(18), tokens(24), tokens(17)
-    prompts = [question_a, question_b, question_a, question_c, question_a]
-    completions = [tokens(n) for n in (7, 5, 11, 3, 9)]
-    rows = [torch.cat([system, q, c]) for q, c in zip(prompts, completions)]
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((5, width), pad_id)  # (B, T)
-    attention_mask = torch.zeros(5, width, dtype=torch.long)  # (B, T)
-    loss_mask = torch.zeros(5, width)  # (B, T)
-    for row, (ids, q) in enumerate(zip(rows, prompts)):
-        input_ids[row, : len(ids)] = ids
-        attention_mask[row, : len(ids)] = 1
-        loss_mask[row, 20 + len(q) : len(ids)] = 1
-    loss_mask[4, 20 + 18 + 3 : 20 + 18 + 5] = 0  # an observation inside row 4's episode
-    return input_ids, attention_mask, loss_mask
-
-
-def test_prompt_groups_by_hand(tiny_model_float64):
-    """Rows 0, 2, 4 share 20 + 18 tokens, P_g = 37 (one before their first trained token at 38);
-    row 1's question has no partner and row 3's neither: both run on the 20-token system prompt."""
-    _, tokenizer = tiny_model_float64
-    batch = grouped_prompt_batch(tokenizer.pad_token_id, 1000)
-    assert shared_prefix_length(*batch) == 20
-    assert prompt_groups(*batch, prefix=20) == [([0, 2, 4], 37), ([1, 3], 20)]
-    ids, mask, loss = batch
-    assert prompt_groups(ids[[0, 1, 3]], mask[[0, 1, 3]], loss[[0, 1, 3]], prefix=20) == []  # no group gains
-
-
-def test_two_level_prefix_sharing_gives_the_plain_pass_values_and_gradients(tiny_model_float64):
-    """Several GRPO groups in one micro-batch: the system prompt runs once, each group's question
-    once per group, interleaved rows go back to their places. Guards against rows scored on another
-    group's prompt, position offsets after the second level, and a lost gradient path."""
-    import copy
-
-    from peft import LoraConfig, get_peft_model
-
-    model, tokenizer = tiny_model_float64
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False))
-    batch = grouped_prompt_batch(tokenizer.pad_token_id, model.config.vocab_size)
-    weights = torch.randn(batch[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    params = [p for p in peft_model.parameters() if p.requires_grad]
-    grouped, _ = sequence_logprobs(peft_model, *batch, temperature=0.7)
-    plain, _ = sequence_logprobs(peft_model, *batch, temperature=0.7, share_prefix=False)
-    torch.testing.assert_close(grouped, full_forward_logprobs(peft_model, *batch, temperature=0.7), atol=1e-10, rtol=0)
-    torch.testing.assert_close(grouped, plain, atol=1e-12, rtol=0)
-    grouped_grads = torch.autograd.grad((grouped * weights).sum(), params)
-    plain_grads = torch.autograd.grad((plain * weights).sum(), params)
-    assert all(float(g.abs().max()) > 0 for g in plain_grads)
-    for mine, theirs in zip(grouped_grads, plain_grads):  # float32 rounding: see the one-level test
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
 
 

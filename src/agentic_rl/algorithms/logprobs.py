@@ -22,9 +22,7 @@ Two levers from DESIGN.md "Performance notes" live here:
    and the rest of each row on top of its key/value cache, repeated over the batch. Autograd
    sums the rows' gradients through the repeat, so logps and gradients are those of the plain
    batched pass (to float rounding), for a fraction of the compute: agent prompts are long
-   (~430 of ~600 tokens for SmolLM2 on arith) and every row repeats them. When a micro-batch
-   holds several GRPO groups, sharing has two levels (`prompt_groups`): the system prompt runs
-   once for the batch, and each group's question once for the group.
+   (~430 of ~600 tokens for SmolLM2 on arith) and every row repeats them.
 
 How this departs from TRL 1.16 (`trl.trainer.utils.add_fused_lm_head`): TRL monkey-patches the
 model's `forward` and chunks over the vocabulary with an online logsumexp (and Triton on GPU).
@@ -185,12 +183,8 @@ def sequence_logprobs(
     backbone, head = _backbone_and_head(model)
     scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
     prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
-    groups = prompt_groups(input_ids, attention_mask, loss_mask, prefix) if prefix else []
-    if groups and not getattr(backbone, "gradient_checkpointing", False):
-        scored_hidden = _grouped_scored_hidden(backbone, input_ids, attention_mask, scored, prefix, groups)  # (N, H)
-    else:
-        hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H): positions P..T-1
-        scored_hidden = hidden[:, :-1][scored[:, prefix:]]  # (N, H); no scored position lies before P
+    hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H): positions P..T-1
+    scored_hidden = hidden[:, :-1][scored[:, prefix:]]  # (N, H); no scored position lies before P
     targets = input_ids[:, 1:][scored]  # (N,)
     logits = head(scored_hidden)  # (N, V): the only full-vocabulary tensor of the forward pass
     logps = token_logprobs(logits, targets, temperature)  # (N,)
@@ -224,69 +218,6 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     first_trained = int(trained.long().argmax()) if bool(trained.any()) else input_ids.shape[1]
     prefix = min(common, first_trained - 1, input_ids.shape[1] - 1)
     return prefix if prefix >= MIN_SHARED_PREFIX else 0
-
-
-def prompt_groups(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, prefix: int
-) -> list[tuple[list[int], int]]:
-    """Rows that share a longer prefix than the P = `prefix` tokens all rows share: [(rows, P_g)].
-
-    A GRPO micro-batch holds several groups; the rows of a group have the same prompt, and all
-    rows the same system prompt. Rows are grouped by their tokens before their first trained
-    token, and P_g is the `shared_prefix_length` of the group's rows. Groups whose P_g - P is
-    shorter than MIN_SHARED_PREFIX (single rows among them) are merged into one group with
-    P_g = P. Returns [] when no group gains: the one-level sharing of `backbone_hidden` is as good.
-    """
-    trained = loss_mask.bool()  # (B, T)
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for row in range(input_ids.shape[0]):
-        first = int(trained[row].long().argmax()) if bool(trained[row].any()) else int(attention_mask[row].sum())
-        by_prompt.setdefault(tuple(input_ids[row, :first].tolist()), []).append(row)
-    groups, rest = [], []
-    for rows in by_prompt.values():
-        own = shared_prefix_length(input_ids[rows], attention_mask[rows], loss_mask[rows])
-        if own - prefix >= MIN_SHARED_PREFIX:
-            groups.append((rows, own))
-        else:
-            rest += rows
-    if not groups:
-        return []
-    return groups + ([(sorted(rest), prefix)] if rest else [])
-
-
-def _grouped_scored_hidden(
-    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, prefix: int,
-    groups: list[tuple[list[int], int]],
-) -> torch.Tensor:
-    """Hidden states at the scored positions (N, H), in the row-major order of `scored` (B, T-1).
-
-    Two levels of sharing: the P tokens every row shares run once; then for each group, its own
-    tokens P..P_g run once on that cache, and its rows' rest (P_g..T) runs on the group's cache
-    repeated over its rows. Every call is a plain causal continuation of a cache, so positions
-    and masks are the ones transformers builds for generation."""
-    from transformers import DynamicCache
-
-    root = backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True).cache
-    config = getattr(backbone, "config", None)
-    pieces, order = [], []
-    for rows, own in groups:
-        cache = DynamicCache([(layer.keys, layer.values) for layer in root.layers], config=config)  # shares the tensors
-        first = rows[:1]
-        if own > prefix:
-            backbone(input_ids=input_ids[first, prefix:own], attention_mask=attention_mask[first, :own], cache=cache, use_cache=True)
-        cache.batch_repeat_interleave(len(rows))
-        hidden = backbone(input_ids=input_ids[rows, own:], attention_mask=attention_mask[rows], cache=cache,
-                          use_cache=True).last_hidden_state  # (rows, T-P_g, H)
-        pieces.append(hidden[:, :-1][scored[rows, own:]])  # (n_g, H), row-major within the group
-        order += rows
-    stacked = torch.cat(pieces)  # (N, H) with rows in `order`
-    if order == sorted(order):
-        return stacked
-    counts = scored.sum(1)  # (B,)
-    starts = torch.cumsum(counts[order], 0) - counts[order]  # where each row's block begins in `stacked`
-    start_of = dict(zip(order, starts.tolist()))
-    index = torch.cat([torch.arange(start_of[row], start_of[row] + int(counts[row])) for row in range(scored.shape[0])])
-    return stacked[index.to(stacked.device)]
 
 
 def backbone_hidden(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
