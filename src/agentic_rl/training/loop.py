@@ -143,7 +143,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     # (benchmarks/optimizer_step.py); the two differ by float rounding only.
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                  fused=fused or None)
+                                  fused=fused)
     scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
     return optimizer, scheduler
 
