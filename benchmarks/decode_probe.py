@@ -1,6 +1,7 @@
 """Scratch probe: FastRunner decode loop vs transformers `generate`, SmolLM2-135M-Instruct.
 
     .venv/bin/python benchmarks/decode_probe.py [--batches 8 32] [--repeats 3] [--new 64] [--no-bf16]
+        [--linears auto mm mkldnn]
 
 Both sides get the same batch of identical prompts (no padding), sample exactly `--new` tokens
 (plain multinomial sampling at temperature 1; generate's config here has no top-k/top-p) and
@@ -8,6 +9,9 @@ include prefill. Runs are interleaved (generate, fast, ... per repeat) so that t
 shared machine hits both sides alike; the table reports median/min/max seconds, tokens/s and the
 ratio of medians. fp32 rows compare fp32 with fp32. The bf16 rows compare FastRunner in bf16
 with generate on a bf16 copy of the model (equal precision), and are labelled as bf16.
+`--linears` runs one FastRunner per projection backend (`FastRunner(linear=...)`: "mm" is
+torch.mm on plain weight copies, "mkldnn" oneDNN on prepacked weights, "auto" the default), each
+timed in the same interleaved rounds and reported against the same `generate` runs.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--linears", nargs="+", default=["auto"], choices=["auto", "mm", "mkldnn"],
+                    help="FastRunner projection backends to time (one FastRunner each)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,13 +90,17 @@ def main() -> None:
     prompt = [int(t) for t in prompt]
     max_b = max(args.batches)
     max_len = len(prompt) + args.new + 8
-    fast32 = FastRunner(model, max_slots=max_b, max_len=max_len)
-    variants = [("fp32", "generate", model, None), ("fp32", "fast", None, fast32)]
+    variants = [("fp32", "generate", model, None)]
+    variants += [("fp32", f"fast-{lin}", None, FastRunner(model, max_slots=max_b, max_len=max_len, linear=lin))
+                 for lin in args.linears]
     if not args.no_bf16:
         model16, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
         model16.eval()
-        fast16 = FastRunner(model, max_slots=max_b, max_len=max_len, dtype=torch.bfloat16)
-        variants += [("bf16", "generate", model16, None), ("bf16", "fast", None, fast16)]
+        variants.append(("bf16", "generate", model16, None))
+        variants += [
+            ("bf16", f"fast-{lin}", None, FastRunner(model, max_slots=max_b, max_len=max_len, dtype=torch.bfloat16, linear=lin))
+            for lin in args.linears
+        ]
 
     print(f"prompt {len(prompt)} tokens, {args.new} new tokens, threads {torch.get_num_threads()}, "
           f"repeats {args.repeats} (interleaved)")
@@ -108,17 +118,19 @@ def main() -> None:
                 n = run_generate(m, ids, args.new) if kind == "generate" else run_fast(r, prompt, batch, args.new)
                 times[(prec, kind)].append(time.perf_counter() - t0)
                 assert n == tokens, (n, tokens)
-        for prec in dict.fromkeys(p for p, _, _, _ in variants):
-            g, f = stats(times[(prec, "generate")], tokens), stats(times[(prec, "fast")], tokens)
-            rows.append((batch, prec, g, f, g["median"] / f["median"]))
+        for prec, kind, _, _ in variants:
+            if kind == "generate":
+                continue
+            g, f = stats(times[(prec, "generate")], tokens), stats(times[(prec, kind)], tokens)
+            rows.append((batch, prec, kind, g, f, g["median"] / f["median"]))
             print(f"batch {batch:3d} {prec}: generate {g['median']:.2f}s [{g['min']:.2f}-{g['max']:.2f}] "
-                  f"{g['tok_s']:.0f} tok/s | fast {f['median']:.2f}s [{f['min']:.2f}-{f['max']:.2f}] "
+                  f"{g['tok_s']:.0f} tok/s | {kind} {f['median']:.2f}s [{f['min']:.2f}-{f['max']:.2f}] "
                   f"{f['tok_s']:.0f} tok/s | ratio {g['median'] / f['median']:.2f}x", flush=True)
 
-    print("\n| batch | precision | generate s (min-max) | tok/s | FastRunner s (min-max) | tok/s | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for batch, prec, g, f, ratio in rows:
-        print(f"| {batch} | {prec} | {g['median']:.2f} ({g['min']:.2f}-{g['max']:.2f}) | {g['tok_s']:.0f} | "
+    print("\n| batch | precision | generate s (min-max) | tok/s | runner | s (min-max) | tok/s | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch, prec, kind, g, f, ratio in rows:
+        print(f"| {batch} | {prec} | {g['median']:.2f} ({g['min']:.2f}-{g['max']:.2f}) | {g['tok_s']:.0f} | {kind} | "
               f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f}) | {f['tok_s']:.0f} | {ratio:.2f}x |")
 
 

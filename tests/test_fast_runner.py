@@ -84,21 +84,38 @@ def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:
     return worst
 
 
-def test_qwen3_ragged_schedule_matches_full_forward(qwen3):
-    runner = FastRunner(qwen3, max_slots=8, max_len=96)
+MKLDNN = pytest.param(
+    "mkldnn", marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+)
+
+
+@pytest.mark.parametrize("linear", ["mm", MKLDNN])
+def test_qwen3_ragged_schedule_matches_full_forward(qwen3, linear):
+    runner = FastRunner(qwen3, max_slots=8, max_len=96, linear=linear)
+    assert runner.linear == linear
     assert run_schedule(qwen3, runner, qwen3.config.vocab_size, seed=1) < TOL
 
 
+@pytest.mark.parametrize("linear", ["mm", MKLDNN])
 @pytest.mark.parametrize("bias", [False, True])
-def test_llama_ragged_schedule_matches_full_forward(bias):  # also covers both weight layouts
+def test_llama_ragged_schedule_matches_full_forward(bias, linear):  # also covers both weight layouts
     model = tiny_llama(attention_bias=bias, mlp_bias=bias)
-    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="t" if bias else "n")
+    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="t" if bias else "n", linear=linear)
     assert run_schedule(model, runner, 300, seed=2) < TOL
+
+
+def test_default_linear_backend():
+    model = tiny_llama()
+    expected = "mkldnn" if torch.backends.mkldnn.is_available() else "mm"
+    assert FastRunner(model, max_slots=1, max_len=8).linear == expected
+    assert FastRunner(model, max_slots=1, max_len=8, dtype=torch.bfloat16).linear == expected
+    with pytest.raises(ValueError, match="linear must be"):
+        FastRunner(model, max_slots=1, max_len=8, linear="blas")
 
 
 def test_llama_tied_embeddings_and_n_layout():
     model = tiny_llama(seed=3, tie_word_embeddings=True)
-    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n")
+    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n", linear="mm")
     assert runner._lm.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
     assert run_schedule(model, runner, 300, seed=3) < TOL
 
@@ -115,15 +132,31 @@ def test_long_sequence_crosses_zeroing_blocks(qwen3):
     assert (out[0] - reference_logits(qwen3, hb + extra)).abs().max().item() < TOL
 
 
-def test_bf16_mode_is_close(qwen3):
-    r32 = FastRunner(qwen3, max_slots=2, max_len=64)
-    r16 = FastRunner(qwen3, max_slots=2, max_len=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("linear", ["mm", MKLDNN])
+def test_bf16_mode_is_close(qwen3, linear):
+    r32 = FastRunner(qwen3, max_slots=2, max_len=64, linear="mm")
+    r16 = FastRunner(qwen3, max_slots=2, max_len=64, dtype=torch.bfloat16, linear=linear)
     prompt = list(range(100, 130))
     for r in (r32, r16):
         r.alloc()
     o32, o16 = r32.forward([0], [prompt]), r16.forward([0], [prompt])
     assert o16.dtype == torch.float32
     assert (o32 - o16).abs().max().item() < 0.05 * o32.abs().max().item() + 0.02
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+def test_bf16_backends_agree_to_rounding(qwen3):
+    """Prepacking reorders the weights, not the arithmetic: in bf16 both backends round alike."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1000) for _ in range(n)] for n in (23, 9, 31)]
+    outs = []
+    for linear in ("mm", "mkldnn"):
+        runner = FastRunner(qwen3, max_slots=3, max_len=64, dtype=torch.bfloat16, linear=linear)
+        slots = [runner.alloc() for _ in prompts]
+        runner.forward(slots, prompts)
+        outs.append(runner.forward(slots, [[5], [6], [7]]))
+    assert outs[0].abs().max().item() < 2  # logits near 1, where one bf16 ulp is 2**-7
+    assert (outs[0] - outs[1]).abs().max().item() <= 4 * 2**-7  # measured: one ulp
 
 
 def _peft_llama():
