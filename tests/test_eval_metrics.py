@@ -1,4 +1,5 @@
-"""Evaluation metrics on constructed cases: pass@k against its exact formula, maj@k with ties."""
+"""Evaluation metrics on constructed cases: pass@k against its exact formula, maj@k with ties,
+and the per-episode statistics against hand-computed values."""
 
 import itertools
 from fractions import Fraction
@@ -6,7 +7,10 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, strategies as st
 
+from agentic_rl.envs.base import Task
 from agentic_rl.evaluation.metrics import maj_at_k, pass_at_k
+from agentic_rl.evaluation.runner import episode_statistics
+from agentic_rl.rollout.trajectory import Span, Trajectory
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
@@ -60,3 +64,27 @@ def test_maj_at_k_groups_equivalent_spellings():
     from agentic_rl.evaluation.runner import _canonical
 
     assert maj_at_k(["72", "72.0", "$72", "80", "80"], correct_is(str(Fraction(72))), canonical=_canonical) == 1.0
+
+
+def _episode(correct: bool, calls: int, errors: int, info: dict | None = None) -> Trajectory:
+    ids = list(range(7))
+    spans = [Span("prompt", 0, 3), Span("policy", 3, 7)]
+    return Trajectory(ids, [0, 0, 0, 1, 1, 1, 1], [0.0] * 7, spans, finish_reason="answered",
+                      info={"correct": correct, "format_ok": True, "tool_calls": calls, "tool_errors": errors, **(info or {})})
+
+
+def test_episode_statistics_hand_values():
+    trajs = [
+        _episode(True, 2, 0, {"solution_steps_matched": 2, "solution_steps_total": 2}),
+        _episode(False, 3, 1, {"solution_steps_matched": 1, "solution_steps_total": 2}),
+        _episode(False, 1, 1, {"solution_steps_matched": 0, "solution_steps_total": 4}),
+    ]
+    tasks = [Task(f"t/{i}", "q", "1", {"difficulty": d}) for i, d in enumerate([1, 2, 2])]
+    stats = episode_statistics(trajs, tasks)
+    assert stats["pass@1"] == pytest.approx(1 / 3)
+    assert stats["tool_calls_per_episode"] == pytest.approx(2.0)
+    assert stats["tool_success_rate"] == pytest.approx(4 / 6)
+    assert stats["solution_steps"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert stats["accuracy/difficulty_1"] == 1.0 and stats["accuracy/difficulty_2"] == 0.0
+    # tasks that list no reference steps: no solution_steps metric rather than a 0
+    assert "solution_steps" not in episode_statistics([_episode(True, 1, 0)], tasks[:1])

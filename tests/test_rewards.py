@@ -3,7 +3,15 @@
 import pytest
 
 from agentic_rl.rewards import RewardComposer, RewardSpec
-from agentic_rl.rewards.terms import accuracy, env_steps, format_reward, length_penalty, step_bonus, tool_use
+from agentic_rl.rewards.terms import (
+    accuracy,
+    env_steps,
+    format_reward,
+    length_penalty,
+    solution_steps,
+    step_bonus,
+    tool_use,
+)
 from agentic_rl.rollout.trajectory import Span, Trajectory
 
 
@@ -45,6 +53,12 @@ def test_step_bonus_counts_markers_with_cap_only_when_correct():
 def test_tool_use_share():
     assert tool_use(make_traj(info={"tool_calls": 4, "tool_errors": 1})) == pytest.approx(0.75)
     assert tool_use(make_traj(info={"tool_calls": 0}), no_calls=0.0) == 0.0
+
+
+def test_solution_steps_share():
+    assert solution_steps(make_traj(info={"solution_steps_matched": 1, "solution_steps_total": 4})) == 0.25
+    assert solution_steps(make_traj(info={"solution_steps_matched": 3, "solution_steps_total": 3})) == 1.0
+    assert solution_steps(make_traj()) == 0.0  # the task lists no reference steps
 
 
 def test_env_steps_discounted_return():

@@ -183,3 +183,53 @@ def test_arbitrary_text_never_crashes_step(turns: list[str]) -> None:
             assert {"correct", "format_ok", "tool_calls", "tool_errors", "turns"} <= set(result.info)
             break
         assert all(m["role"] == "tool" for m in result.observation)
+
+
+STEPS_TASK = Task("t/1", "48 clips, sold half, then 7 more arrive.", "31", {"steps": [("48 / 2", "24"), ("24 + 7", "31")]})
+
+
+def _solution(env: _Env, *turns: str) -> list[tuple[int, int]]:
+    env.reset(STEPS_TASK)
+    out = []
+    for turn in turns:
+        info = env.step(turn).info
+        out.append((info["solution_steps_matched"], info["solution_steps_total"]))
+    return out
+
+
+def test_solution_steps_count_the_matched_chain_of_reference_values() -> None:
+    env = _Env(max_turns=5)
+    # one step per turn, then the answer: the count rises with each right result
+    assert _solution(env, _calc("48/2"), _calc("24 + 7"), "Final Answer: 31") == [(1, 2), (2, 2), (2, 2)]
+    # both steps in one turn; equal values from other expressions count (the value is checked)
+    assert _solution(env, _calc("12*2") + _calc("31")) == [(2, 2)]
+    # a wrong first result breaks the chain: later right results earn nothing
+    assert _solution(env, _calc("48*2"), _calc("48/2"), _calc("24+7")) == [(0, 2)] * 3
+    # so does a failed call, and a guess after a right step
+    assert _solution(env, _calc("48/2"), _calc("1/0"), _calc("24+7")) == [(1, 2)] * 3
+    assert _solution(env, _calc("48/2") + _calc("25") + _calc("31")) == [(1, 2)]
+    # calls after the whole chain matched change nothing
+    assert _solution(env, _calc("48/2") + _calc("24+7") + _calc("5")) == [(2, 2)]
+
+
+def test_a_task_without_reference_steps_reports_none(env: _Env) -> None:
+    info = env.step(_calc("48/2")).info
+    assert "solution_steps_matched" not in info and "solution_steps_total" not in info
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["24", "31", "25", "1/0"]), min_size=1, max_size=6), st.integers(1, 3))
+def test_solution_steps_equal_the_common_prefix(results: list[str], per_turn: int) -> None:
+    """The matched count is the longest common prefix of the tool results and the reference
+    values, however the calls are split into turns."""
+    env = _Env(max_turns=len(results) + 1)
+    env.reset(STEPS_TASK)
+    info: dict = {}
+    for start in range(0, len(results), per_turn):
+        info = env.step("".join(_calc(r) for r in results[start:start + per_turn])).info
+    expected = 0
+    for got, want in zip(results, ["24", "31"]):
+        if got != want:
+            break
+        expected += 1
+    assert info["solution_steps_matched"] == expected

@@ -15,6 +15,7 @@ from typing import Any
 
 from agentic_rl.envs.answer import answers_match
 from agentic_rl.envs.base import Env, Task, make_env
+from agentic_rl.envs.tool_env import reference_step_values
 
 MAX_FAILURES_LISTED = 10
 
@@ -55,8 +56,7 @@ def run_oracle_episodes(env: Env, tasks: list[Task]) -> dict[str, Any]:
 def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
     """One episode of the oracle on `task`: correct, counts, and why it failed (or None)."""
     env.reset(task)
-    steps = task.meta.get("steps") or task.meta.get("annotations") or []
-    expected = [value for _expr, value in steps]
+    expected = reference_step_values(task)
     results: list[str] = []
     actions = env.oracle_actions(task)
     result = None

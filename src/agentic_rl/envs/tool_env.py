@@ -20,6 +20,13 @@ per successful tool call (default 0.0) so per-step rewards exist for discounted 
 Beware: a positive tool reward pays for tool use whether or not the answer is right; the
 reward functions in `agentic_rl.rewards` can gate it on correctness instead.
 
+Solution steps: when the task lists its reference intermediate results (`meta["steps"]` in
+arith, `meta["annotations"]` in gsm8k: (expression, value) pairs), every step's info carries
+`solution_steps_matched`, the length of the longest prefix of those values that the episode's
+tool results reproduce in order, and `solution_steps_total`. The chain breaks at the first tool
+result (errors included) that is not the next reference value, so extra or guessed calls can
+only lose credit. The `solution_steps` reward term reads it.
+
 Subclasses implement `tasks` and `oracle_actions`, and call `ToolEnv.__init__` with their
 tool names and limits.
 """
@@ -94,6 +101,9 @@ class ToolEnv(Env):
         self._attempt_turns = 0
         self._tool_calls = 0
         self._tool_errors = 0
+        self._reference_steps = reference_step_values(task)
+        self._steps_matched = 0
+        self._chain_broken = False
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": task.question},
@@ -118,13 +128,14 @@ class ToolEnv(Env):
         if calls:
             observation, n_ok, n_errors = self._run_calls(calls)
             reward = self.tool_success_reward * n_ok
-            step_info = {"step_tool_calls": len(calls), "step_tool_errors": n_errors}
+            self._match_solution_steps(observation)
+            step_info = {"step_tool_calls": len(calls), "step_tool_errors": n_errors, **self._solution_info()}
             if self._attempt_turns >= self.max_turns:
                 return self._finish(None, "max_turns", reward, step_info)
             info = {"tool_calls": len(calls), "tool_errors": n_errors, **step_info}
             return StepResult(observation, reward, False, info)
         answer = extract_final_answer(action_text)
-        step_info = {"step_tool_calls": 0, "step_tool_errors": 0}
+        step_info = {"step_tool_calls": 0, "step_tool_errors": 0, **self._solution_info()}
         return self._finish(answer, "answer" if answer is not None else "no_answer", 0.0, step_info)
 
     def _finish(self, answer: str | None, finish: str, reward: float, step_info: dict[str, Any]) -> StepResult:
@@ -143,6 +154,25 @@ class ToolEnv(Env):
             "finish": finish,
         }
         return StepResult(None, reward + (1.0 if correct else 0.0), True, info)
+
+    # --- solution steps ----------------------------------------------------------------------
+
+    def _match_solution_steps(self, observation: list[dict[str, Any]]) -> None:
+        """Extend the matched prefix of reference values with this turn's tool results, in order."""
+        for message in observation:
+            if self._chain_broken or self._steps_matched >= len(self._reference_steps):
+                return
+            if message["name"] != "error" and not message["content"].startswith("Error:") and answers_match(
+                message["content"], self._reference_steps[self._steps_matched]
+            ):
+                self._steps_matched += 1
+            else:
+                self._chain_broken = True
+
+    def _solution_info(self) -> dict[str, int]:
+        if not self._reference_steps:
+            return {}
+        return {"solution_steps_matched": self._steps_matched, "solution_steps_total": len(self._reference_steps)}
 
     # --- tools -----------------------------------------------------------------------------
 
@@ -178,3 +208,9 @@ class ToolEnv(Env):
         if len(result) > MAX_OBSERVATION_CHARS:
             result = result[:MAX_OBSERVATION_CHARS] + f"\n[output cut at {MAX_OBSERVATION_CHARS} characters]"
         return tool.name, result, True
+
+
+def reference_step_values(task: Task) -> list[str]:
+    """The reference solution's intermediate results, in order ([] if the task lists none)."""
+    steps = task.meta.get("steps") or task.meta.get("annotations") or []
+    return [str(value) for _expression, value in steps]

@@ -49,7 +49,10 @@ def _eval_table(results: dict[str, Any]) -> list[str]:
     for stage, name in _STAGE_NAMES.items():
         for label, metrics in (results.get(stage, {}).get("evals") or {}).items():
             cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
-            extra = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "pass@", "maj@")) and k != "pass@1")
+            extra = ", ".join(
+                f"{k} {_fmt(v)}" for k, v in metrics.items()
+                if k.startswith(("accuracy/", "pass@", "maj@", "solution_steps")) and k != "pass@1"
+            )
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + f" | {extra} |")
     return lines
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from tqdm.auto import tqdm
 
 from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
+from agentic_rl.rewards.terms import solution_steps
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -98,6 +99,9 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
         "tool_success_rate": (sum(calls) - sum(errors)) / sum(calls) if sum(calls) else float("nan"),
         "failed_episodes": sum(t.finish_reason == "error" for t in trajs),
     }
+    with_steps = [t for t in trajs if t.info.get("solution_steps_total")]
+    if with_steps:  # the mean share of reference intermediate results reproduced, in order
+        result["solution_steps"] = mean([solution_steps(t) for t in with_steps])
     by_group: dict[str, list[float]] = defaultdict(list)
     for traj, task in zip(trajs, tasks):
         key = _difficulty_key(task)

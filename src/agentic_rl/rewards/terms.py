@@ -77,6 +77,19 @@ def tool_use(traj: Trajectory, no_calls: float = 0.0) -> float:
     return (calls - errors) / calls
 
 
+@register_reward("solution_steps")
+def solution_steps(traj: Trajectory) -> float:
+    """The share of the reference solution's intermediate results that the episode's tool
+    results reproduced, as an unbroken chain from the first: matched / total, in [0, 1].
+
+    Partial credit for a right first step when the answer is wrong, so a GRPO group whose
+    episodes all miss the answer can still rank them. The env computes the chain (see
+    `envs/tool_env.py`); an env or task without reference steps gives 0.0.
+    """
+    total = traj.info.get("solution_steps_total", 0)
+    return traj.info.get("solution_steps_matched", 0) / total if total else 0.0
+
+
 @register_reward("env_steps")
 def env_steps(traj: Trajectory, gamma: float = 1.0) -> float:
     """The discounted return of the environment's per-step rewards: Σ_t γ^t r_t.
