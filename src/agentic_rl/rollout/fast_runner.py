@@ -146,7 +146,8 @@ class FastRunner(Runner):
         "n" uses the (out, in) layout of nn.Linear (and reuses unfused weights); "auto" = "n".
         `linear`: how projections run. "mm": torch.mm/addmm on the `weight_layout` copies.
         "mkldnn": oneDNN linears on weights reordered once per refresh into oneDNN's blocked
-        layout (CPU only). "auto": "mkldnn" for bf16 on a CPU with oneDNN, else "mm".
+        layout (CPU only; `weight_layout` then does not apply). "auto": "mkldnn" on a CPU with
+        oneDNN, else "mm".
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
