@@ -113,6 +113,16 @@ def test_default_linear_backend():
         FastRunner(model, max_slots=1, max_len=8, linear="blas")
 
 
+def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
+    from agentic_rl.rollout import fast_runner
+
+    monkeypatch.setattr(fast_runner, "_mkldnn_linear_works", lambda dtype: False)
+    model = tiny_llama()
+    runner = FastRunner(model, max_slots=8, max_len=96)
+    assert runner.linear == "mm"
+    assert run_schedule(model, runner, 300, seed=2) < TOL
+
+
 def test_llama_tied_embeddings_and_n_layout():
     model = tiny_llama(seed=3, tie_word_embeddings=True)
     runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n", linear="mm")

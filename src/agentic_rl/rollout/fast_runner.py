@@ -65,6 +65,7 @@ SmolLM2-135M projections takes about 0.06 s per refresh.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -106,6 +107,23 @@ def _packed_proj(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
 
 def _packed_proj_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
     x.add_(torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], ""))
+
+
+@functools.cache
+def _mkldnn_linear_works(dtype: torch.dtype) -> bool:
+    """Whether this torch build runs a oneDNN linear on prepacked weights in `dtype` (CPU).
+
+    Probed once on an 8x8 weight, so that "auto" falls back to torch.mm wherever oneDNN is
+    missing or lacks the kernel (e.g. bf16 on some non-x86 CPUs) instead of failing mid-run.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.eye(8, dtype=dtype), 1)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=dtype), w, None, "none", [], "")
+        return bool(torch.equal(out.float(), torch.ones(1, 8)))
+    except Exception:  # noqa: BLE001 - any failure means: use torch.mm
+        return False
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -171,7 +189,7 @@ class FastRunner(Runner):
         self.check_weights = check_weights
         if linear == "auto":
             # prepacked weights: faster or equal at every measured batch and dtype (module docstring)
-            mkldnn_ok = self.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            mkldnn_ok = self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)
             linear = "mkldnn" if mkldnn_ok else "mm"
         if linear not in ("mm", "mkldnn"):
             raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
