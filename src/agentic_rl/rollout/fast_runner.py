@@ -193,8 +193,11 @@ class FastRunner(Runner):
             linear = "mkldnn" if mkldnn_ok else "mm"
         if linear not in ("mm", "mkldnn"):
             raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
-        if linear == "mkldnn" and not (self.device.type == "cpu" and torch.backends.mkldnn.is_available()):
-            raise ValueError(f"linear='mkldnn' needs a CPU device with oneDNN; this runner is on {self.device}")
+        if linear == "mkldnn" and not (self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)):
+            raise ValueError(
+                f"linear='mkldnn' needs a CPU device whose oneDNN runs {self.dtype} linears; this runner is on "
+                f"{self.device}: use linear='mm'"
+            )
         self.linear = linear
 
         self.n_layers = cfg.num_hidden_layers
