@@ -277,3 +277,103 @@ def test_unsupported_rope_is_rejected():
     model = tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(NotImplementedError, match="rope_type"):
         FastRunner(model, max_slots=1, max_len=16)
+
+
+class _Checked:
+    """Runs forward calls and tracks the worst logit error against full forwards of each history."""
+
+    def __init__(self, model, runner: FastRunner):
+        self.model, self.runner, self.hist, self.worst = model, runner, {}, 0.0
+
+    def forward(self, slots, chunks) -> None:
+        out = self.runner.forward(slots, chunks)
+        for i, (s, c) in enumerate(zip(slots, chunks)):
+            self.hist[s] = self.hist.get(s, []) + list(c)
+            self.worst = max(self.worst, (out[i] - reference_logits(self.model, self.hist[s])).abs().max().item())
+
+    def fork(self, source: int, target: int, length: int) -> None:
+        self.runner.fork(source, target, length)
+        self.hist[target] = self.hist[source][:length]
+
+    def free(self, slot: int) -> None:
+        self.runner.free(slot)
+        del self.hist[slot]
+
+
+@pytest.mark.parametrize("linear", ["mm", MKLDNN])
+def test_forked_slots_attend_their_shared_prefix_once_and_match_full_forwards(qwen3, linear):
+    runner = FastRunner(qwen3, max_slots=8, max_len=96, linear=linear, shared_prefix=8)
+    check, rng = _Checked(qwen3, runner), random.Random(11)
+
+    def toks(n):
+        return [rng.randrange(1000) for _ in range(n)]
+
+    a = runner.alloc()
+    check.forward([a], [toks(20)])
+    group = [a] + [runner.alloc() for _ in range(3)]
+    for s, length in zip(group[1:], (20, 20, 12)):  # one fork takes only 12 of the 20 tokens
+        check.fork(a, s, length)
+    calls = runner.shared_prefix_calls
+    check.forward(group, [toks(n) for n in (3, 1, 5, 2)])  # ragged chunks: padded queries
+    check.forward(group, [toks(1) for _ in group])  # batched decode
+    check.forward([group[2], group[0]], [toks(1), toks(1)])  # a subset, caller order != slot order
+    check.forward([group[3]], [toks(6)])  # an observation for one slot
+    far = [runner.alloc() for _ in range(3)]
+    check.fork(a, far[-1], 20)
+    check.forward([group[0], far[-1]], [toks(1), toks(2)])  # rows 0 and 6 of 8: gathered, not a range
+    assert runner.shared_prefix_calls == calls + 5
+    assert check.worst < TOL
+
+    check.forward([far[0], group[1]], [toks(9), toks(1)])  # far[0] never forked: the whole cache per row
+    check.free(group[2])
+    again = runner.alloc()  # a reused slot starts unshared
+    check.forward([again, group[0]], [toks(4), toks(1)])
+    assert runner.shared_prefix_calls == calls + 5
+    assert check.worst < TOL
+
+
+def test_a_new_forked_prefix_replaces_the_store_and_earlier_forks_fall_back(qwen3):
+    runner = FastRunner(qwen3, max_slots=6, max_len=96, shared_prefix=8)
+    check, rng = _Checked(qwen3, runner), random.Random(12)
+    old = [runner.alloc() for _ in range(2)]
+    check.forward(old[:1], [[rng.randrange(1000) for _ in range(16)]])
+    check.fork(old[0], old[1], 16)
+    new = [runner.alloc() for _ in range(2)]
+    check.forward(new[:1], [[rng.randrange(1000) for _ in range(18)]])
+    check.fork(new[0], new[1], 18)  # overwrites the shared store
+    calls = runner.shared_prefix_calls
+    check.forward(old, [[5], [6]])  # still correct: each slot keeps its own copy of the prefix
+    assert runner.shared_prefix_calls == calls
+    check.forward(new, [[7], [8]])
+    assert runner.shared_prefix_calls == calls + 1
+    check.forward(new + old, [[1], [2], [3], [4]])  # mixed prefixes: no shared part
+    assert runner.shared_prefix_calls == calls + 1
+    check.free(old[0])
+    check.free(old[1])
+    late = [runner.alloc() for _ in range(2)]  # admitted later, with the same prompt prefix as `new`
+    check.forward(late[:1], [check.hist[new[0]][:18]])  # the same prefill as new[0]'s: equal K/V
+    check.forward(late[:1], [[9]])
+    check.fork(late[0], late[1], 19)  # joins the store for its first 18 positions
+    check.forward(new + late, [[1], [2], [3], [4]])
+    assert runner.shared_prefix_calls == calls + 2
+    assert check.worst < TOL
+
+
+def test_shared_prefix_threshold_and_bf16_agreement(qwen3):
+    rng = random.Random(13)
+    prefix = [rng.randrange(1000) for _ in range(24)]
+    outs = []
+    for shared in (0, 8, 25):  # off; on; on but longer than the prefix
+        runner = FastRunner(qwen3, max_slots=3, max_len=64, dtype=torch.bfloat16, shared_prefix=shared)
+        slots = [runner.alloc() for _ in range(3)]
+        runner.forward(slots[:1], [prefix])
+        for s in slots[1:]:
+            runner.fork(slots[0], s, 24)
+        runner.forward(slots, [[1, 2], [3], [4, 5, 6]])
+        outs.append(runner.forward(slots, [[5], [6], [7]]))
+        assert runner.shared_prefix_calls == (2 if shared == 8 else 0)
+    assert outs[0].abs().max().item() < 2  # logits near 1, where one bf16 ulp is 2**-7
+    assert (outs[0] - outs[1]).abs().max().item() <= 4 * 2**-7
+    assert torch.equal(outs[0], outs[2])
+    with pytest.raises(ValueError, match="shared_prefix must be >= 0"):
+        FastRunner(qwen3, max_slots=1, max_len=8, shared_prefix=-1)

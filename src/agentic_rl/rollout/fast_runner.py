@@ -54,6 +54,19 @@ reshape: the g query heads of a KV head become g query rows, no KV repeat), one 
 fused with the residual, rms_norm, one fused gate/up matmul, in-place silu and multiply, and one
 addmm for down_proj fused with the residual. The LM head runs on the last token of each chunk.
 
+Shared-prefix attention (`shared_prefix=`): the engine prefills the prompt prefix its episodes
+share (system prompt, tool schemas: ~380 of ~430 arith prompt tokens) once and `fork`s it into
+every slot, so each decode step would read those K/V rows once per slot. Instead, `fork` also keeps
+one copy of the forked prefix (the store; each slot keeps its own copy too, so nothing depends on
+the store staying put), and a call whose named slots all share the store's first k0 >= `shared_prefix`
+tokens runs attention in two parts: every query of every row against the k0 prefix keys in one
+call (T·g query rows per KV head instead of g), and each row's queries against its own keys
+[k0, len). The CPU flash kernel returns each part's log-sum-exp, and the exact softmax over the
+union is their mix o_row + (o_pre − o_row)·σ(lse_pre − lse_row). A later fork from a slot whose
+cache starts with the store's K/V joins it (episodes admitted while others run); a fork of
+another prefix replaces the store. Calls that mix slots of different prefixes (or unforked
+slots) attend each row's whole cache, as before.
+
 Projections (`linear=`): on a CPU with oneDNN the default reorders every projection weight once
 per `refresh_weights()` into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
 the kernel inductor uses for frozen CPU linears) and runs `mkldnn._linear_pointwise` on it. The
@@ -155,6 +168,7 @@ class FastRunner(Runner):
         weight_layout: str = "auto",
         check_weights: bool = True,
         linear: str = "auto",
+        shared_prefix: int = 64,
     ) -> None:
         """`model`: a LlamaForCausalLM / Qwen3ForCausalLM, optionally peft-wrapped.
         `dtype`: compute dtype, default the model's own when it is fp32 or bf16 (else fp32);
@@ -166,6 +180,9 @@ class FastRunner(Runner):
         "mkldnn": oneDNN linears on weights reordered once per refresh into oneDNN's blocked
         layout (CPU only; `weight_layout` then does not apply). "auto": "mkldnn" on a CPU with
         oneDNN, else "mm".
+        `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
+        per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
+        "Shared-prefix attention" in the module docstring.
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
@@ -199,6 +216,11 @@ class FastRunner(Runner):
                 f"{self.device}: use linear='mm'"
             )
         self.linear = linear
+        if shared_prefix < 0:
+            raise ValueError(f"shared_prefix must be >= 0 tokens (0 = off), got {shared_prefix}")
+        self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
+        self.shared_prefix_calls = 0
+        """forward calls that attended a shared prefix once for all their slots (for tests and benchmarks)."""
 
         self.n_layers = cfg.num_hidden_layers
         self.hidden = cfg.hidden_size
@@ -237,6 +259,10 @@ class FastRunner(Runner):
         self._zeroed = [0] * self.max_slots  # positions [0, z) of each cache row hold finite values
         self._lengths: list[int | None] = [None] * self.max_slots  # None: free
         self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
+        # shared-prefix store: K/V of the last forked prefix, (layers, 2, kv_heads, length, head_dim)
+        self._prefix_kv: torch.Tensor | None = None
+        self._prefix_gen = 0  # bumped whenever the store is rewritten
+        self._shared: list[tuple[int, int] | None] = [None] * self.max_slots  # slot -> (gen, tokens shared)
         self.weights_version = 0
         self._sources: list[tuple[torch.Tensor, int, int, int]] = []
         self.refresh_weights()
@@ -405,11 +431,13 @@ class FastRunner(Runner):
             raise RuntimeError(f"all {self.max_slots} slots are in use (max_slots={self.max_slots}); free one first")
         slot = self._free.pop(0)
         self._lengths[slot] = 0
+        self._shared[slot] = None
         return slot
 
     def free(self, slot: int) -> None:
         self._check_slot(slot)
         self._lengths[slot] = None
+        self._shared[slot] = None
         self._free.append(slot)
         self._free.sort()
 
@@ -424,6 +452,36 @@ class FastRunner(Runner):
         self._ensure_zeroed([target], length)
         self._kv[:, target, :, :, :length].copy_(self._kv[:, source, :, :, :length])
         self._lengths[target] = length
+        if self.shared_prefix:
+            src = self._shared[source]
+            if src is None or src[0] != self._prefix_gen:
+                src = self._shared[source] = self._join_or_replace_store(source, length)
+            self._shared[target] = (src[0], min(src[1], length))
+
+    def _join_or_replace_store(self, source: int, length: int) -> tuple[int, int]:
+        """`source` shares the store's first c positions if they hold exactly its own K/V (episodes
+        admitted later with the same prompt prefix join the running ones), else its first `length`
+        positions become the store. Returns (store generation, c)."""
+        store = self._prefix_kv
+        if store is not None:
+            m = min(store.shape[3], length)
+            same = (store[:, :, :, :m] == self._kv[:, source, :, :, :m]).transpose(0, 3).reshape(m, -1).all(1)
+            c = int(same.int().cumprod(0).sum())
+            if c >= max(1, self.shared_prefix):
+                return self._prefix_gen, c
+        self._prefix_kv = self._kv[:, source, :, :, :length].clone()
+        self._prefix_gen += 1
+        return self._prefix_gen, length
+
+    def _common_prefix(self, slots: Sequence[int]) -> int:
+        """Tokens at the start of every slot's cache that equal the store's (0: none shared)."""
+        common = self.max_len
+        for s in slots:
+            shared = self._shared[s]
+            if shared is None or shared[0] != self._prefix_gen:
+                return 0
+            common = min(common, shared[1])
+        return common if common >= self.shared_prefix else 0
 
     def length(self, slot: int) -> int:
         self._check_slot(slot)
@@ -498,22 +556,29 @@ class FastRunner(Runner):
 
         self._ensure_zeroed(rows, lk)
 
-        # attention mask (B, 1, lq or g*lq, lk): key j is visible to query (b, i) iff j <= start_b + i;
-        # padding / dummy queries see key 0 only (their outputs are discarded)
+        # Keys [0, k0) are a prefix every named slot shares: attended once for all queries (k0 > 0).
+        # The per-row attention covers keys [k0, lk) under the mask (B, 1, lq or g*lq, lk - k0): key j
+        # is visible to query (b, i) iff j <= start_b + i; padding / dummy queries see key k0 only
+        # (their outputs are discarded)
+        k0 = self._common_prefix(ss)
         g = self.group
         ar_q = torch.arange(lq, device=self.device)
-        keys = torch.arange(lk, device=self.device)
+        keys = torch.arange(k0, lk, device=self.device)
         qpos = starts_d[:, None] + ar_q[None, :]  # (B, lq)
-        mask = keys[None, None, :] <= qpos[:, :, None]  # (B, lq, lk)
+        mask = keys[None, None, :] <= qpos[:, :, None]  # (B, lq, lk - k0)
         fast = lq == 1 and B == n  # plain batched decode over a contiguous range of slots
         exact = B == n and T == B * lq
         if not exact:
             invalid = ar_q[None, :] >= qlens_d[:, None]
-            mask = torch.where(invalid[:, :, None], keys[None, None, :] == 0, mask)
+            mask = torch.where(invalid[:, :, None], keys[None, None, :] == k0, mask)
         if lq == 1:
-            mask = mask[:, None]  # (B, 1, 1, lk), broadcast over the g query rows of a KV head
+            mask = mask[:, None]  # (B, 1, 1, lk - k0), broadcast over the g query rows of a KV head
         else:
-            mask = mask[:, None, None].expand(B, 1, g, lq, lk).reshape(B, 1, g * lq, lk)
+            mask = mask[:, None, None].expand(B, 1, g, lq, lk - k0).reshape(B, 1, g * lq, lk - k0)
+        if k0:
+            self.shared_prefix_calls += 1
+            # the kernel that returns log-sum-exps takes an additive mask in the compute dtype
+            mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
 
         fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
         x = self._embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
@@ -540,9 +605,9 @@ class FastRunner(Runner):
             cache[slot_d, :, :, pos_d] = qkv[:, nq:].view(T, 2, nkv, hd)
             if cover:
                 k, v = kviews[li]
-                k, v = k[lo : hi + 1, :, :lk], v[lo : hi + 1, :, :lk]
+                k, v = k[lo : hi + 1, :, k0:lk], v[lo : hi + 1, :, k0:lk]
             else:
-                kv = cache[rows_d, :, :, :lk]
+                kv = cache[rows_d, :, :, k0:lk]
                 k, v = kv[:, 0], kv[:, 1]
             q = qkv[:, :nq]
             if fast:
@@ -550,13 +615,16 @@ class FastRunner(Runner):
             else:
                 qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
                 qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
-            o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)
-            if fast:
-                a = o.view(B, nq)
+            if k0:
+                a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, T, B, lq, fast, exact, qrow_d)
             else:
-                a = o.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nq)
-                if not exact:
-                    a = a.index_select(0, qrow_d)
+                o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)
+                if fast:
+                    a = o.view(B, nq)
+                else:
+                    a = o.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nq)
+                    if not exact:
+                        a = a.index_select(0, qrow_d)
             proj_add(x, a, lw.wo, lw.bo)
             h = F.rms_norm(x, (H,), None, eps)
             gu = proj(h, lw.wgu, lw.bgu)
@@ -570,6 +638,34 @@ class FastRunner(Runner):
         for s, c in zip(slots, chunks):
             lengths[s] += len(c)  # type: ignore[operator]
         return logits.float()
+
+    def _attend_with_shared_prefix(self, li, k0, q, qq, k, v, mask, T, B, lq, fast, exact, qrow_d) -> torch.Tensor:
+        """Attention output (T, nh·hd) of the packed queries `q` over a shared prefix plus each row's keys.
+
+        The prefix keys [0, k0) are the same for every row, so all T·g queries of a KV head
+        attend them in one call; each row's queries `qq` (B, nkv, g·lq, hd) attend its own keys
+        [k0, lk) (`k`, `v` under `mask`). Softmax over the union is the two partial outputs
+        weighted by their shares of the total mass: o = o_row + (o_pre − o_row)·σ(lse_pre − lse_row).
+        """
+        nkv, g, hd = self.n_kv, self.group, self.head_dim
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        pk, pv = self._prefix_kv[li, 0, :, :k0], self._prefix_kv[li, 1, :, :k0]  # (nkv, k0, hd)
+        qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
+        o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=self.scale)
+        o_pre = o_pre.view(nkv, T, g, hd).transpose(0, 1)  # (T, nkv, g, hd)
+        lse_pre = lse_pre.view(nkv, T, g).transpose(0, 1)
+        o_row, lse_row = flash(qq, k, v, 0.0, False, attn_mask=mask, scale=self.scale)
+        if fast:  # (B, nkv, g, hd), one query per row
+            o_row, lse_row = o_row.view(T, nkv, g, hd), lse_row.view(T, nkv, g)
+        else:
+            o_row = o_row.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nkv, g, hd)
+            lse_row = lse_row.view(B, nkv, g, lq).permute(0, 3, 1, 2).reshape(B * lq, nkv, g)
+            if not exact:
+                o_row, lse_row = o_row.index_select(0, qrow_d), lse_row.index_select(0, qrow_d)
+        share = torch.sigmoid(lse_pre - lse_row).unsqueeze(-1)  # float32
+        if self.dtype != torch.float32:
+            o_pre, o_row = o_pre.float(), o_row.float()
+        return torch.lerp(o_row, o_pre, share).to(self.dtype).reshape(T, nkv * g * hd)
 
     def _ensure_zeroed(self, rows: Sequence[int], lk: int) -> None:
         """Make positions [0, lk) of the given cache rows finite (masked keys must not be NaN)."""
