@@ -11,7 +11,9 @@ ChatFormat whose turns only end at the token limit), and throughput counts the t
 side actually produced.
 
 Rows:
-  single-turn b=N   N prompts, one turn of --max-new-tokens each.
+  single-turn b=N   N prompts, one turn of --max-new-tokens each: short built-in questions, or
+                    with --single-turn-prompts arith the arith env's prompts (system prompt and
+                    tool schema, ~430 tokens, as rollouts see them).
   multi-turn        --multi-turn-episodes episodes of --turns turns of --turn-tokens each. Prompts
                     come from the arith env when it is importable (else a built-in question);
                     observations are scripted calculator results after every turn, so both sides
@@ -171,6 +173,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="model dtype, both sides")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, both sides")
     parser.add_argument("--max-len", type=int, default=2048, help="runner cache length per slot")
+    parser.add_argument("--single-turn-prompts", choices=["short", "arith"], default="short",
+                        help="single-turn rows: short built-in questions (~50 tokens, no tools) or arith "
+                             "prompts with the calculator's tool schema (~430 tokens, the agent case)")
     args = parser.parse_args()
 
     model, tokenizer = load_model("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
@@ -185,7 +190,10 @@ def main() -> None:
         tasks = [Task(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(batch)]
         engine_rates, generate_rates = [], []
         for repeat in range(args.repeats):
-            envs = [_ScriptedToolEnv(1) for _ in range(batch)]
+            if args.single_turn_prompts == "arith":
+                tasks, envs, _ = _tasks_and_envs(batch, 1)
+            else:
+                envs = [_ScriptedToolEnv(1) for _ in range(batch)]
             tokens, seconds = _engine_run(model, tokenizer, args, envs, tasks, args.max_new_tokens, 1, seed=repeat)
             engine_rates.append(tokens / seconds)
             prompts = [chat_format.prompt_ids(e.reset(t), e.tool_schemas) for e, t in zip(envs, tasks)]
@@ -212,7 +220,8 @@ def main() -> None:
     print(f"{'row':<44} {'median tok/s':>12} {'min':>8} {'max':>8}")
     for row in rows:
         print(f"{row['row']:<44} {row['median']:>12.1f} {row['min']:>8.1f} {row['max']:>8.1f}")
-    print(json.dumps({"engine_over_generate": ratios, "runner": args.runner, "dtype": args.dtype, "repeats": args.repeats}))
+    print(json.dumps({"engine_over_generate": ratios, "runner": args.runner, "dtype": args.dtype, "repeats": args.repeats,
+                      "single_turn_prompts": args.single_turn_prompts}))
 
 
 if __name__ == "__main__":
