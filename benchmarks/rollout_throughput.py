@@ -191,7 +191,9 @@ def main() -> None:
         engine_rates, generate_rates = [], []
         for repeat in range(args.repeats):
             if args.single_turn_prompts == "arith":
-                tasks, envs, _ = _tasks_and_envs(batch, 1)
+                tasks, envs, label = _tasks_and_envs(batch, 1)
+                if label != "arith prompts":
+                    raise SystemExit(f"--single-turn-prompts arith: {label}")
             else:
                 envs = [_ScriptedToolEnv(1) for _ in range(batch)]
             tokens, seconds = _engine_run(model, tokenizer, args, envs, tasks, args.max_new_tokens, 1, seed=repeat)
