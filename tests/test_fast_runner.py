@@ -45,21 +45,36 @@ def reference_logits(model, history: list[int]) -> torch.Tensor:
         return model(torch.tensor([history]), logits_to_keep=1).logits[0, -1].float()
 
 
+class _Checked:
+    """Runs forward calls and tracks the worst logit error against full forwards of each history."""
+
+    def __init__(self, model, runner: FastRunner):
+        self.model, self.runner, self.hist, self.worst = model, runner, {}, 0.0
+
+    def forward(self, slots, chunks) -> None:
+        out = self.runner.forward(slots, chunks)
+        assert out.dtype == torch.float32 and out.shape == (len(slots), self.model.config.vocab_size)
+        for i, (s, c) in enumerate(zip(slots, chunks)):
+            self.hist[s] = self.hist.get(s, []) + list(c)
+            assert self.runner.length(s) == len(self.hist[s])
+            self.worst = max(self.worst, (out[i] - reference_logits(self.model, self.hist[s])).abs().max().item())
+
+    def fork(self, source: int, target: int, length: int) -> None:
+        self.runner.fork(source, target, length)
+        self.hist[target] = self.hist[source][:length]
+
+    def free(self, slot: int) -> None:
+        self.runner.free(slot)
+        del self.hist[slot]
+
+
 def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:
     """Random ragged schedule: multi-slot prefill, partial decodes, free/realloc, appends, holes.
     Returns the max abs error against full forwards."""
+    assert vocab == model.config.vocab_size
     rng = random.Random(seed)
-    hist: dict[int, list[int]] = {}
-    worst = 0.0
-
-    def step(slots, chunks):
-        nonlocal worst
-        out = runner.forward(slots, chunks)
-        assert out.dtype == torch.float32 and out.shape == (len(slots), vocab)
-        for i, (s, c) in enumerate(zip(slots, chunks)):
-            hist[s] = hist.get(s, []) + list(c)
-            assert runner.length(s) == len(hist[s])
-            worst = max(worst, (out[i] - reference_logits(model, hist[s])).abs().max().item())
+    check = _Checked(model, runner)
+    step = check.forward
 
     def toks(n):
         return [rng.randrange(vocab) for _ in range(n)]
@@ -69,8 +84,7 @@ def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:
     step(slots, [toks(1) for _ in slots])  # batched decode, contiguous range (fast path)
     step([slots[2], slots[0]], [toks(1), toks(1)])  # decode a subset, caller order != slot order
     step([slots[3]], [toks(7)])  # observation appended to one slot
-    runner.free(slots[1])
-    del hist[slots[1]]
+    check.free(slots[1])
     new = runner.alloc()  # reuses the freed row (stale cache contents must be invisible)
     assert new == slots[1]
     step([slots[3], new, slots[0]], [toks(2), toks(9), toks(1)])
@@ -78,11 +92,10 @@ def run_schedule(model, runner: FastRunner, vocab: int, seed: int) -> float:
     step([slots[0], far[-1]], [toks(1), toks(3)])  # sparse set: gathered rows
     step([far[-1], slots[0]], [toks(1), toks(1)])
     for _ in range(3):  # mixed decode + chunk on a range with holes (dummy rows)
-        live = sorted(hist)
+        live = sorted(check.hist)
         pick = rng.sample(live, k=rng.randint(1, len(live)))
         step(pick, [toks(rng.choice([1, 1, 4])) for _ in pick])
-    return worst
-
+    return check.worst
 
 MKLDNN = pytest.param(
     "mkldnn", marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
@@ -277,27 +290,6 @@ def test_unsupported_rope_is_rejected():
     model = tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(NotImplementedError, match="rope_type"):
         FastRunner(model, max_slots=1, max_len=16)
-
-
-class _Checked:
-    """Runs forward calls and tracks the worst logit error against full forwards of each history."""
-
-    def __init__(self, model, runner: FastRunner):
-        self.model, self.runner, self.hist, self.worst = model, runner, {}, 0.0
-
-    def forward(self, slots, chunks) -> None:
-        out = self.runner.forward(slots, chunks)
-        for i, (s, c) in enumerate(zip(slots, chunks)):
-            self.hist[s] = self.hist.get(s, []) + list(c)
-            self.worst = max(self.worst, (out[i] - reference_logits(self.model, self.hist[s])).abs().max().item())
-
-    def fork(self, source: int, target: int, length: int) -> None:
-        self.runner.fork(source, target, length)
-        self.hist[target] = self.hist[source][:length]
-
-    def free(self, slot: int) -> None:
-        self.runner.free(slot)
-        del self.hist[slot]
 
 
 @pytest.mark.parametrize("linear", ["mm", MKLDNN])

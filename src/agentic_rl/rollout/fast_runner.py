@@ -580,6 +580,14 @@ class FastRunner(Runner):
             # the kernel that returns log-sum-exps takes an additive mask in the compute dtype
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
 
+        def to_tokens(t: torch.Tensor) -> torch.Tensor:
+            """(B, nkv, g·lq, *rest) per-row attention results -> (T, nkv, g, *rest) in packed token order."""
+            rest = t.shape[3:]
+            if fast:
+                return t.view(B, self.n_kv, g, *rest)
+            t = t.view(B, self.n_kv, g, lq, *rest).movedim(3, 1).reshape(B * lq, self.n_kv, g, *rest)
+            return t if exact else t.index_select(0, qrow_d)
+
         fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
         x = self._embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
         rows_d = None if cover else torch.tensor(rows, device=self.device)
@@ -616,15 +624,9 @@ class FastRunner(Runner):
                 qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
                 qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
             if k0:
-                a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, T, B, lq, fast, exact, qrow_d)
+                a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, to_tokens)
             else:
-                o = F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)
-                if fast:
-                    a = o.view(B, nq)
-                else:
-                    a = o.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nq)
-                    if not exact:
-                        a = a.index_select(0, qrow_d)
+                a = to_tokens(F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)).reshape(T, nq)
             proj_add(x, a, lw.wo, lw.bo)
             h = F.rms_norm(x, (H,), None, eps)
             gu = proj(h, lw.wgu, lw.bgu)
@@ -639,15 +641,16 @@ class FastRunner(Runner):
             lengths[s] += len(c)  # type: ignore[operator]
         return logits.float()
 
-    def _attend_with_shared_prefix(self, li, k0, q, qq, k, v, mask, T, B, lq, fast, exact, qrow_d) -> torch.Tensor:
+    def _attend_with_shared_prefix(self, li, k0, q, qq, k, v, mask, to_tokens) -> torch.Tensor:
         """Attention output (T, nh·hd) of the packed queries `q` over a shared prefix plus each row's keys.
 
         The prefix keys [0, k0) are the same for every row, so all T·g queries of a KV head
         attend them in one call; each row's queries `qq` (B, nkv, g·lq, hd) attend its own keys
         [k0, lk) (`k`, `v` under `mask`). Softmax over the union is the two partial outputs
         weighted by their shares of the total mass: o = o_row + (o_pre − o_row)·σ(lse_pre − lse_row).
+        `to_tokens` maps per-row results to packed token order (see forward).
         """
-        nkv, g, hd = self.n_kv, self.group, self.head_dim
+        T, (nkv, g, hd) = q.shape[0], (self.n_kv, self.group, self.head_dim)
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         pk, pv = self._prefix_kv[li, 0, :, :k0], self._prefix_kv[li, 1, :, :k0]  # (nkv, k0, hd)
         qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
@@ -655,13 +658,7 @@ class FastRunner(Runner):
         o_pre = o_pre.view(nkv, T, g, hd).transpose(0, 1)  # (T, nkv, g, hd)
         lse_pre = lse_pre.view(nkv, T, g).transpose(0, 1)
         o_row, lse_row = flash(qq, k, v, 0.0, False, attn_mask=mask, scale=self.scale)
-        if fast:  # (B, nkv, g, hd), one query per row
-            o_row, lse_row = o_row.view(T, nkv, g, hd), lse_row.view(T, nkv, g)
-        else:
-            o_row = o_row.view(B, nkv, g, lq, hd).permute(0, 3, 1, 2, 4).reshape(B * lq, nkv, g, hd)
-            lse_row = lse_row.view(B, nkv, g, lq).permute(0, 3, 1, 2).reshape(B * lq, nkv, g)
-            if not exact:
-                o_row, lse_row = o_row.index_select(0, qrow_d), lse_row.index_select(0, qrow_d)
+        o_row, lse_row = to_tokens(o_row), to_tokens(lse_row)
         share = torch.sigmoid(lse_pre - lse_row).unsqueeze(-1)  # float32
         if self.dtype != torch.float32:
             o_pre, o_row = o_pre.float(), o_row.float()
