@@ -1,15 +1,18 @@
 """Where one FastRunner decode step goes, against this machine's memory floor.
 
     .venv/bin/python benchmarks/decode_floor.py [--batch 8] [--context 448] [--steps 16] [--dtype bfloat16]
+        [--shared-prefix 376]        # the agent layout: the rows share their first 376 cached tokens
 
 1. Read bandwidth: median time of `x.sum()` over a 512 MiB fp32 tensor (sequential reads, all
    threads), in GB/s.
 2. One decode step of the embedded SmolLM2-135M-Instruct in FastRunner: `--batch` rows that each
    hold `--context` cached tokens decode `--steps` tokens under torch.profiler; the op time per
    step is split into projections (mm/addmm/oneDNN linear), attention (SDPA) and everything else,
-   and the wall time per step is reported next to it.
+   and the wall time per step is reported next to it. With `--shared-prefix N` the rows' first N
+   tokens are the same: prefilled once and forked into every slot, as the rollout engine does
+   with an env's system prompt and tool schemas, so FastRunner attends them once per step.
 3. The floor: the bytes a step must read (every projection weight once, the LM head included,
-   plus the K/V cache of every row) divided by the bandwidth of (1).
+   plus the K/V cache of every row; a shared prefix once) divided by the bandwidth of (1).
 
 The last line is JSON with every number.
 """
@@ -48,8 +51,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=448, help="cached tokens per row before decoding")
     ap.add_argument("--steps", type=int, default=16, help="profiled decode steps")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    ap.add_argument("--linear", choices=["auto", "mm", "mkldnn"], default="auto")
+    ap.add_argument("--linear", choices=["auto", "mm", "mkldnn", "mixed"], default="auto")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="cached tokens every row shares (prefilled once and forked, as in the rollout engine)")
     args = ap.parse_args()
+    if not 0 <= args.shared_prefix < args.context:
+        raise SystemExit(f"--shared-prefix must be in [0, --context), got {args.shared_prefix}")
     dtype = getattr(torch, args.dtype)
 
     gbps = read_bandwidth()
@@ -57,7 +64,15 @@ def main() -> None:
     model.eval()
     runner = FastRunner(model, max_slots=args.batch, max_len=args.context + 2 * args.steps + 8, dtype=dtype, linear=args.linear)
     slots = [runner.alloc() for _ in range(args.batch)]
-    runner.forward(slots, [[(7 * i + j) % 1000 + 1 for j in range(args.context)] for i in range(args.batch)])
+    rows = [[(7 * i + j) % 1000 + 1 for j in range(args.context)] for i in range(args.batch)]
+    shared = args.shared_prefix
+    if shared:
+        rows = [rows[0][:shared] + row[shared:] for row in rows]
+        runner.forward(slots[:1], [rows[0][:shared]])
+        for slot in slots[1:]:
+            runner.fork(slots[0], slot, shared)
+        rows = [row[shared:] for row in rows]
+    runner.forward(slots, rows)
     step = [[5]] * args.batch
     for _ in range(3):
         runner.forward(slots, step)
@@ -81,12 +96,14 @@ def main() -> None:
     per_layer += 3 * cfg.hidden_size * cfg.intermediate_size  # gate, up, down
     weight_mb = (cfg.num_hidden_layers * per_layer + cfg.vocab_size * cfg.hidden_size) * item / 1e6
     ctx = args.context + 3 + args.steps * 3 // 2  # mean cached length over the profiled steps
-    kv_mb = cfg.num_hidden_layers * args.batch * 2 * cfg.num_key_value_heads * ctx * runner.head_dim * item / 1e6
+    kv_tokens = shared + args.batch * (ctx - shared)  # a shared prefix is read once per step
+    kv_mb = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * kv_tokens * runner.head_dim * item / 1e6
     floor_ms = (weight_mb + kv_mb) / 1e3 / gbps * 1e3
     proj_gbps = weight_mb / 1e3 / (split["projections"] / 1e3)
 
     print(f"read bandwidth {gbps:.1f} GB/s; {args.dtype}, linear={runner.linear}, batch {args.batch}, "
-          f"context {args.context}, threads {torch.get_num_threads()}")
+          f"context {args.context} (shared prefix {shared}, attended once: {runner.shared_prefix_calls > 0}), "
+          f"threads {torch.get_num_threads()}")
     print(f"decode step: {wall_ms:.1f} ms wall, {op_ms:.1f} ms op time = projections {split['projections']:.1f} "
           f"({weight_mb:.0f} MB of weights at {proj_gbps:.1f} GB/s) + attention {split['attention']:.1f} "
           f"(K/V {kv_mb:.0f} MB) + other {split['other']:.1f}")
@@ -94,7 +111,7 @@ def main() -> None:
           f"({wall_ms / floor_ms:.1f}x above it)")
     print(json.dumps({
         "read_gbps": gbps, "dtype": args.dtype, "linear": runner.linear, "batch": args.batch, "context": args.context,
-        "wall_ms": wall_ms, "op_ms": op_ms, **{f"{k}_ms": v for k, v in split.items()},
+        "shared_prefix": shared,        "wall_ms": wall_ms, "op_ms": op_ms, **{f"{k}_ms": v for k, v in split.items()},
         "weight_mb": weight_mb, "kv_mb": kv_mb, "projection_gbps": proj_gbps, "floor_ms": floor_ms,
     }))
 
