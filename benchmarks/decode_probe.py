@@ -1,7 +1,7 @@
 """Scratch probe: FastRunner decode loop vs transformers `generate`, SmolLM2-135M-Instruct.
 
     .venv/bin/python benchmarks/decode_probe.py [--batches 8 32] [--repeats 3] [--new 64] [--no-bf16]
-        [--linears auto mm mkldnn mixed]
+        [--linears auto mm mkldnn]
 
 Both sides get the same batch of identical prompts (no padding), sample exactly `--new` tokens
 (plain multinomial sampling at temperature 1; generate's config here has no top-k/top-p) and
@@ -10,8 +10,7 @@ shared machine hits both sides alike; the table reports median/min/max seconds, 
 ratio of medians. fp32 rows compare fp32 with fp32. The bf16 rows compare FastRunner in bf16
 with generate on a bf16 copy of the model (equal precision), and are labelled as bf16.
 `--linears` runs one FastRunner per projection backend (`FastRunner(linear=...)`: "mm" is
-torch.mm on plain weight copies, "mkldnn" oneDNN on prepacked weights, "mixed" oneDNN for the
-gate/up and LM head only, "auto" the default: "mixed" in fp32, "mkldnn" in bf16), each
+torch.mm on plain weight copies, "mkldnn" oneDNN on prepacked weights, "auto" the default), each
 timed in the same interleaved rounds and reported against the same `generate` runs.
 """
 
@@ -76,7 +75,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--linears", nargs="+", default=["auto"], choices=["auto", "mm", "mkldnn", "mixed"],
+    ap.add_argument("--linears", nargs="+", default=["auto"], choices=["auto", "mm", "mkldnn"],
                     help="FastRunner projection backends to time (one FastRunner each)")
     args = ap.parse_args()
     if args.threads:

@@ -67,18 +67,13 @@ cache starts with the store's K/V joins it (episodes admitted while others run);
 another prefix replaces the store. Calls that mix slots of different prefixes (or unforked
 slots) attend each row's whole cache, as before.
 
-Projections (`linear=`): on a CPU with oneDNN, weights can be reordered once per
-`refresh_weights()` into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, the
-kernel inductor uses for frozen CPU linears) and run with `mkldnn._linear_pointwise`; the copies
-are opaque tensors (no `data_ptr`), the tied LM head included. Same arithmetic, no repacking per
-call. Which projections are packed depends on the dtype, as measured (BENCHMARKS.md):
-  * bf16 ("mkldnn"): all of them. `decode_probe.py --linears mm mkldnn` measured batch-8
-    decoding 1.20x faster than torch.mm, batch 32 1.08x.
-  * fp32 ("mixed"): only the wide ones, the fused gate/up (N = 2·intermediate) and the LM head
-    (N = vocab); q/k/v, o_proj and down_proj stay on torch.mm (MKL's sgemm), which streams those
-    narrow fp32 weights faster than oneDNN at decode batch sizes: "mixed" decoded batch 8 1.10x
-    and batch 32 1.06x faster than all-oneDNN, which itself beat all-torch.mm by 1.24x at batch 8.
-Reordering all SmolLM2-135M projections takes about 0.06 s per refresh.
+Projections (`linear=`): on a CPU with oneDNN the default reorders every projection weight once
+per `refresh_weights()` into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
+the kernel inductor uses for frozen CPU linears) and runs `mkldnn._linear_pointwise` on it. The
+copies are opaque tensors (no `data_ptr`), the tied LM head included. Same arithmetic, no repacking
+per call: `benchmarks/decode_probe.py --linears mm mkldnn` measured batch-8 decoding 1.20x faster
+in bf16 and 1.24x in fp32, and batch 32 1.08x and 0.98x (BENCHMARKS.md). Reordering all
+SmolLM2-135M projections takes about 0.06 s per refresh.
 """
 
 from __future__ import annotations
@@ -98,10 +93,7 @@ _ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positio
 
 @dataclass
 class _Layer:
-    """One decoder layer's projection operands: each is oneDNN-packed or torch.mm's (K, N) operand
-    (a transposed view or a copy), as `FastRunner._packed` says."""
-
-    wqkv: torch.Tensor
+    wqkv: torch.Tensor  # (H, Nqkv) operand for torch.mm (a transposed view or a (K, N) copy)
     bqkv: torch.Tensor | None
     qk_w: torch.Tensor | None  # Qwen3: (nh + nkv, hd) q_norm/k_norm weights (rope-permuted)
     wo: torch.Tensor
@@ -186,10 +178,8 @@ class FastRunner(Runner):
         "n" uses the (out, in) layout of nn.Linear (and reuses unfused weights); "auto" = "n".
         `linear`: how projections run. "mm": torch.mm/addmm on the `weight_layout` copies.
         "mkldnn": oneDNN linears on weights reordered once per refresh into oneDNN's blocked
-        layout (CPU only; `weight_layout` then does not apply to them). "mixed": oneDNN for the
-        fused gate/up and the LM head, torch.mm for the rest. "auto": on a CPU whose oneDNN runs
-        the dtype, "mixed" in fp32 and "mkldnn" in bf16; else "mm". See "Projections" in the
-        module docstring.
+        layout (CPU only; `weight_layout` then does not apply). "auto": "mkldnn" on a CPU with
+        oneDNN, else "mm".
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
         "Shared-prefix attention" in the module docstring.
@@ -217,20 +207,15 @@ class FastRunner(Runner):
         if linear == "auto":
             # prepacked weights: faster or equal at every measured batch and dtype (module docstring)
             mkldnn_ok = self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)
-            linear = ("mixed" if self.dtype == torch.float32 else "mkldnn") if mkldnn_ok else "mm"
-        if linear not in ("mm", "mkldnn", "mixed"):
-            raise ValueError(f"linear must be 'auto', 'mm', 'mkldnn' or 'mixed', got {linear!r}")
-        if linear != "mm" and not (self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)):
+            linear = "mkldnn" if mkldnn_ok else "mm"
+        if linear not in ("mm", "mkldnn"):
+            raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
+        if linear == "mkldnn" and not (self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)):
             raise ValueError(
-                f"linear={linear!r} needs a CPU device whose oneDNN runs {self.dtype} linears; this runner is on "
+                f"linear='mkldnn' needs a CPU device whose oneDNN runs {self.dtype} linears; this runner is on "
                 f"{self.device}: use linear='mm'"
             )
         self.linear = linear
-        # per projection: oneDNN-packed (True) or torch.mm (False)
-        self._packed = {
-            name: linear == "mkldnn" or (linear == "mixed" and name in ("gate_up", "lm_head"))
-            for name in ("qkv", "o", "gate_up", "down", "lm_head")
-        }
         if shared_prefix < 0:
             raise ValueError(f"shared_prefix must be >= 0 tokens (0 = off), got {shared_prefix}")
         self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
@@ -319,11 +304,11 @@ class FastRunner(Runner):
         perm = self._perm.to(dev)
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
 
-        def mat(w: torch.Tensor, name: str) -> torch.Tensor:
-            """(out, in) fp32 weight of projection `name` -> the operand its projection function
-            takes: oneDNN-packed, or torch.mm's right-hand operand in our layout."""
+        def mat(w: torch.Tensor) -> torch.Tensor:
+            """(out, in) fp32 weight -> the operand `_proj` takes: oneDNN-packed, or torch.mm's
+            right-hand operand in our layout."""
             w = w.to(device=dev, dtype=dt)
-            if self._packed[name]:
+            if self.linear == "mkldnn":
                 return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), self.max_slots)
             return w.t().contiguous() if self.weight_layout == "t" else w.contiguous().t()
 
@@ -362,24 +347,24 @@ class FastRunner(Runner):
                 bgu = torch.cat([bg, bu]).to(device=dev, dtype=dt) if bg is not None else None
                 layers.append(
                     _Layer(
-                        wqkv=mat(wqkv, "qkv"),
+                        wqkv=mat(wqkv),
                         bqkv=bqkv,
                         qk_w=qk_w,
-                        wo=mat(wo, "o"),
+                        wo=mat(wo),
                         bo=None if bo is None else bo.to(device=dev, dtype=dt),
-                        wgu=mat(wgu, "gate_up"),
+                        wgu=mat(wgu),
                         bgu=bgu,
-                        wdown=mat(wd, "down"),
+                        wdown=mat(wd),
                         bdown=None if bd is None else bd.to(device=dev, dtype=dt),
                     )
                 )
             self._norm_w = self._as_is(self._param(hf.model.norm.weight))
             head = hf.lm_head
             head_is_lora = self._lora_cls is not None and isinstance(head, self._lora_cls)
-            copy_head = head_is_lora or self.weight_layout == "t" or self._packed["lm_head"]
+            copy_head = head_is_lora or self.weight_layout == "t" or self.linear == "mkldnn"
             if copy_head or getattr(head, "bias", None) is not None:
                 w, b = self._linear(head)
-                self._lm = mat(w, "lm_head")
+                self._lm = mat(w)
                 self._lm_b = None if b is None else b.to(device=dev, dtype=dt)
             else:
                 self._track(head.weight)
@@ -611,15 +596,10 @@ class FastRunner(Runner):
         eps, scale = self.eps, self.scale
         complex_ok = self.dtype == torch.float32
         caches, kviews = self._caches, self._kviews
-        packed = self._packed
-        qkv_proj = _packed_proj if packed["qkv"] else _mm_proj
-        o_proj_add = _packed_proj_add if packed["o"] else _mm_proj_add
-        gate_up_proj = _packed_proj if packed["gate_up"] else _mm_proj
-        down_proj_add = _packed_proj_add if packed["down"] else _mm_proj_add
-        lm_head_proj = _packed_proj if packed["lm_head"] else _mm_proj
+        proj, proj_add = (_packed_proj, _packed_proj_add) if self.linear == "mkldnn" else (_mm_proj, _mm_proj_add)
         for li, lw in enumerate(self._layers):
             h = F.rms_norm(x, (H,), None, eps)
-            qkv = qkv_proj(h, lw.wqkv, lw.bqkv)
+            qkv = proj(h, lw.wqkv, lw.bqkv)
             qk = qkv[:, :nqk].view(T, nh + nkv, hd)
             if lw.qk_w is not None:
                 torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_w, out=qk)
@@ -647,16 +627,16 @@ class FastRunner(Runner):
                 a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, to_tokens)
             else:
                 a = to_tokens(F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)).reshape(T, nq)
-            o_proj_add(x, a, lw.wo, lw.bo)
+            proj_add(x, a, lw.wo, lw.bo)
             h = F.rms_norm(x, (H,), None, eps)
-            gu = gate_up_proj(h, lw.wgu, lw.bgu)
+            gu = proj(h, lw.wgu, lw.bgu)
             gate = gu[:, :I]
             F.silu(gate, inplace=True)
             gate.mul_(gu[:, I:])
-            down_proj_add(x, gate, lw.wdown, lw.bdown)
+            proj_add(x, gate, lw.wdown, lw.bdown)
 
         xl = F.rms_norm(x.index_select(0, last_d), (H,), self._norm_w, eps)
-        logits = lm_head_proj(xl, self._lm, self._lm_b)
+        logits = proj(xl, self._lm, self._lm_b)
         for s, c in zip(slots, chunks):
             lengths[s] += len(c)  # type: ignore[operator]
         return logits.float()
