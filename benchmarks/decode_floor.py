@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=448, help="cached tokens per row before decoding")
     ap.add_argument("--steps", type=int, default=16, help="profiled decode steps")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    ap.add_argument("--linear", choices=["auto", "mm", "mkldnn", "mixed"], default="auto")
+    ap.add_argument("--linear", choices=["auto", "mm", "mkldnn"], default="auto")
     ap.add_argument("--shared-prefix", type=int, default=0,
                     help="cached tokens every row shares (prefilled once and forked, as in the rollout engine)")
     args = ap.parse_args()

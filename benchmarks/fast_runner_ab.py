@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/fast_runner_ab.py [--dtype bfloat16] [--repeats 3]
         [--batch-sizes 8,32] [--max-new-tokens 64] [--multi-turn-episodes 32]
         [--a shared_prefix=0] [--b ""]               # the default A/B: shared-prefix attention off / on
-    .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a linear=mkldnn --b linear=mixed
+    .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a linear=mm --b linear=mkldnn
 
 Model: the embedded SmolLM2-135M-Instruct. Prompts are real `arith` prompts (system prompt and
 the calculator's tool schema, then the problem), so the episodes share a long prompt prefix that
