@@ -126,9 +126,11 @@ class ToolEnv(Env):
         self._attempt_turns += 1
         calls = parse_tool_calls(action_text)
         if calls:
-            observation, n_ok, n_errors = self._run_calls(calls)
+            observation, succeeded = self._run_calls(calls)
+            n_ok = sum(succeeded)
+            n_errors = len(calls) - n_ok
             reward = self.tool_success_reward * n_ok
-            self._match_solution_steps(observation)
+            self._match_solution_steps(observation, succeeded)
             step_info = {"step_tool_calls": len(calls), "step_tool_errors": n_errors, **self._solution_info()}
             if self._attempt_turns >= self.max_turns:
                 return self._finish(None, "max_turns", reward, step_info)
@@ -157,14 +159,14 @@ class ToolEnv(Env):
 
     # --- solution steps ----------------------------------------------------------------------
 
-    def _match_solution_steps(self, observation: list[dict[str, Any]]) -> None:
-        """Extend the matched prefix of reference values with this turn's tool results, in order."""
-        for message in observation:
+    def _match_solution_steps(self, observation: list[dict[str, Any]], succeeded: list[bool]) -> None:
+        """Extend the matched prefix of reference values with this turn's tool results, in order.
+
+        A failed call breaks the chain, whatever its message says."""
+        for message, ok in zip(observation, succeeded):
             if self._chain_broken or self._steps_matched >= len(self._reference_steps):
                 return
-            if message["name"] != "error" and not message["content"].startswith("Error:") and answers_match(
-                message["content"], self._reference_steps[self._steps_matched]
-            ):
+            if ok and answers_match(message["content"], self._reference_steps[self._steps_matched]):
                 self._steps_matched += 1
             else:
                 self._chain_broken = True
@@ -176,8 +178,9 @@ class ToolEnv(Env):
 
     # --- tools -----------------------------------------------------------------------------
 
-    def _run_calls(self, calls: list[ToolCall]) -> tuple[list[dict[str, Any]], int, int]:
-        observation, n_ok, n_errors = [], 0, 0
+    def _run_calls(self, calls: list[ToolCall]) -> tuple[list[dict[str, Any]], list[bool]]:
+        """One observation message per call, and whether each call succeeded."""
+        observation, succeeded = [], []
         for position, call in enumerate(calls):
             if position >= MAX_CALLS_PER_TURN:
                 content = f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run"
@@ -185,11 +188,10 @@ class ToolEnv(Env):
             else:
                 name, content, ok = self._run_call(call)
             observation.append({"role": "tool", "name": name, "content": content})
-            n_ok += ok
-            n_errors += not ok
+            succeeded.append(ok)
         self._tool_calls += len(calls)
-        self._tool_errors += n_errors
-        return observation, n_ok, n_errors
+        self._tool_errors += succeeded.count(False)
+        return observation, succeeded
 
     def _run_call(self, call: ToolCall) -> tuple[str, str, bool]:
         """(observation name, content, succeeded) for one parsed call; never raises."""
