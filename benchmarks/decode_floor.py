@@ -122,7 +122,7 @@ def main() -> None:
           f"({wall_ms / floor_ms:.1f}x above it)")
     print(json.dumps({
         "read_gbps": gbps, "dtype": args.dtype, "linear": runner.linear, "batch": args.batch, "context": args.context,
-        "shared_prefix": shared, "prefill_ms": prefill_ms,        "wall_ms": wall_ms, "op_ms": op_ms, **{f"{k}_ms": v for k, v in split.items()},
+        "shared_prefix": shared, "prefill_ms": prefill_ms, "wall_ms": wall_ms, "op_ms": op_ms, **{f"{k}_ms": v for k, v in split.items()},
         "weight_mb": weight_mb, "kv_mb": kv_mb, "projection_gbps": proj_gbps, "floor_ms": floor_ms,
     }))
 

@@ -43,14 +43,21 @@ from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
 
 
-def runner_kwargs(text: str) -> dict[str, int | str]:
-    """"linear=mkldnn,shared_prefix=0" -> {"linear": "mkldnn", "shared_prefix": 0}; "" -> {}."""
-    kwargs: dict[str, int | str] = {}
+def runner_kwargs(text: str) -> dict[str, bool | int | str]:
+    """"linear=mkldnn,shared_prefix=0" -> {"linear": "mkldnn", "shared_prefix": 0}; "" -> {}.
+
+    Values are ints ("0"), booleans ("true"/"false", any case) or strings."""
+    kwargs: dict[str, bool | int | str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"FastRunner setting {item!r}: expected KEY=VALUE, e.g. linear=mkldnn")
-        kwargs[key] = int(value) if value.lstrip("-").isdigit() else value
+        if value.lstrip("-").isdigit():
+            kwargs[key] = int(value)
+        elif value.lower() in ("true", "false"):
+            kwargs[key] = value.lower() == "true"
+        else:
+            kwargs[key] = value
     return kwargs
 
 
