@@ -8,10 +8,10 @@ compiled extension, not part of the product.
 
 Both sides compute the same thing for one decode step of SmolLM2-135M's attention shapes (3 KV
 heads, 3 query heads per KV head, head_dim 64, fp32) over 30 layers' worth of K/V:
-  * "torch": FastRunner's path for a call whose rows share a forked prefix (fast_runner.py,
-    `_attend_with_shared_prefix`): one CPU flash-attention call with every row's queries against
-    the prefix keys, one per-row call against each row's own keys under a padding mask, and the
-    log-sum-exp merge (sigmoid, lerp).
+  * "torch": FastRunner's own `_attend_with_shared_prefix` (fast_runner.py), called as a decode
+    step calls it, on a stand-in holding just the attributes it reads: one CPU flash-attention call
+    with every row's queries against the prefix keys, one per-row call against each row's own keys
+    under a padding mask, and the log-sum-exp merge (sigmoid, lerp).
   * "compiled": one C++ call: for each (KV head, row), in parallel over both cores, the scores of
     the row's query heads against the prefix and its own valid keys, a softmax, and the weighted
     sum of values; plain loops that the compiler vectorises (-O3 -march=native, `omp simd`).
@@ -27,8 +27,11 @@ import json
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
+
+from agentic_rl.rollout.fast_runner import FastRunner
 
 KERNEL = r"""
 #include <torch/extension.h>
@@ -114,20 +117,18 @@ def main() -> None:
     cache = torch.randn(LAYERS, B, 2, H, k0 + own + 64, D, generator=gen)  # its per-slot cache layout
     q = torch.randn(B, H * G * D, generator=gen)
     nvalid = torch.randint(own // 2, own + 1, (B,), generator=gen)
+    # the additive mask a decode step passes (key j of row b is visible iff j < nvalid[b])
     mask = torch.zeros(B, 1, 1, own).masked_fill_(torch.arange(own)[None, None, None, :] >= nvalid[:, None, None, None],
                                                   float("-inf"))
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     scale = D**-0.5
+    runner = SimpleNamespace(n_kv=H, group=G, head_dim=D, scale=scale, dtype=torch.float32, _prefix_kv=store)
 
-    def torch_path(li: int) -> torch.Tensor:  # the arithmetic of FastRunner._attend_with_shared_prefix
-        pk, pv = store[li, 0, :, :k0], store[li, 1, :, :k0]
+    def to_tokens(t: torch.Tensor) -> torch.Tensor:  # forward's layout map on the plain decode path
+        return t.view(B, H, G, *t.shape[3:])
+
+    def torch_path(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]
-        qs = q.view(B, H, G, D).transpose(0, 1).reshape(1, H, B * G, D)
-        o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=scale)
-        o_pre, lse_pre = o_pre.view(H, B, G, D).transpose(0, 1), lse_pre.view(H, B, G).transpose(0, 1)
-        o_row, lse_row = flash(q.view(B, H, G, D), k, v, 0.0, False, attn_mask=mask, scale=scale)
-        share = torch.sigmoid(lse_pre - lse_row.view(B, H, G)).unsqueeze(-1)
-        return torch.lerp(o_row.view(B, H, G, D), o_pre, share).reshape(B, -1)
+        return FastRunner._attend_with_shared_prefix(runner, li, k0, q, q.view(B, H, G, D), k, v, mask, to_tokens)
 
     def compiled(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]
