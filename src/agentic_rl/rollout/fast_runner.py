@@ -89,6 +89,8 @@ from agentic_rl.rollout.runner import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
 _ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positions
+# the CPU flash kernel that also returns each query's log-sum-exp (shared-prefix attention merges on it)
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass
@@ -261,6 +263,7 @@ class FastRunner(Runner):
         self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
         # shared-prefix store: K/V of the last forked prefix, (layers, 2, kv_heads, length, head_dim)
         self._prefix_kv: torch.Tensor | None = None
+        self._prefix_views: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer (K, V), hoisted out of forward
         self._prefix_gen = 0  # bumped whenever the store is rewritten
         self._shared: list[tuple[int, int] | None] = [None] * self.max_slots  # slot -> (gen, tokens shared)
         self.weights_version = 0
@@ -470,6 +473,7 @@ class FastRunner(Runner):
             if c >= max(1, self.shared_prefix):
                 return self._prefix_gen, c
         self._prefix_kv = self._kv[:, source, :, :, :length].clone()
+        self._prefix_views = [(layer[0], layer[1]) for layer in self._prefix_kv.unbind(0)]
         self._prefix_gen += 1
         return self._prefix_gen, length
 
@@ -651,8 +655,9 @@ class FastRunner(Runner):
         `to_tokens` maps per-row results to packed token order (see forward).
         """
         T, (nkv, g, hd) = q.shape[0], (self.n_kv, self.group, self.head_dim)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        pk, pv = self._prefix_kv[li, 0, :, :k0], self._prefix_kv[li, 1, :, :k0]  # (nkv, k0, hd)
+        flash = _FLASH_CPU
+        pk, pv = self._prefix_views[li]
+        pk, pv = pk[:, :k0], pv[:, :k0]  # (nkv, k0, hd)
         qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
         o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=self.scale)
         o_pre = o_pre.view(nkv, T, g, hd).transpose(0, 1)  # (T, nkv, g, hd)
