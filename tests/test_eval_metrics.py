@@ -88,3 +88,19 @@ def test_episode_statistics_hand_values():
     assert stats["accuracy/difficulty_1"] == 1.0 and stats["accuracy/difficulty_2"] == 0.0
     # tasks that list no reference steps: no solution_steps metric rather than a 0
     assert "solution_steps" not in episode_statistics([_episode(True, 1, 0)], tasks[:1])
+
+
+def test_sampled_metrics_histogram_and_per_problem_counts():
+    """Three problems, k = 4: solved 4/4, 1/4 and 0/4. Only the middle one ("sometimes") gives a
+    GRPO group with reward variance; the histogram must say so."""
+    from agentic_rl.evaluation.runner import sampled_metrics
+
+    outcomes = [[True] * 4, [False, True, False, False], [False] * 4]
+    trajs = [_episode(c, 1, 0, {"final_answer": "1" if c else "2"}) for group in outcomes for c in group]
+    tasks = [Task(f"t/{i}", "q", "1", {}) for i in range(3)]
+    metrics, counts, maj = sampled_metrics(trajs, tasks, 4)
+    assert counts == [4, 1, 0]
+    assert (metrics["solved/never"], metrics["solved/sometimes"], metrics["solved/always"]) == (1, 1, 1)
+    assert metrics["sampled_accuracy@T"] == pytest.approx(5 / 12)
+    assert metrics["pass@4"] == pytest.approx(2 / 3)
+    assert maj == [1.0, 0.0, 0.0] and metrics["maj@4"] == pytest.approx(1 / 3)

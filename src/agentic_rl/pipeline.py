@@ -5,8 +5,14 @@
 Run directory (`output_dir`):
 
     eval_base/  sft/  eval_sft/  rm/  grpo/  eval_grpo/      one folder per stage
+    control/  eval_control/                                   the compute-matched SFT control (optional)
     <stage>/DONE.json                                         written last, atomically
-    report.md, plots/*.png, results.json                      the summary
+    report.md, plots/*.png, results.json, summary.json        the summary
+
+The control answers "would more SFT have done as well as GRPO?": SFT continued from the SFT
+model on the same demonstrations (fresh adapters, as GRPO gets, and a new batch order) for as
+many steps as fit in GRPO's measured training time. The report compares every stage with the
+one it started from, and GRPO with the control, on the same problems (paired, 95% CI).
 
 A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
@@ -32,7 +38,22 @@ from agentic_rl.training.grpo import GRPOConfig
 from agentic_rl.training.reward_model import RMConfig
 from agentic_rl.training.sft import SFTConfig
 
-STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo")
+STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control")
+
+
+@dataclasses.dataclass
+class ControlConfig:
+    """The compute-matched control: more SFT instead of GRPO."""
+
+    enabled: bool = False
+    """Run it (stages control and eval_control)."""
+    steps: int = 0
+    """SFT steps of the control; 0: as many as fit in GRPO's measured training time (the sum of
+    GRPO's step times, rollouts included, over the SFT stage's mean step time)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"control.steps must be >= 0 (0: match GRPO's training time), got {self.steps}")
 
 
 @dataclasses.dataclass
@@ -51,10 +72,13 @@ class PipelineConfig:
     """Reward-model stage."""
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
     """GRPO stage; starts from the SFT model."""
+    control: ControlConfig = dataclasses.field(default_factory=ControlConfig)
+    """The compute-matched SFT control (off by default: it costs as much as GRPO)."""
     use_reward_model: float = 0.0
     """Weight of the trained reward model as a GRPO reward term (0: train it, report it, don't use it)."""
     skip: list[str] = dataclasses.field(default_factory=list)
-    """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo."""
+    """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo (control and
+    eval_control run only when control.enabled)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.skip) - set(STAGES))
@@ -91,7 +115,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
     for stage in STAGES:
-        if stage in cfg.skip:
+        if stage in cfg.skip or (stage in ("control", "eval_control") and not cfg.control.enabled):
             continue
         done = root / stage / "DONE.json"
         if done.exists():
@@ -117,7 +141,8 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
 def _run_stage(cfg: PipelineConfig, stage: str) -> None:
     """Body of one stage's process: run it and write its DONE.json atomically."""
     root = Path(cfg.output_dir)
-    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final")}
+    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final"),
+              "control": str(root / "control" / "final")}
     actions: dict[str, Callable[[], dict[str, Any]]] = {
         "eval_base": lambda: _evaluate(models["base"], cfg.evals, _log),
         "sft": lambda: _sft(cfg, root, _log),
@@ -125,6 +150,8 @@ def _run_stage(cfg: PipelineConfig, stage: str) -> None:
         "rm": lambda: _rm(cfg, root, models["sft"], _log),
         "grpo": lambda: _grpo(cfg, root, models["sft"], _log),
         "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, _log),
+        "control": lambda: _control(cfg, root, models["sft"], _log),
+        "eval_control": lambda: _evaluate(models["control"], cfg.evals, _log),
     }
     started = time.perf_counter()
     result = actions[stage]()
@@ -138,7 +165,9 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     stages whose output it reads (the SFT model feeds everything after SFT)."""
     sections = {"eval_base": ["model", "evals"], "sft": ["model", "sft"], "eval_sft": ["model", "sft", "evals"],
                 "rm": ["model", "sft", "rm"], "grpo": ["model", "sft", "grpo", "use_reward_model"],
-                "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"]}[stage]
+                "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"],
+                "control": ["model", "sft", "grpo", "control"],
+                "eval_control": ["model", "sft", "grpo", "control", "evals"]}[stage]
     if cfg.use_reward_model and stage in ("grpo", "eval_grpo"):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
@@ -180,7 +209,9 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
     for eval_cfg in evals:
         label = eval_cfg.label or eval_cfg.env
         out[label] = evaluate(model, tokenizer, eval_cfg)
-        log(f"[pipeline]   {label}: pass@1 = {out[label]['pass@1']:.3f}")
+        result, interval, k = out[label], out[label]["ci95"]["pass@1"], out[label]["k"]
+        sampled = f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}" if k > 1 else ""
+        log(f"[pipeline]   {label}: pass@1 = {result['pass@1']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] on {result['n']} problems{sampled}")
     return {"model": model_name, "evals": out}
 
 
@@ -190,7 +221,38 @@ def _sft(cfg: PipelineConfig, root: Path, log) -> dict[str, Any]:
     sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=cfg.model),
                               train=dataclasses.replace(cfg.sft.train, output_dir=str(root / "sft")))
     out = train_sft(sft)
-    return {"final": out["final"], "num_demos": out["num_demos"], "final_loss": out["history"][-1]["loss"] if out["history"] else None}
+    return {"final": out["final"], "num_demos": out["num_demos"], "steps": cfg.sft.train.steps,
+            "final_loss": out["history"][-1]["loss"] if out["history"] else None,
+            "train_seconds": training_seconds(root / "sft", cfg.sft.train.steps)}
+
+
+def training_seconds(run: Path, steps: int) -> float:
+    """Wall time of a run's `steps` optimizer steps (data with rollouts, forward/backward and
+    optimizer), without model loading or saving: the budget the control is matched on. Read from
+    the run's metrics.jsonl, so a resumed run counts its steps before the resume too; with
+    train.log_every > 1, the logged steps' mean times the step count."""
+    from agentic_rl.training.run_dir import read_metrics
+
+    rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+    times = [row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0) for row in rows]
+    return float(sum(times) / len(times) * steps) if times else 0.0
+
+
+def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
+    from agentic_rl.training.sft import train_sft
+
+    steps = cfg.control.steps
+    if not steps:
+        sft_done, grpo_done = (json.loads((root / name / "DONE.json").read_text()) for name in ("sft", "grpo"))
+        per_step = sft_done["train_seconds"] / max(1, sft_done["steps"])
+        steps = max(1, round(grpo_done["train_seconds"] / per_step))
+        log(f"[pipeline]   control: GRPO trained {grpo_done['train_seconds']:.0f} s; SFT takes {per_step:.1f} s per step -> {steps} steps")
+    control = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=sft_model),
+                                  train=dataclasses.replace(cfg.sft.train, steps=steps, seed=cfg.sft.train.seed + 1,
+                                                            output_dir=str(root / "control")))
+    out = train_sft(control)
+    return {"final": out["final"], "steps": steps, "final_loss": out["history"][-1]["loss"] if out["history"] else None,
+            "train_seconds": training_seconds(root / "control", steps)}
 
 
 def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
@@ -215,4 +277,5 @@ def _grpo(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any
     history = out["history"]
     return {"final": out["final"], "steps": len(history),
             "reward_first": history[0].get("reward/total/mean") if history else None,
-            "reward_last": history[-1].get("reward/total/mean") if history else None}
+            "reward_last": history[-1].get("reward/total/mean") if history else None,
+            "train_seconds": training_seconds(root / "grpo", cfg.grpo.train.steps)}

@@ -1,4 +1,10 @@
-"""The pipeline report: report.md with a metrics table per stage, plus PNG plots.
+"""The pipeline report: report.md with a metrics table per stage, paired comparisons of the
+stages on the same problems, summary.json, plus PNG plots.
+
+    summary.json   per stage and evaluation: n, each accuracy with its 95% interval, the
+                   success histogram; and the paired differences (B − A, 95% CI, McNemar p)
+                   of each stage against the one it started from, and of GRPO against the
+                   compute-matched SFT control
 
     plots/reward_components.png   GRPO reward per step, one line per component
     plots/accuracy_by_stage.png   pass@1 of each evaluation at base / SFT / GRPO
@@ -11,8 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-_STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO"}
-_COLUMNS = ("pass@1", "format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
+_STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_control": "SFT control"}
+_COLUMNS = ("format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
+COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_control"), ("eval_control", "eval_grpo"))
+"""(A, B) stage pairs the report compares, B − A: each stage against the one it started from,
+and GRPO against the compute-matched control."""
 
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
@@ -24,6 +33,8 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     plots.mkdir(exist_ok=True)
     lines = [f"# agentic-rl pipeline report", "", f"Base model: `{cfg.model}`. Run directory: `{root}`.", ""]
     lines += _eval_table(results)
+    summary = summarize(results)
+    lines += _comparison_lines(summary["comparisons"])
     lines += _stage_table(results)
     grpo_metrics = root / "grpo" / "metrics.jsonl"
     if grpo_metrics.exists():
@@ -39,21 +50,70 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     if failures:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
     (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (root / "summary.json").write_text(json.dumps(summary, indent=1))
     report = root / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
 
 
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """The machine-readable summary: accuracies with 95% intervals per stage and evaluation, and
+    the paired comparisons of COMPARISONS on every evaluation both stages ran."""
+    from agentic_rl.evaluation.compare import compare_evaluations
+    from agentic_rl.evaluation.runner import compared_metrics
+
+    stages: dict[str, Any] = {}
+    for stage in _STAGE_NAMES:
+        for label, metrics in (results.get(stage, {}).get("evals") or {}).items():
+            entry: dict[str, Any] = {"n": metrics.get("n"), "k": metrics.get("k", 1)}
+            for metric in compared_metrics(metrics) if "per_task" in metrics else ["pass@1"]:
+                entry[metric] = {"value": metrics.get(metric), "ci95": (metrics.get("ci95") or {}).get(metric)}
+            entry.update({key: metrics[key] for key in ("solved/never", "solved/sometimes", "solved/always") if key in metrics})
+            stages.setdefault(stage, {})[label] = entry
+    comparisons = []
+    for a, b in COMPARISONS:
+        left, right = (results.get(a) or {}).get("evals") or {}, (results.get(b) or {}).get("evals") or {}
+        for label in [label for label in left if label in right]:
+            if "per_task" in left[label] and "per_task" in right[label]:
+                comparisons += [{"a": a, "b": b, **row} for row in compare_evaluations(left[label], right[label], label)]
+    return {"stages": stages, "comparisons": comparisons}
+
+
 def _eval_table(results: dict[str, Any]) -> list[str]:
-    lines = ["## Evaluation", "", "| evaluation | stage | " + " | ".join(_COLUMNS) + " | extra |", "|---|---|" + "---|" * (len(_COLUMNS) + 1)]
+    lines = ["## Evaluation", "", "Accuracies with their 95% intervals (Wilson for greedy pass@1, a bootstrap over problems for the sampled ones).", "",
+             "| evaluation | stage | n | pass@1 (greedy) | sampled accuracy | pass@k | maj@k | never / sometimes / always solved | " + " | ".join(_COLUMNS) + " | extra |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * (len(_COLUMNS) + 1)]
     for stage, name in _STAGE_NAMES.items():
         for label, metrics in (results.get(stage, {}).get("evals") or {}).items():
+            k = metrics.get("k", 1)
+            accuracies = [_with_ci(metrics, key) for key in ("pass@1", "sampled_accuracy@T", f"pass@{k}", f"maj@{k}")]
+            solved = " / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always")) if "solved/never" in metrics else ""
             cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
-            extra = ", ".join(
-                f"{k} {_fmt(v)}" for k, v in metrics.items()
-                if k.startswith(("accuracy/", "pass@", "maj@", "solution_steps")) and k != "pass@1"
-            )
-            lines.append(f"| {label} | {name} | " + " | ".join(cells) + f" | {extra} |")
+            extra = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps")))
+            lines.append(f"| {label} | {name} | {metrics.get('n', '')} | " + " | ".join(accuracies) + f" | {solved} | " + " | ".join(cells) + f" | {extra} |")
+    return lines
+
+
+def _with_ci(metrics: dict[str, Any], key: str) -> str:
+    if key not in metrics or (key != "pass@1" and metrics.get("k", 1) == 1):
+        return ""
+    interval = (metrics.get("ci95") or {}).get(key)
+    return f"{metrics[key]:.1%}" + (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval else "")
+
+
+def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    from agentic_rl.evaluation.compare import format_rows
+
+    if not comparisons:
+        return []
+    lines = ["", "## Paired comparisons", "",
+             "Each row compares two stages on the same problems: B − A, the mean per-problem difference with its 95% "
+             "paired-bootstrap interval, the problems each side solved and the other did not, and the exact McNemar p-value "
+             "(binary outcomes). A difference whose interval contains 0 is within the noise.", ""]
+    for a, b in COMPARISONS:
+        rows = [row for row in comparisons if row["a"] == a and row["b"] == b]
+        if rows:
+            lines += [f"**{_STAGE_NAMES[b]}** (B) against **{_STAGE_NAMES[a]}** (A):", ""] + format_rows(rows) + [""]
     return lines
 
 
@@ -108,17 +168,19 @@ def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
     series: dict[str, list[tuple[str, float]]] = {}
     for stage, name in _STAGE_NAMES.items():
         for label, metrics in (results.get(stage, {}).get("evals") or {}).items():
-            series.setdefault(label, []).append((name, metrics["pass@1"]))
+            series.setdefault(label, []).append((name, metrics["pass@1"], (metrics.get("ci95") or {}).get("pass@1")))
     if not series:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5))
     width = 0.8 / len(series)
-    stage_names = list(_STAGE_NAMES.values())
+    stage_names = [name for name in _STAGE_NAMES.values() if any(point[0] == name for points in series.values() for point in points)]
     for i, (label, points) in enumerate(series.items()):
-        xs = [stage_names.index(name) + i * width for name, _ in points]
-        ax.bar(xs, [value for _, value in points], width=width, label=label)
+        xs = [stage_names.index(name) + i * width for name, _, _ in points]
+        values = [value for _, value, _ in points]
+        errors = [[value - ci[0] if ci else 0.0 for _, value, ci in points], [ci[1] - value if ci else 0.0 for _, value, ci in points]]
+        ax.bar(xs, values, width=width, label=label, yerr=errors, capsize=3)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(stage_names))], stage_names)
-    ax.set_ylabel("pass@1 (greedy)")
+    ax.set_ylabel("pass@1 (greedy), 95% CI")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -128,7 +190,7 @@ def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
 
 
 def _failures(results: dict[str, Any]) -> list[str]:
-    for stage in ("eval_grpo", "eval_sft", "eval_base"):
+    for stage in ("eval_grpo", "eval_control", "eval_sft", "eval_base"):
         evals = results.get(stage, {}).get("evals")
         if evals:
             lines = []

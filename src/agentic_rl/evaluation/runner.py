@@ -66,12 +66,49 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
     greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.label or cfg.env} greedy", progress=progress)
     result = episode_statistics(greedy, tasks)
     result["n"] = len(tasks)
+    per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy]}
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
         sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.temperature, desc=f"eval {cfg.label or cfg.env} k={cfg.k}", progress=progress)
-        result.update(sampled_metrics(sampled, tasks, cfg.k))
+        metrics, per_task["correct_of_k"], per_task["maj"] = sampled_metrics(sampled, tasks, cfg.k)
+        result.update(metrics)
+    result["k"] = cfg.k
+    result["per_task"] = per_task
+    result["ci95"] = confidence_intervals(per_task, cfg.k)
     result["failures"] = [transcript(t) for t in greedy if not t.info.get("correct")][: cfg.failures_shown]
     return result
+
+
+def per_problem_scores(result: dict[str, Any], metric: str) -> list[float]:
+    """One score per problem, in task order, from an evaluation result's `per_task` record.
+
+    metric: "pass@1" (greedy, 0/1), "sampled_accuracy@T" (c/k), "pass@k" (1 if any of the k
+    samples is correct, 0 else; the k of the evaluation), "maj@k" (the tie-aware majority vote)."""
+    per_task, k = result["per_task"], int(result.get("k", 1))
+    if metric == "pass@1":
+        return [float(v) for v in per_task["greedy"]]
+    if metric not in ("sampled_accuracy@T", f"pass@{k}", f"maj@{k}"):
+        raise ValueError(f"unknown metric {metric!r} for an evaluation with k = {k}; "
+                         f"use pass@1{'' if k == 1 else f', sampled_accuracy@T, pass@{k} or maj@{k}'}")
+    if metric == "sampled_accuracy@T":
+        return [c / k for c in per_task["correct_of_k"]]
+    if metric.startswith("pass@"):
+        return [float(c > 0) for c in per_task["correct_of_k"]]
+    return [float(v) for v in per_task["maj"]]
+
+
+def compared_metrics(result: dict[str, Any]) -> list[str]:
+    """The per-problem metrics an evaluation result supports, greedy first."""
+    k = int(result.get("k", 1))
+    return ["pass@1"] + (["sampled_accuracy@T", f"pass@{k}", f"maj@{k}"] if k > 1 else [])
+
+
+def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[float]]:
+    """95% interval of every per-problem accuracy (see evaluation/stats.py for the methods)."""
+    from agentic_rl.evaluation.stats import accuracy_interval
+
+    result = {"per_task": per_task, "k": k}
+    return {metric: list(accuracy_interval(per_problem_scores(result, metric))) for metric in compared_metrics(result)}
 
 
 def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
@@ -120,18 +157,26 @@ def _difficulty_key(task) -> str | None:
     return None
 
 
-def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int) -> dict[str, float]:
-    """pass@k and maj@k from k sampled episodes per task (tasks in order, k consecutive each)."""
+def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int) -> tuple[dict[str, float], list[int], list[float]]:
+    """pass@k, maj@k, the mean sampled accuracy, and the success histogram from k sampled
+    episodes per task (tasks in order, k consecutive each); also the per-task correct counts
+    and majority-vote scores."""
     from agentic_rl.envs.answer import answers_match
 
-    pass_k, maj_k = [], []
+    pass_k, maj_k, counts = [], [], []
     for index, task in enumerate(tasks):
         group = trajs[index * k : (index + 1) * k]
         correct = sum(bool(t.info.get("correct")) for t in group)
+        counts.append(correct)
         pass_k.append(pass_at_k(k, correct, k))
         answers = [t.info.get("final_answer") for t in group]
         maj_k.append(maj_at_k(answers, lambda a, ref=task.answer: answers_match(a, ref), canonical=_canonical))
-    return {f"pass@{k}": mean(pass_k), f"maj@{k}": mean(maj_k), f"sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs])}
+    metrics = {f"pass@{k}": mean(pass_k), f"maj@{k}": mean(maj_k), "sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs]),
+               # how many problems the policy never / sometimes / always solves in k samples: only
+               # "sometimes" problems give GRPO a group with reward variance
+               "solved/never": sum(c == 0 for c in counts), "solved/sometimes": sum(0 < c < k for c in counts),
+               "solved/always": sum(c == k for c in counts)}
+    return metrics, counts, maj_k
 
 
 def _canonical(answer: str) -> str:

@@ -1,0 +1,87 @@
+"""Paired comparison of two evaluations of the same problems.
+
+    agentic-rl compare runs/demo/eval_sft runs/demo/eval_grpo
+    agentic-rl compare sft.json grpo.json            # files from `agentic-rl eval --out`
+
+An input is an evaluation result (`eval --out FILE`), a pipeline stage's DONE.json, or the
+stage's folder. A stage holds several evaluations (by label); every label present on both sides
+is compared, on every per-problem metric both sides measured (pass@1; with k > 1 also the
+sampled accuracy, pass@k and maj@k). Problems are paired by task id, and both sides must hold
+exactly the same problems: comparing different problem sets is not a paired comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentic_rl.evaluation.runner import compared_metrics, per_problem_scores
+from agentic_rl.evaluation.stats import paired_difference
+
+
+def load_evaluations(path: str | Path) -> dict[str, dict[str, Any]]:
+    """{label: evaluation result} from an eval result file, a stage DONE.json, or a stage folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "DONE.json"
+    if not path.exists():
+        raise ValueError(f"{path}: no such file; give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json")
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if isinstance(payload, dict) and isinstance(payload.get("evals"), dict):
+        evaluations = payload["evals"]
+    elif isinstance(payload, dict) and "per_task" in payload:
+        evaluations = {payload.get("label") or payload.get("env", "eval"): payload}
+    else:
+        raise ValueError(f"{path}: holds no evaluation with per-problem results (no 'evals' or 'per_task' key); "
+                         "evaluations written before per-problem results were recorded cannot be paired: rerun them")
+    for label, result in evaluations.items():
+        if "per_task" not in result:
+            raise ValueError(f"{path}: evaluation '{label}' has no per-problem results ('per_task'); rerun it")
+    return evaluations
+
+
+def compare_evaluations(a: dict[str, Any], b: dict[str, Any], label: str = "") -> list[dict[str, Any]]:
+    """One row per metric both evaluations support: B − A paired by task id, with its 95% CI."""
+    ids_a, ids_b = a["per_task"]["id"], b["per_task"]["id"]
+    if sorted(ids_a) != sorted(ids_b):
+        only_a, only_b = sorted(set(ids_a) - set(ids_b)), sorted(set(ids_b) - set(ids_a))
+        raise ValueError(
+            f"evaluation '{label}': the two sides hold different problems ({len(ids_a)} and {len(ids_b)}; "
+            f"only in A: {only_a[:3]}{'...' if len(only_a) > 3 else ''}, only in B: {only_b[:3]}{'...' if len(only_b) > 3 else ''}). "
+            "Evaluate both models with the same env options, split, n and seed."
+        )
+    order_b = {task_id: index for index, task_id in enumerate(ids_b)}
+    rows = []
+    for metric in [m for m in compared_metrics(a) if m in compared_metrics(b)]:
+        scores_a = per_problem_scores(a, metric)
+        scores_b_by_id = per_problem_scores(b, metric)
+        scores_b = [scores_b_by_id[order_b[task_id]] for task_id in ids_a]
+        rows.append({"label": label, "metric": metric, **paired_difference(scores_a, scores_b).as_dict()})
+    return rows
+
+
+def compare_paths(path_a: str | Path, path_b: str | Path) -> list[dict[str, Any]]:
+    """Compare every evaluation label the two inputs share."""
+    left, right = load_evaluations(path_a), load_evaluations(path_b)
+    shared = [label for label in left if label in right]
+    if not shared:
+        raise ValueError(f"{path_a} ({sorted(left)}) and {path_b} ({sorted(right)}) share no evaluation label")
+    return [row for label in shared for row in compare_evaluations(left[label], right[label], label)]
+
+
+def format_rows(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> list[str]:
+    """A Markdown table of comparison rows."""
+    lines = [f"| evaluation | metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | better / worse | McNemar p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        p = "" if row["mcnemar_p"] is None else f"{row['mcnemar_p']:.3f}"
+        lines.append(
+            f"| {row['label']} | {row['metric']} | {row['n']} | {row['mean_a']:.1%} | {row['mean_b']:.1%} | "
+            f"{row['difference']:+.1%} [{row['ci_low']:+.1%}, {row['ci_high']:+.1%}] | {row['b_better']} / {row['a_better']} | {p} | "
+            f"{row['verdict'].replace('B', name_b).replace('A', name_a)} |"
+        )
+    return lines

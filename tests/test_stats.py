@@ -1,0 +1,129 @@
+"""Confidence intervals and paired comparisons against hand-computed values and float64
+references; `agentic-rl compare` on eval files."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agentic_rl.evaluation.compare import compare_evaluations, compare_paths
+from agentic_rl.evaluation.runner import confidence_intervals, per_problem_scores
+from agentic_rl.evaluation.stats import accuracy_interval, mcnemar_exact, paired_difference, wilson_interval
+
+
+def test_wilson_interval_hand_values():
+    # 23/100: centre (0.23 + z²/200) / (1 + z²/100), half-width z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/100)
+    low, high = wilson_interval(23, 100)
+    assert low == pytest.approx(0.158433, abs=1e-6) and high == pytest.approx(0.321544, abs=1e-6)
+    assert wilson_interval(0, 6) == (0.0, pytest.approx(0.390334, abs=1e-6))  # not [0, 0] as the normal approximation
+    assert wilson_interval(100, 100) == (pytest.approx(0.963007, abs=1e-6), 1.0)
+    with pytest.raises(ValueError, match="0 <= successes <= n"):
+        wilson_interval(5, 4)
+
+
+def test_mcnemar_exact_hand_values():
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 2**5)  # 0.0625: five discordant problems are not enough
+    assert mcnemar_exact(8, 2) == pytest.approx(2 * (1 + 10 + 45) / 2**10)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+
+
+def test_paired_difference_counts_and_mean():
+    a = [1, 0, 0, 1, 0, 1, 0, 0]
+    b = [1, 1, 0, 1, 1, 0, 1, 0]
+    result = paired_difference(a, b)
+    assert result.n == 8 and result.b_better == 3 and result.a_better == 1
+    assert result.difference == pytest.approx(2 / 8)
+    assert result.mcnemar_p == pytest.approx(mcnemar_exact(3, 1))
+    assert result.ci_low <= result.difference <= result.ci_high
+    assert result.verdict() == "within noise"  # 3 against 1 on 8 problems
+    assert paired_difference(a, b) == result  # a fixed bootstrap seed: the same interval every time
+
+
+def test_paired_bootstrap_interval_matches_the_normal_theory_on_many_problems():
+    """On 400 problems the percentile bootstrap of a mean difference is close to mean ± 1.96·sd/√n
+    (float64 reference)."""
+    rng = np.random.default_rng(7)
+    a = (rng.random(400) < 0.3).astype(float)
+    b = np.where(rng.random(400) < 0.2, 1.0 - a, a)  # b flips 20% of a's outcomes
+    b[:40] = 1.0
+    result = paired_difference(a.tolist(), b.tolist())
+    d = b - a
+    half = 1.959963984540054 * d.std(ddof=1) / math.sqrt(d.size)
+    assert result.ci_low == pytest.approx(d.mean() - half, abs=0.01)
+    assert result.ci_high == pytest.approx(d.mean() + half, abs=0.01)
+
+
+def test_a_clear_improvement_is_significant_and_a_clear_loss_is_too():
+    a = [0] * 60 + [1] * 40
+    b = [1] * 30 + [0] * 30 + [1] * 40  # 30 problems gained, none lost
+    assert paired_difference(a, b).verdict() == "B better"
+    assert paired_difference(b, a).verdict() == "A better"
+    assert paired_difference(a, b).mcnemar_p < 1e-8
+
+
+def test_paired_difference_rejects_unpaired_inputs():
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference([1, 0], [1, 0, 1])
+    with pytest.raises(ValueError, match="finite"):
+        paired_difference([1, float("nan")], [1, 0])
+
+
+def test_accuracy_interval_uses_wilson_for_binary_and_the_bootstrap_for_fractions():
+    assert accuracy_interval([1, 0, 0, 0]) == wilson_interval(1, 4)
+    low, high = accuracy_interval([0.25, 0.5, 0.75, 0.5])
+    assert 0.25 <= low < 0.5 < high <= 0.75
+
+
+def _result(ids, greedy, correct_of_k=None, k=1, maj=None):
+    per_task = {"id": ids, "greedy": greedy}
+    if correct_of_k is not None:
+        per_task.update(correct_of_k=correct_of_k, maj=maj or [float(c > k // 2) for c in correct_of_k])
+    return {"per_task": per_task, "k": k, "n": len(ids)}
+
+
+def test_per_problem_scores_of_each_metric():
+    result = _result(["a", "b", "c"], [1, 0, 0], correct_of_k=[4, 1, 0], k=4, maj=[1.0, 0.5, 0.0])
+    assert per_problem_scores(result, "pass@1") == [1.0, 0.0, 0.0]
+    assert per_problem_scores(result, "sampled_accuracy@T") == [1.0, 0.25, 0.0]
+    assert per_problem_scores(result, "pass@4") == [1.0, 1.0, 0.0]
+    assert per_problem_scores(result, "maj@4") == [1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="pass@8"):
+        per_problem_scores(result, "pass@8")
+    ci = confidence_intervals(result["per_task"], 4)
+    assert ci["pass@1"] == list(wilson_interval(1, 3)) and set(ci) == {"pass@1", "sampled_accuracy@T", "pass@4", "maj@4"}
+
+
+def test_compare_pairs_problems_by_task_id_not_by_position():
+    a = _result(["t1", "t2", "t3", "t4"], [1, 0, 0, 1])
+    b = _result(["t4", "t3", "t2", "t1"], [1, 1, 1, 1])  # same problems, another order: t2 and t3 gained
+    (row,) = compare_evaluations(a, b, "x")
+    assert (row["b_better"], row["a_better"], row["difference"]) == (2, 0, pytest.approx(0.5))
+
+
+def test_compare_refuses_different_problem_sets_and_names_them():
+    with pytest.raises(ValueError, match=r"different problems.*only in A: \['t2'\].*only in B: \['t9'\]"):
+        compare_evaluations(_result(["t1", "t2"], [1, 0]), _result(["t1", "t9"], [1, 0]), "x")
+
+
+def test_compare_command_on_eval_files_and_stage_folders(tmp_path):
+    sft = _result([f"t{i}" for i in range(100)], [1] * 20 + [0] * 80)
+    grpo = _result([f"t{i}" for i in range(100)], [1] * 45 + [0] * 55)
+    (tmp_path / "sft.json").write_text(json.dumps({"label": "new", **sft}))
+    stage = tmp_path / "eval_grpo"
+    stage.mkdir()
+    (stage / "DONE.json").write_text(json.dumps({"model": "m", "evals": {"new": grpo}}))
+    rows = compare_paths(tmp_path / "sft.json", stage)
+    assert [(r["label"], r["metric"], r["verdict"]) for r in rows] == [("new", "pass@1", "B better")]
+    done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "sft.json"), str(stage)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| new | pass@1 | 100 | 20.0% | 45.0% | +25.0%" in done.stdout
+    assert json.loads(done.stdout.strip().splitlines()[-1])[0]["b_better"] == 25
+    missing = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "nope.json"), str(stage)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
