@@ -5,6 +5,7 @@ Shapes: B sequences (= prompts * G), G group size, T tokens, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -39,7 +40,7 @@ def reference_advantages(rewards: list[float], group_size: int, scale: str) -> l
     return out
 
 
-def reference_loss(logps, old_logps, advantages, mask, cfg: GRPOLossConfig, ref_logps):
+def reference_loss(logps, old_logps, advantages, mask, cfg: GRPOLossConfig, ref_logps, entropy=None):
     """The GRPO objective written token by token. logps is a (B, T) float64 leaf tensor."""
     batch, length = mask.shape
     clip_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
@@ -60,6 +61,8 @@ def reference_loss(logps, old_logps, advantages, mask, cfg: GRPOLossConfig, ref_
                 delta = ref_logps[i, t] - logps[i, t]
                 kl = torch.exp(delta) - delta - 1
                 loss = loss + cfg.beta * (kl * ratio if cfg.kl_importance_correction else kl)
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * entropy[i, t]
             total = total + loss
         sequence_sums.append(total)
         counts.append(len(tokens))
@@ -128,6 +131,30 @@ def test_every_loss_variant_matches_float64_loop(loss_type, scale, level, beta, 
     assert ("loss/kl" in metrics) == bool(beta)
     if level == "token":  # the data must actually exercise both branches of the min
         assert 0 < float(metrics["loss/clip_ratio_region"]) < 1
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_entropy_bonus_matches_float64_loop(loss_type):
+    """Guards the entropy bonus's sign, its aggregation (the same token weights as the surrogate)
+    and its gradient, which must reach the entropy (the policy's logits), not only the log-probs."""
+    cfg = dataclasses.replace(config_for(loss_type, "group", "token", 0.04, None), entropy_coef=0.01)
+    logps, old_logps, ref_logps, rewards, mask = ragged_batch(6, 9, seed=11)
+    advantages = group_advantages(rewards, 3, "group")
+    entropy = torch.rand(6, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 2  # (B, T)
+    ours, our_entropy = logps.clone().requires_grad_(True), entropy.clone().requires_grad_(True)
+    loss, _ = grpo_loss(ours, old_logps, advantages, mask, cfg, ref_logps, entropy=our_entropy)
+    theirs, their_entropy = logps.clone().requires_grad_(True), entropy.clone().requires_grad_(True)
+    expected = reference_loss(theirs, old_logps, advantages, mask, cfg, ref_logps, entropy=their_entropy)
+    assert float(loss.detach()) == pytest.approx(float(expected.detach()), abs=1e-12)
+    ours_grads = torch.autograd.grad(loss, [ours, our_entropy])
+    expected_grads = torch.autograd.grad(expected, [theirs, their_entropy])
+    for got, want in zip(ours_grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    assert float(ours_grads[1].min()) < 0  # more entropy lowers the loss on every trained token
+    without, _ = grpo_loss(logps, old_logps, advantages, mask, dataclasses.replace(cfg, entropy_coef=0.0), ref_logps)
+    assert float(loss.detach()) < float(without)
+    with pytest.raises(ValueError, match="differentiable"):
+        grpo_loss(logps, old_logps, advantages, mask, cfg, ref_logps)
 
 
 @pytest.mark.parametrize("kl_correction", [False, True])

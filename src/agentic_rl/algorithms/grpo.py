@@ -15,9 +15,10 @@ The loss, per trained token t of sequence i (A_i: advantage, r: importance ratio
 
     r_{i,t}   = exp(logp_{i,t} - old_logp_{i,t})                       (token level)
               = exp(mean_t (logp_{i,t} - old_logp_{i,t}))  for all t   (sequence level, GSPO)
-    l_{i,t}   = -min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t}
+    l_{i,t}   = -min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t} - c_H * H_{i,t}
     k3_{i,t}  = exp(ref - logp) - (ref - logp) - 1                     (Schulman's k3 estimator)
                 (times r_{i,t} when kl_importance_correction, TRL 1.16's default)
+    H_{i,t}   = entropy of pi_theta's next-token distribution at t (entropy_coef = c_H, default 0)
 
 then aggregated by `GRPOLossConfig.loss_type`.
 
@@ -98,6 +99,10 @@ class GRPOLossConfig:
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """"token": one ratio per token (PPO/GRPO). "sequence": one ratio per sequence,
     exp(mean over its tokens of logp - old_logp), applied to all its tokens (GSPO)."""
+    entropy_coef: float = 0.0
+    """c_H: weight of an entropy bonus, -c_H * H per trained token, aggregated like the surrogate.
+    Keeps a near-deterministic policy exploring (0: off; the GRPO paper has none). Needs the
+    differentiable entropy passed to `grpo_loss`."""
     max_completion_length: int | None = None
     """The constant denominator of "dr_grpo" (per sequence): the most policy tokens one episode
     may hold. Required for "dr_grpo", ignored (and rejected if set) otherwise."""
@@ -119,6 +124,8 @@ class GRPOLossConfig:
             raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
         if self.epsilon_high is not None and self.epsilon_high <= 0.0:
             raise ValueError(f"epsilon_high={self.epsilon_high} must be > 0, or None to use epsilon")
+        if not 0.0 <= self.entropy_coef < 1.0:
+            raise ValueError(f"entropy_coef={self.entropy_coef} must be in [0, 1): it weights an entropy bonus (0 turns it off)")
         if self.beta < 0.0:
             raise ValueError(f"beta={self.beta} must be >= 0: it weights a KL penalty (0 turns it off)")
         if self.kl_importance_correction and self.beta == 0.0:
@@ -290,8 +297,9 @@ def grpo_loss(
     cfg: GRPOLossConfig,
     ref_logps: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped GRPO surrogate plus beta * k3 KL, aggregated by `cfg.loss_type`.
+    """The clipped GRPO surrogate plus beta * k3 KL, minus entropy_coef * H, aggregated by `cfg.loss_type`.
 
     Args:
         logps: (B, T) log pi_theta of each token, with grad (from `sequence_logprobs`).
@@ -303,6 +311,7 @@ def grpo_loss(
         ref_logps: (B, T) log pi_ref; required iff cfg.beta > 0, never read when beta == 0.
         num_items_in_batch: only for "dapo"/"token": the trained-token count to divide by (e.g. of
             the whole accumulation window); default: mask.sum() of this batch.
+        entropy: (B, T) differentiable entropy of pi_theta per token; required iff cfg.entropy_coef > 0.
     Returns:
         loss: scalar, differentiable w.r.t. logps.
         metrics: detached scalars, all means over trained tokens (over sequences for the clip
@@ -312,6 +321,9 @@ def grpo_loss(
             (ratio > 1+eps_high with A > 0), "loss/clip_ratio_region" (either).
     """
     _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_items_in_batch)
+    if cfg.entropy_coef != 0.0 and (entropy is None or tuple(entropy.shape) != tuple(logps.shape) or not entropy.requires_grad):
+        raise ValueError(f"entropy_coef={cfg.entropy_coef} > 0 needs the differentiable (B, T) entropy of pi_theta; "
+                         "pass `entropy` from sequence_logprobs(..., with_entropy=True, entropy_grad=True)")
     trained = mask.bool()  # (B, T)
     weights = mask.to(logps.dtype)  # (B, T)
     advantages = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
@@ -332,6 +344,8 @@ def grpo_loss(
             per_token_kl = per_token_kl * ratio  # (B, T): ratio is (B, T), or (B, 1) broadcast (GSPO)
         per_token_loss = per_token_loss + cfg.beta * per_token_kl  # (B, T)
         metrics["loss/kl"] = _masked_mean(per_token_kl.detach(), weights)
+    if cfg.entropy_coef != 0.0:
+        per_token_loss = per_token_loss - cfg.entropy_coef * torch.where(trained, entropy, 0.0)  # (B, T)
     loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch)  # ()
     metrics.update(_ratio_metrics(ratio.detach(), advantages, weights, cfg))
     return loss, metrics

@@ -155,6 +155,7 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prefix: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the trained tokens, running the LM head only where they are needed.
 
@@ -168,8 +169,10 @@ def sequence_logprobs(
         loss_mask: (B, T) 1 on policy tokens. Column 0 must be 0: the first token has no context.
         temperature: the sampling temperature (logits are divided by it).
         with_entropy: also return the entropy of the next-token distribution at the same places
-            (detached: a metric, not a loss term).
+            (detached: a metric, not a loss term, unless entropy_grad).
         share_prefix: run the prefix shared by all rows once (see `shared_prefix_length`).
+        entropy_grad: keep the entropy differentiable, for an entropy bonus in the loss (costs one
+            more float copy of the (N, V) logits for backward).
     Returns:
         (logps (B, T), entropy (B, T) or None), float32 (float64 for a float64 model).
     """
@@ -191,6 +194,8 @@ def sequence_logprobs(
     out = _scatter_rows(logps, scored)  # (B, T)
     if not with_entropy:
         return out, None
+    if entropy_grad:
+        return out, _scatter_rows(token_entropy(logits, temperature), scored)  # (B, T), with grad
     with torch.no_grad():
         entropy = _scatter_rows(token_entropy(logits.detach(), temperature), scored)  # (B, T)
     return out, entropy

@@ -129,6 +129,44 @@ class AdvantageConfig:
 
 
 @dataclasses.dataclass
+class SelectionConfig:
+    """Which groups a batch trains on. A group whose G rewards are all equal has advantage 0 and
+    no gradient: it costs a rollout and teaches nothing. Both levers are off by default."""
+
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: replace zero-variance groups by groups of fresh prompts, rolled out
+    in extra rounds, until every group of the batch has reward variance or `max_rounds` is spent;
+    the groups still missing are filled with zero-variance ones (so the batch size never changes)."""
+    max_rounds: int = 2
+    """Extra rollout rounds dynamic sampling may run per batch: the cap on its extra cost (each
+    round rolls out only the missing groups)."""
+    band: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+    """[low, high]: a prompt is drawn again only while the share of its earlier episodes that were
+    correct lies in [low, high] (a prompt never drawn before always qualifies). E.g. [0.05, 0.95]
+    stops drawing prompts the policy always or never solves. [0, 1]: no filter. Works when prompts
+    recur, i.e. with a task_pool of the order of steps x prompts per step."""
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 0:
+            raise ValueError(f"selection.max_rounds must be >= 0, got {self.max_rounds}")
+        if len(self.band) != 2 or not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
+            raise ValueError(f"selection.band must be [low, high] with 0 <= low <= high <= 1, got {self.band}")
+
+
+@dataclasses.dataclass
+class GuidanceConfig:
+    """Guided groups (LUFFY, arXiv 2504.14945): off-policy demonstrations where on-policy RL fails."""
+
+    enabled: bool = False
+    """When no episode of a group is correct, the env's oracle demonstration of that prompt
+    replaces the group's last episode, so the group has a correct member and a gradient. The
+    demonstration was not sampled by the policy, so there is no π_old for its tokens: its
+    ratio is π_θ / sg(π_θ) = 1 (no clipping), and its gradient is A · ∇log π_θ(demo), an
+    advantage-weighted SFT step. (LUFFY shapes this with π/(π+γ); that is not implemented.)
+    Needs an env with an oracle (arith, gsm8k)."""
+
+
+@dataclasses.dataclass
 class RewardModelTerm:
     """An optional learned reward term."""
 
@@ -158,6 +196,10 @@ class GRPOConfig:
     """The GRPO objective and its variants."""
     advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
     """Advantage source."""
+    selection: SelectionConfig = dataclasses.field(default_factory=SelectionConfig)
+    """Which prompts and groups a batch trains on (dynamic sampling, success-rate band)."""
+    guidance: GuidanceConfig = dataclasses.field(default_factory=GuidanceConfig)
+    """Off-policy oracle demonstrations in groups that all fail (off by default)."""
     updates_per_batch: int = 1
     """μ: optimizer steps per rollout batch."""
     old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
@@ -169,8 +211,9 @@ class GRPOConfig:
     skip_zero_advantage: bool = True
     """With beta = 0, leave out of the forward/backward every episode whose advantages are all 0
     (e.g. a group whose G episodes earned the same reward): its loss and gradient are exactly 0,
-    and the normalisers still count it, so the update is unchanged. No effect when beta > 0 (the KL
-    term has a gradient) or for loss_type bnpo (its normaliser depends on the micro-batch)."""
+    and the normalisers still count it, so the update is unchanged. No effect when beta > 0 or
+    loss.entropy_coef > 0 (those terms have a gradient) or for loss_type bnpo (its normaliser
+    depends on the micro-batch)."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Optimizer."""
     train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
@@ -192,6 +235,23 @@ class GRPOConfig:
             raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
 
 
+@dataclasses.dataclass
+class _Group:
+    """The G episodes of one prompt: this process's share of them, and the whole group's rewards."""
+
+    task: Any
+    local: list[Trajectory]
+    """This process's episodes of the group (all G on one process)."""
+    rewards: torch.Tensor
+    """(G,) total rewards of every episode of the group, in row order."""
+    correct: int
+    """Episodes of the group graded correct."""
+
+    @property
+    def has_variance(self) -> bool:
+        return bool(self.rewards.max() != self.rewards.min())
+
+
 class GRPOObjective:
     """Rollouts, rewards and advantages per batch; the clipped GRPO loss per micro-batch."""
 
@@ -210,6 +270,8 @@ class GRPOObjective:
             extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
         self.composer = RewardComposer(cfg.rewards, extra)
         self.cached: dict[str, Any] | None = None
+        self.outcomes: dict[str, tuple[int, int]] = {}  # task id -> (correct, episodes) over all batches so far
+        self.band_fallbacks = 0  # draws where too few prompts lay in selection.band (the whole pool was used)
 
     def bind(self, model, accelerator) -> None:
         from agentic_rl.rollout.factory import build_engine
@@ -217,6 +279,9 @@ class GRPOObjective:
         self.model, self.accelerator = model, accelerator
         self.policy = unwrap_policy(model, accelerator)
         r = self.cfg.rollout
+        if (self.cfg.selection.dynamic_sampling or self.cfg.guidance.enabled) and r.group_size % accelerator.num_processes:
+            raise ValueError(f"selection.dynamic_sampling and guidance regroup whole groups, which needs rollout.group_size "
+                             f"({r.group_size}) to be a multiple of the {accelerator.num_processes} processes")
         local = r.batch_size // accelerator.num_processes
         self.engine = build_engine(self.policy, self.tokenizer, r.max_turn_tokens, r.max_episode_tokens, r.max_turns,
                                    r.temperature, r.top_p, r.top_k, seed=self.cfg.train.seed, max_concurrent=local,
@@ -231,34 +296,125 @@ class GRPOObjective:
         return self.cached
 
     def _rollout_batch(self, step: int) -> dict[str, Any]:
-        r, acc = self.cfg.rollout, self.accelerator
+        r, sel = self.cfg.rollout, self.cfg.selection
         prompts = r.batch_size // r.group_size
         rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
-        tasks = [t for t in rng.sample(self.task_pool, prompts) for _ in range(r.group_size)]  # (B,) in group order
-        local_rows = list(range(acc.process_index, r.batch_size, acc.num_processes))
         started = time.perf_counter()
         self.policy.eval()
-        with torch.no_grad():
-            trajs = self.engine.run([self.make_env() for _ in local_rows], [tasks[i] for i in local_rows],
-                                    seed=(self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index)
+        informative: list[_Group] = []  # groups with reward variance
+        flat: list[_Group] = []  # groups whose G rewards are all equal
+        first_round_share, rounds = 0.0, 0
+        for round_index in range(1 + (sel.max_rounds if sel.dynamic_sampling else 0)):
+            missing = prompts - len(informative) if sel.dynamic_sampling else prompts
+            if missing == 0:
+                break
+            tasks = self._draw_tasks(rng, missing, exclude={group.task.id for group in informative + flat})
+            if not tasks:
+                break
+            groups = self._rollout_groups(tasks, step, round_index)
+            rounds += 1
+            if round_index == 0:
+                first_round_share = sum(g.has_variance for g in groups) / len(groups)
+            for group in groups:
+                (informative if group.has_variance or not sel.dynamic_sampling else flat).append(group)
+        groups = informative + flat[: prompts - len(informative)]
         rollout_seconds = time.perf_counter() - started
-        rewards = torch.tensor(self.composer(trajs), dtype=torch.float32)  # (B_local,)
-        global_rewards = self._gather_in_global_order(rewards)  # (B,)
+        guided = self._guide(groups) if self.cfg.guidance.enabled else 0
+        for group in groups:
+            self._record_outcomes(group)
+        trajs = [traj for group in groups for traj in group.local]
+        global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
+        local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
         advantages = self._advantages(trajs, global_rewards, local_rows)
         self.policy.train()
         tensors = collate(trajs, self.tokenizer.pad_token_id)
         for row, traj in enumerate(trajs):  # failed episodes are logged, never trained on
             if traj.finish_reason == "error":
                 tensors.loss_mask[row] = 0
+        off_policy = torch.tensor([bool(traj.info.get("off_policy")) for traj in trajs], dtype=torch.bool)  # (B_local,)
         started = time.perf_counter()
         old = {"recompute": lambda: self._score(tensors, reference=False), "sampling": lambda: tensors.logprobs,
                "detach": lambda: None}[self.cfg.old_logprobs]()
         ref = self._score(tensors, reference=True) if self.cfg.loss.beta > 0 else None
         reference_seconds = time.perf_counter() - started
         metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
-        metrics["time/reference"] = reference_seconds
+        metrics.update({
+            "time/reference": reference_seconds,
+            # the share of groups whose rewards differ (the groups that carry a gradient), as
+            # sampled, before dynamic sampling replaced any; and after selection and guidance
+            "rollout/groups_with_variance": first_round_share,
+            "train/groups_with_variance": sum(g.has_variance for g in groups) / len(groups),
+            "rollout/rounds": float(rounds),
+            "train/guided_groups": float(guided),
+            "rollout/band_fallbacks": float(self.band_fallbacks),
+        })
         return {"trajectories": trajs, "tensors": tensors, "advantages": advantages, "old": old, "ref": ref,
-                "weights_version": trajs[0].weights_version if trajs else 0, "metrics": metrics}
+                "off_policy": off_policy, "weights_version": trajs[0].weights_version if trajs else 0, "metrics": metrics}
+
+    def _draw_tasks(self, rng: random.Random, prompts: int, exclude: set[str] = frozenset()) -> list[Any]:
+        """`prompts` distinct tasks of the pool, none of `exclude` (already in this batch); with a
+        band, only those whose success rate so far lies in it."""
+        low, high = self.cfg.selection.band
+        pool = [t for t in self.task_pool if t.id not in exclude] if exclude else self.task_pool
+        if (low, high) != (0.0, 1.0):
+            in_band = [t for t in pool if self._in_band(t.id, low, high)]
+            if len(in_band) < prompts:  # an exhausted band falls back to the whole pool, and says so
+                self.band_fallbacks += 1
+            else:
+                pool = in_band
+        if not exclude and len(pool) < prompts:
+            raise ValueError(f"env.task_pool={len(self.task_pool)} tasks cannot give {prompts} distinct prompts per batch "
+                             "(rollout.batch_size / rollout.group_size); raise env.task_pool")
+        return rng.sample(pool, min(prompts, len(pool)))  # dynamic sampling takes what the pool has left
+
+    def _in_band(self, task_id: str, low: float, high: float) -> bool:
+        correct, total = self.outcomes.get(task_id, (0, 0))
+        return total == 0 or low <= correct / total <= high
+
+    def _record_outcomes(self, group: "_Group") -> None:
+        correct, total = self.outcomes.get(group.task.id, (0, 0))
+        self.outcomes[group.task.id] = (correct + group.correct, total + len(group.rewards))
+
+    def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list["_Group"]:
+        """Roll out G episodes of each task; rows are split across processes by stride (module doc)."""
+        acc, G = self.accelerator, self.cfg.rollout.group_size
+        rows = [t for t in tasks for _ in range(G)]  # (P_round * G,) in group order
+        local_rows = list(range(acc.process_index, len(rows), acc.num_processes))
+        with torch.no_grad():
+            seed = (self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index + 1_000_000_007 * round_index
+            trajs = self.engine.run([self.make_env() for _ in local_rows], [rows[i] for i in local_rows], seed=seed)
+        local = torch.tensor([[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
+                             dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
+        table = self._gather_in_global_order(local)  # (P_round * G, 2)
+        by_row = dict(zip(local_rows, trajs))
+        return [_Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
+                       table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
+                for g, task in enumerate(tasks)]
+
+    def _guide(self, groups: list["_Group"]) -> int:
+        """LUFFY-style guidance (GuidanceConfig): an oracle demonstration replaces the last episode of
+        each group with no correct episode. Every process computes the demonstration's reward; the
+        process that owns the group's last row also keeps its tokens. Returns the groups guided."""
+        from agentic_rl.models.chat_format import ChatFormat
+        from agentic_rl.rollout.demos import oracle_demos
+
+        acc, G = self.accelerator, self.cfg.rollout.group_size
+        chat_format = ChatFormat.for_tokenizer(self.tokenizer)
+        guided = 0
+        for group in groups:
+            if group.correct > 0:
+                continue
+            demo = oracle_demos(self.make_env(), [group.task], chat_format)[0]
+            demo.turn_rewards = [0.0] * len(demo.policy_spans)
+            demo.weights_version = self.engine.weights_version
+            demo.finish_reason = "answered"
+            demo.info["off_policy"] = True
+            group.rewards[-1] = float(self.composer([demo])[0])
+            group.correct += 1
+            if (G - 1) % acc.num_processes == acc.process_index:
+                group.local[-1] = demo
+            guided += 1
+        return guided
 
     def _gather_in_global_order(self, local: torch.Tensor) -> torch.Tensor:
         acc = self.accelerator
@@ -380,7 +536,7 @@ class GRPOObjective:
         cfg, tensors = self.cfg, batch["tensors"]
         n = tensors.input_ids.shape[0]
         rows = list(range(n))
-        if cfg.skip_zero_advantage and cfg.loss.beta == 0 and cfg.loss.loss_type != "bnpo":
+        if cfg.skip_zero_advantage and cfg.loss.beta == 0 and cfg.loss.entropy_coef == 0 and cfg.loss.loss_type != "bnpo":
             advantages = batch["advantages"]
             has_tokens = tensors.loss_mask.sum(-1) > 0  # (B_local,)
             if isinstance(advantages, torch.Tensor):
@@ -403,7 +559,8 @@ class GRPOObjective:
         # Trim right padding shared by the whole micro-batch: no compute on it.
         length = int(attention.sum(-1).max())
         ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
-        logps, entropy = model(ids, attention, mask, self.cfg.rollout.temperature, True)  # (b, T), (b, T)
+        bonus = self.cfg.loss.entropy_coef > 0
+        logps, entropy = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T), (b, T)
         advantages = batch["advantages"]
         if isinstance(advantages, torch.Tensor):
             adv = advantages[index].to(device)  # (b,)
@@ -411,14 +568,18 @@ class GRPOObjective:
             spans = [batch["trajectories"][i].policy_spans for i in rows]
             adv = token_advantages_from_turns([advantages[i] for i in rows], spans, length).to(device)  # (b, T)
         old = logps.detach() if batch["old"] is None else batch["old"][index][:, :length].to(device)
+        off_policy = batch["off_policy"][index].to(device)  # (b,): oracle demonstrations (guidance)
+        if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
+            old = torch.where(off_policy[:, None], logps.detach(), old)
         ref = batch["ref"][index][:, :length].to(device) if batch["ref"] is not None else None
         num_items = micro["tokens"] if self.cfg.loss.loss_type in ("dapo", "token") else None
-        loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items)
+        loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items,
+                                  entropy=entropy if bonus else None)
         if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
             loss = loss * micro["share"]  # per-sequence means: weight this micro-batch by its share of rows
         trained = mask.sum().clamp(min=1)
         out = {k: float(v) for k, v in metrics.items()}
-        out["loss/entropy"] = float((entropy * mask).sum() / trained)
+        out["loss/entropy"] = float((entropy.detach() * mask).sum() / trained)
         return loss, out
 
     def after_step(self, step: int) -> dict[str, float]:
@@ -433,12 +594,13 @@ class GRPOObjective:
         # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
         # across μ > 1 updates must survive a resume.
         keep = self.cached if self.cfg.updates_per_batch > 1 else None
-        return {"cached": keep, "weights_version": self.engine.weights_version}
+        return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from agentic_rl.rollout.factory import refresh_engine_weights
 
         self.cached = state.get("cached")
+        self.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
         refresh_engine_weights(self.engine)  # the runner must read the restored weights
         self.engine.weights_version = int(state.get("weights_version", 0))
 

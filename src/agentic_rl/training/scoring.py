@@ -19,8 +19,10 @@ class TokenScorer(torch.nn.Module):
         super().__init__()
         self.policy = policy
 
-    def forward(self, input_ids, attention_mask, loss_mask, temperature: float = 1.0, with_entropy: bool = False):
-        return sequence_logprobs(self.policy, input_ids, attention_mask, loss_mask, temperature, with_entropy)
+    def forward(self, input_ids, attention_mask, loss_mask, temperature: float = 1.0, with_entropy: bool = False,
+                entropy_grad: bool = False):
+        return sequence_logprobs(self.policy, input_ids, attention_mask, loss_mask, temperature, with_entropy,
+                                 entropy_grad=entropy_grad)
 
 
 def unwrap_policy(model: torch.nn.Module, accelerator) -> torch.nn.Module:
