@@ -43,8 +43,19 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     for stage, mtime in finished_before.items():
         assert (out / stage / "DONE.json").stat().st_mtime_ns == mtime
     results = json.loads((out / "results.json").read_text())
-    assert set(results) == {"eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo"}
-    assert (out / "report.md").read_text().count("| arith-d1 |") == 3
+    assert set(results) == {"eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control"}
+    report = (out / "report.md").read_text()
+    assert report.count("| arith-d1 | ") == 4 + 4 * 4  # one row per evaluated stage, one per stage pair and metric
+    # The control trains SFT for GRPO's measured training time (at least one step).
+    sft, grpo, control = results["sft"], results["grpo"], results["control"]
+    assert control["steps"] == max(1, round(grpo["train_seconds"] / (sft["train_seconds"] / sft["steps"])))
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=_reject)
+    assert set(summary["stages"]) == {"eval_base", "eval_sft", "eval_grpo", "eval_control"}
+    pairs = {(row["a"], row["b"], row["metric"]) for row in summary["comparisons"]}
+    assert ("eval_sft", "eval_grpo", "pass@1") in pairs and ("eval_control", "eval_grpo", "sampled_accuracy@T") in pairs
+    assert len(pairs) == 4 * 4
+    entry = summary["stages"]["eval_grpo"]["arith-d1"]
+    assert entry["n"] == 4 and len(entry["pass@1"]["ci95"]) == 2 and "solved/sometimes" in entry
     assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "kl_and_length.png"))
 
     # A rerun with another SFT config must not pass off these results as its own.
@@ -54,6 +65,10 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert changed.returncode != 0
     assert "stage 'sft' finished with a different config: sft changed" in changed.stderr + changed.stdout
     assert "eval_base: already complete" in changed.stdout  # its inputs (model, evals) did not change
+
+
+def _reject(constant: str):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def test_stage_inputs_follow_what_each_stage_reads():
@@ -68,11 +83,12 @@ def test_stage_inputs_follow_what_each_stage_reads():
         other = load_config(PipelineConfig, CONFIG, overrides=list(overrides))
         return [stage for stage in STAGES if stage_inputs(base, stage) != stage_inputs(other, stage)]
 
-    assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo"]
+    assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control"]
     assert changed("rm.optim.lr=0.123") == ["rm"]
     assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == ["rm", "grpo", "eval_grpo"]  # the RM is a reward term
-    assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo"]
-    assert changed("evals=[{env: arith, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo"]
+    assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo", "control", "eval_control"]  # the control matches GRPO's time
+    assert changed("control.steps=3") == ["control", "eval_control"]
+    assert changed("evals=[{env: arith, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
 
 
