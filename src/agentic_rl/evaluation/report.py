@@ -8,7 +8,8 @@ stages on the same problems, summary.json, plus PNG plots.
 
     plots/reward_components.png   GRPO reward per step, one line per component
     plots/accuracy_by_stage.png   pass@1 of each evaluation at base / SFT / GRPO
-    plots/kl_and_length.png       GRPO KL and mean completion length per step
+    plots/kl_and_length.png       GRPO KL, mean completion length and the share of groups with
+                                  reward variance (the groups that carry a gradient) per step
 """
 
 from __future__ import annotations
@@ -149,13 +150,18 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
 def _plot_kl_length(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(11, 3.2))
     steps = [r["step"] for r in rows]
     left.plot(steps, [r.get("loss/kl", float("nan")) for r in rows])
     left.set_title("KL (k3) to reference")
-    right.plot(steps, [r.get("rollout/completion_tokens/mean", float("nan")) for r in rows])
-    right.set_title("policy tokens per episode")
-    for ax in (left, right):
+    middle.plot(steps, [r.get("rollout/completion_tokens/mean", float("nan")) for r in rows])
+    middle.set_title("policy tokens per episode")
+    right.plot(steps, [r.get("rollout/groups_with_variance", float("nan")) for r in rows], label="as sampled")
+    right.plot(steps, [r.get("train/groups_with_variance", float("nan")) for r in rows], label="trained")
+    right.set_title("groups with reward variance")
+    right.set_ylim(0, 1.05)
+    right.legend(fontsize=8)
+    for ax in (left, middle, right):
         ax.set_xlabel("GRPO step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
