@@ -19,13 +19,14 @@ Heavy imports (torch, transformers) happen inside the commands, so `--help` is i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable
 
 
 def _print_json(payload: Any) -> None:
-    print(json.dumps(payload, indent=None, default=str))
+    from agentic_rl.strict_json import dumps
+
+    print(dumps(payload, indent=None))
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:

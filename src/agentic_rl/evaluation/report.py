@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from agentic_rl.strict_json import write_json
 
 _STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO"}
 _COLUMNS = ("pass@1", "format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
@@ -38,7 +39,7 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     failures = _failures(results)
     if failures:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_json(root / "results.json", results)
     report = root / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report

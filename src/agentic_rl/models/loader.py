@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from agentic_rl.strict_json import write_json
+
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_QWEN3 = "tiny-qwen3"
 BUILTIN_MODELS = (SMOLLM2, TINY_QWEN3)
@@ -156,7 +158,7 @@ def _file_digest(path: Path) -> str:
 
 def _write_manifest(folder: Path) -> None:
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_digest(p)} for p in sorted(folder.iterdir())}
-    (folder / _MANIFEST).write_text(json.dumps(files, indent=1))
+    write_json(folder / _MANIFEST, files)
 
 
 def _cache_is_valid(folder: Path) -> bool:

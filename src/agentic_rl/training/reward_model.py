@@ -34,6 +34,7 @@ from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
+from agentic_rl.strict_json import write_json
 from agentic_rl.training.run_dir import RunDir
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
@@ -261,7 +262,7 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
         unwrapped = accelerator.unwrap_model(objective.model).classifier
         unwrapped.save_pretrained(target)
         tokenizer.save_pretrained(target)
-        (target / "agentic_rl_rm.json").write_text(__import__("json").dumps({"base": base, "lora": cfg.model.lora.enabled}))
+        write_json(target / "agentic_rl_rm.json", {"base": base, "lora": cfg.model.lora.enabled})
     run_dir.close()
     return {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
             "pairs": len(pairs), "heldout_pairs": len(heldout)}
