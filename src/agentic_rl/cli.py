@@ -94,9 +94,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.runner import EvalConfig, evaluate
     from agentic_rl.training.common import load_base_and_tokenizer
 
-    cfg = EvalConfig(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n, k=args.k,
-                     temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
-                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns)
+    from agentic_rl.config import from_dict
+
+    # Through the config loader, so --batch-size 0 or --temperature nan fail as a config would.
+    cfg = from_dict(EvalConfig, dict(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n,
+                                     k=args.k, temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
+                                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns), source="eval")
     model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32")
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     failures = result.pop("failures")

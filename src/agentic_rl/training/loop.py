@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from agentic_rl.config import PositiveFloat
 from agentic_rl.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentic_rl.training.run_dir import RunDir
 
@@ -40,13 +41,13 @@ from agentic_rl.training.run_dir import RunDir
 class OptimConfig:
     """AdamW, learning-rate schedule and gradient clipping."""
 
-    lr: float = 1e-5
+    lr: PositiveFloat = 1e-5
     """Peak learning rate."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     """AdamW (beta1, beta2)."""
-    eps: float = 1e-8
+    eps: PositiveFloat = 1e-8
     """AdamW epsilon."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""

@@ -30,11 +30,12 @@ import torch
 
 from agentic_rl.algorithms.logprobs import backbone_hidden, shared_prefix_length
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
+from agentic_rl.config import PositiveInt
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
-from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.strict_json import write_json
+from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
@@ -74,7 +75,7 @@ class RMConfig:
     """The base model (the same base as the policy) and adapters."""
     pairs: PairsConfig = dataclasses.field(default_factory=PairsConfig)
     """Pair source."""
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Pairs per optimizer step (over all processes)."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4))
     """Optimizer."""
