@@ -181,8 +181,9 @@ def run_training(
             row = _train_step(objective, model, optimizer, scheduler, optim, accelerator, step)
         except NonFiniteError as exc:
             resume = latest_checkpoint(run_dir.checkpoints)
-            where = f"the last finite checkpoint is {resume}" if resume else "no checkpoint was written yet"
-            raise NonFiniteError(f"{exc}. The run stopped; {where} (a rerun resumes from it). Lower optim.lr, "
+            where = (f"the last finite checkpoint is {resume} (a rerun resumes from it)" if resume
+                     else "no checkpoint was written yet (a rerun starts over)")
+            raise NonFiniteError(f"{exc}. The run stopped; {where}. Lower optim.lr, "
                                  "check the rewards and data, or set optim.max_grad_norm.") from None
         history.append(row)
         if (step + 1) % loop.log_every == 0 or step + 1 == loop.steps:
