@@ -352,8 +352,10 @@ def test_a_non_utf8_data_file_names_the_file_and_line(tmp_path):
     path.write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
     with pytest.raises(DataError, match=rf"{re.escape(str(path))}:2: not UTF-8 text \(byte 18"):
         load_gsm8k(path)
-    with pytest.raises(DemoError, match=rf"{re.escape(str(path))}:2: not UTF-8"):
-        load_jsonl_demos(path, ChatFormat(load_tokenizer("tiny-qwen3")))
+    demos = tmp_path / "demos.jsonl"
+    demos.write_bytes(b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n')
+    with pytest.raises(DemoError, match=rf"{re.escape(str(demos))}:1: not UTF-8"):
+        load_jsonl_demos(demos, ChatFormat(load_tokenizer("tiny-qwen3")))
 
 
 def test_a_missing_model_directory_is_a_clear_error(capsys):
