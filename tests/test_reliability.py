@@ -22,14 +22,27 @@ import torch
 
 from agentic_rl import cli
 from agentic_rl.config import ConfigError, load_config
-from agentic_rl.strict_json import dumps, loads_strict
-from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint
+from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.loop import LoopConfig, NonFiniteError, OptimConfig, run_training
+import agentic_rl.training.loop
+from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import RunDir, read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src" / "agentic_rl"
+
+
+def _reject(constant: str):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+def loads_strict(text: str):
+    """The test's own strict parser (independent of agentic_rl.strict_json)."""
+    return json.loads(text, parse_constant=_reject)
+
+
+def _non_finite_error():
+    return getattr(agentic_rl.training.loop, "NonFiniteError", type("NonFiniteErrorMissing", (Exception,), {}))
 
 
 # ------------------------------------------------------------------ configs a careless user writes
@@ -128,7 +141,7 @@ def _run(out: Path, objective, steps=4, lr=0.05, checkpoint_every=1, keep=5, max
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     """Guards against a run that goes NaN saving NaN adapters and reporting success."""
     poison = lambda step, model, loss: loss * float("nan") if step == 2 else loss  # noqa: E731
-    with pytest.raises(NonFiniteError, match=r"step 3: the loss of micro-batch 0 is nan.*last finite checkpoint is .*step-000002"):
+    with pytest.raises(_non_finite_error(), match=r"step 3: the loss of micro-batch 0 is nan.*last finite checkpoint is .*step-000002"):
         _run(tmp_path, _Objective(poison))
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step-000002"
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
@@ -141,7 +154,7 @@ def test_a_non_finite_gradient_stops_the_run_before_the_weights_change(tmp_path)
             model.weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
         return loss
 
-    with pytest.raises(NonFiniteError, match="step 2: the gradient norm is inf"):
+    with pytest.raises(_non_finite_error(), match="step 2: the gradient norm is inf"):
         _run(tmp_path, _Objective(poison), max_grad_norm=0.0, checkpoint_every=0)
 
 
@@ -149,7 +162,7 @@ def test_a_weight_that_overflows_after_the_step_stops_the_run(tmp_path):
     """Guards against weights turning inf through the update itself (huge lr), with finite
     losses and gradients: nothing but a weight check sees it."""
     poison = lambda step, model, loss: (model.weight * 1e-3).sum()  # noqa: E731 - gradient 1e-3, loss stays finite
-    with pytest.raises(NonFiniteError, match=r"step 1: weight 'weight' is not finite after the optimizer step.*no checkpoint was written yet"):
+    with pytest.raises(_non_finite_error(), match=r"step 1: weight 'weight' is not finite after the optimizer step.*no checkpoint was written yet"):
         _run(tmp_path, _Objective(poison), lr=3e38, checkpoint_every=0)
 
 
@@ -187,6 +200,18 @@ def _three_checkpoints(tmp_path: Path) -> Path:
     return folder
 
 
+def _rewrite_checksum(checkpoint: Path, name: str) -> None:
+    """Make checksums.json (if any) match a changed file, as someone with write access could."""
+    import hashlib
+
+    record = checkpoint / "checksums.json"
+    if record.exists():
+        checksums = json.loads(record.read_text())
+        data = (checkpoint / name).read_bytes()
+        checksums[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        record.write_text(json.dumps(checksums))
+
+
 def _resumed_step(tmp_path: Path, caplog) -> tuple[int, str]:
     """Resume with steps=4; returns (first step trained again, warnings logged)."""
     with caplog.at_level(logging.WARNING, logger="agentic_rl.training.checkpoint"):
@@ -215,9 +240,6 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warni
 def test_a_pickle_that_runs_code_is_refused_even_with_matching_checksums(tmp_path):
     """Guards against torch.load(weights_only=False): a crafted trainer state ran code on resume.
     The checksums are rewritten to match, as an attacker with write access would."""
-    from agentic_rl.strict_json import write_json
-    from agentic_rl.training.checkpoint import _fingerprint
-
     folder = _three_checkpoints(tmp_path)
     marker = tmp_path / "pwned"
 
@@ -226,10 +248,8 @@ def test_a_pickle_that_runs_code_is_refused_even_with_matching_checksums(tmp_pat
             return (Path.write_text, (marker, "code ran"))
 
     newest = folder / "step-000003"
-    (newest / "trainer_state.pt").write_bytes(pickle.dumps({"step": 3, "objective": Exploit()}))
-    checksums = json.loads((newest / "checksums.json").read_text())
-    checksums["trainer_state.pt"] = _fingerprint(newest / "trainer_state.pt")
-    write_json(newest / "checksums.json", checksums)
+    torch.save({"step": 3, "objective": Exploit()}, newest / "trainer_state.pt")  # a valid torch file
+    _rewrite_checksum(newest, "trainer_state.pt")
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         _run(tmp_path, _Objective(), steps=4)
     assert not marker.exists()
@@ -240,6 +260,8 @@ def test_no_intact_checkpoint_is_an_error_not_a_silent_restart(tmp_path):
     folder = _three_checkpoints(tmp_path)
     for checkpoint in folder.iterdir():
         (checkpoint / "optimizer.bin").write_bytes(b"")
+    from agentic_rl.training.checkpoint import CheckpointError
+
     with pytest.raises(CheckpointError, match=r"no intact checkpoint .*step-000003 \(optimizer.bin has 0 bytes"):
         _run(tmp_path, _Objective(), steps=4)
 
@@ -247,15 +269,10 @@ def test_no_intact_checkpoint_is_an_error_not_a_silent_restart(tmp_path):
 def test_an_unreadable_rng_state_is_a_warning(tmp_path, caplog):
     """Guards against accelerate noting a lost RNG state at INFO only: the resume then is not
     exact and nobody is told. (Checksums rewritten, so only the content is wrong.)"""
-    from agentic_rl.strict_json import write_json
-    from agentic_rl.training.checkpoint import _fingerprint
-
     folder = _three_checkpoints(tmp_path)
     newest = folder / "step-000003"
     (newest / "random_states_0.pkl").write_bytes(b"not a pickle")
-    checksums = json.loads((newest / "checksums.json").read_text())
-    checksums["random_states_0.pkl"] = _fingerprint(newest / "random_states_0.pkl")
-    write_json(newest / "checksums.json", checksums)
+    _rewrite_checksum(newest, "random_states_0.pkl")
     first_step, warnings = _resumed_step(tmp_path, caplog)
     assert first_step == 4
     assert "random_states_0.pkl cannot be read" in warnings and "NOT exact" in warnings
@@ -266,6 +283,8 @@ def test_an_unreadable_rng_state_is_a_warning(tmp_path, caplog):
 
 def test_the_writer_turns_non_finite_values_into_null():
     """Guards against NaN/Infinity tokens, which strict parsers reject."""
+    from agentic_rl.strict_json import dumps
+
     payload = {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": np.float32("nan"),
                "d": torch.tensor(float("inf")), "e": np.int64(3), "f": Path("/x")}
     assert loads_strict(dumps(payload)) == {"a": None, "b": [None, None, 1.5], "c": None, "d": None, "e": 3, "f": "/x"}
