@@ -1,6 +1,7 @@
 """The `python` tool's sandbox, with every hostile program run for real.
 
-Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 10 s)
+Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 17 s; the hostile list of
+tests/sandbox_hostile.py runs twice, as this user and, as root, again as uid 65534)
 
 Each hostile test ends with `_assert_host_unharmed`: this process is alive (trivially, we
 are running), the sentinel outside the sandbox is byte- and mtime-identical, nothing new

@@ -67,9 +67,12 @@ Not enforced:
 Failed calls: `python()` raises ToolError (with the observation text: traceback, timeout
 note, ...) whenever the run was not ok, so the env counts it in `tool_errors`.
 
-Throughput: the rollout engine steps episodes on `rollout.tool_workers` threads (default 4),
-so that many slow calls of different episodes run at once; the calls of one turn of one
-episode (at most 8) run one after another.
+Throughput (known limit, not fixed here): the rollout engine runs the env steps of the
+episodes whose turns end in the same decode step on `rollout.tool_workers` threads (default
+4), and decoding waits for them. Episodes whose turns end in different decode steps, and the
+calls of one turn of one episode (at most 8), run one after another, so N slow calls can
+stall the batch for up to N x timeout_s. Overlapping tool calls with decoding needs an
+asynchronous engine step, which must keep the run deterministic (DESIGN.md invariant 7).
 """
 
 from __future__ import annotations

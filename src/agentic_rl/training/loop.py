@@ -203,15 +203,18 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     micro_batches = objective.micro_batches(batch)
     metric_sums: dict[str, float] = {}
     loss_total = 0.0
+    bad_loss = None  # (micro-batch index, value) of the first non-finite loss
     started = time.perf_counter()
     for index, micro in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync, accelerator.autocast():
             loss, metrics = objective.loss(model, micro)
-            _require_finite(float(loss.detach()), f"loss of micro-batch {index}", step)
             accelerator.backward(loss)
-        loss_total += float(loss.detach())
+        loss_value = float(loss.detach())
+        if bad_loss is None and not math.isfinite(loss_value):
+            bad_loss = (index, loss_value)
+        loss_total += loss_value
         for key, value in metrics.items():
             metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
     if not micro_batches:  # nothing in this batch has a gradient: step on zeros, exactly as if computed
@@ -224,6 +227,10 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     max_norm = optim.max_grad_norm if optim.max_grad_norm > 0 else float("inf")
     grad_norm = float("nan")  # DeepSpeed reports no norm before its first step; it checks overflow itself
     norm = accelerator.clip_grad_norm_(model.parameters(), max_norm) if accelerator.sync_gradients else None
+    # Raised only now, after backward and the norm (collectives under DDP/FSDP), so every rank
+    # gets this far: a NaN loss on one rank makes the all-reduced gradients NaN on all of them.
+    if bad_loss is not None:
+        _require_finite(bad_loss[1], f"loss of micro-batch {bad_loss[0]}", step)
     if norm is not None:
         grad_norm = float(norm)
         _require_finite(grad_norm, "gradient norm", step)
