@@ -1,6 +1,7 @@
 """The `python` tool's sandbox, with every hostile program run for real.
 
-Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 10 s)
+Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 17 s; the hostile list of
+tests/sandbox_hostile.py runs twice, as this user and, as root, again as uid 65534)
 
 Each hostile test ends with `_assert_host_unharmed`: this process is alive (trivially, we
 are running), the sentinel outside the sandbox is byte- and mtime-identical, nothing new
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -19,8 +22,10 @@ import uuid
 
 import pytest
 
-from agentic_rl.tools.base import Tool
+from agentic_rl.tools.base import Tool, ToolError, get_tool
 from agentic_rl.tools.python_sandbox import SandboxLimits, format_observation, python, run_python
+
+import sandbox_hostile
 
 IS_ROOT = os.geteuid() == 0
 SENTINEL_TEXT = "sentinel: must never change\n"
@@ -55,6 +60,13 @@ def _assert_host_unharmed(outside_dir: str) -> None:
         assert f.read() == SENTINEL_TEXT
     assert os.stat(sentinel).st_mtime_ns == 1_000_000_000_000_000_000
     assert python("print(1+1)") == "2\n"
+
+
+def _failed_call(code: str) -> str:
+    """The observation of a python call that must fail (ToolError), i.e. count as a tool error."""
+    with pytest.raises(ToolError) as failure:
+        python(code)
+    return str(failure.value)
 
 
 def _processes_with_marker(marker: str) -> list[int]:
@@ -96,7 +108,7 @@ def test_no_output_says_to_print():
 
 def test_exception_returns_stdout_then_traceback_tail():
     """Guards against swallowing the error, or keeping the traceback head and losing its name."""
-    text = python("print('before')\ndef f():\n    return 1 / 0\nf()")
+    text = _failed_call("print('before')\ndef f():\n    return 1 / 0\nf()")
     assert text.startswith("before\nTraceback (most recent call last):")
     assert text.endswith("ZeroDivisionError: division by zero")
     assert 'File "/tmp/work/main.py", line 3, in f' in text  # fixed path: deterministic text
@@ -115,19 +127,19 @@ def test_nonzero_exit_without_traceback_is_an_error():
     a signal number) crashing the result classification."""
     result = run_python("import sys\nprint('partial')\nsys.exit(3)")
     assert (result.ok, result.exit_reason, result.returncode) == (False, "error", 3)
-    assert python("import sys\nprint('partial')\nsys.exit(3)") == "partial\n[exit status 3]"
+    assert _failed_call("import sys\nprint('partial')\nsys.exit(3)") == "partial\n[exit status 3]"
     assert run_python("raise SystemExit(200)").error == "exit status 200"
 
 
 def test_truncation_is_marked_never_silent():
     """Guards against cutting output silently, so the model takes a prefix for the answer."""
-    text = python("print('a' * 5000)")
+    text = _failed_call("print('a' * 5000)")
     assert text == "a" * 4096 + "\n[output truncated after 4096 bytes]"
 
 
 def test_long_traceback_keeps_its_last_lines():
     """Guards against a huge exception message pushing the error type out of the observation."""
-    text = python("print('kept')\nraise ValueError('y' * 10000 + ' the end')")
+    text = _failed_call("print('kept')\nraise ValueError('y' * 10000 + ' the end')")
     assert text.startswith("kept\n[output truncated: only 4096 bytes of output are shown]")
     assert text.endswith("y the end")
 
@@ -228,7 +240,7 @@ def test_memory_bomb_returns_a_memory_error(outside_dir):
     assert result.exit_reason == "memory"
     assert result.error == "memory limit of 512 MiB exceeded"
     assert result.stderr.rstrip().endswith("MemoryError")
-    assert python("data = bytearray(4 * 10**9)").endswith(
+    assert _failed_call("data = bytearray(4 * 10**9)").endswith(
         "MemoryError\n[memory limit of 512 MiB exceeded]")
     _assert_host_unharmed(outside_dir)
 
@@ -239,7 +251,7 @@ def test_huge_output_is_cut_fast_and_bounded(outside_dir):
     assert result.exit_reason == "output_truncated"
     assert result.stdout == "x" * 4096
     assert result.duration_s < 4.0  # ~0.15 s when idle: killed at 4 KB, not at 100 MB
-    text = python("print('x' * 10**8)")
+    text = _failed_call("print('x' * 10**8)")
     assert text.endswith("\n[output truncated after 4096 bytes]") and len(text) < 4200
     _assert_host_unharmed(outside_dir)
 
@@ -355,3 +367,106 @@ for pid in os.listdir("/proc"):
     visible = set(ast.literal_eval(result.stdout.splitlines()[0]))  # a printed list of names
     assert visible - {"LD_LIBRARY_PATH"} == {"HOME", "LANG", "PATH", "TMPDIR"}
     _assert_host_unharmed(outside_dir)
+
+
+# --------------------------------------------- the hostile list, as root and unprivileged
+
+
+def _uncontained(report: dict[str, dict]) -> dict[str, dict]:
+    return {name: outcome for name, outcome in report.items() if not outcome["contained"]}
+
+
+def test_hostile_programs_are_contained_for_this_caller():
+    """Guards against the sandbox reaching Unix-socket files (stream, datagram, via a
+    socketpair, by raw syscall), abstract sockets, vsock (the VM host), netlink, io_uring,
+    writable /proc, /sys and device nodes, files outside its dir, or leaving a process behind.
+    Before the seccomp filter and the minimal /dev, 8 of these 19 programs got out."""
+    report = sandbox_hostile.probe()
+    assert len(report) == len(sandbox_hostile.HOSTILE) >= 19
+    assert _uncontained(report) == {}
+
+
+_UNPRIVILEGED_HARNESS = r"""
+set -e
+# In this private mount namespace only: make the interpreter's prefix reachable for uid 65534
+# when it sits under a 0700 home (pyenv under /root), without changing any permission.
+if [ -n "$HIDDEN_TOP" ]; then
+    mount -t tmpfs tmpfs /mnt && mkdir /mnt/hold && mount --bind "$HIDDEN_TOP" /mnt/hold
+    mount -t tmpfs -o mode=755 tmpfs "$(dirname "$HIDDEN_TOP")"
+    mkdir -p "$HIDDEN_TOP" && mount --move /mnt/hold "$HIDDEN_TOP"
+fi
+exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all "$@"
+"""
+
+
+def _first_hidden_directory(path: str) -> str | None:
+    """The child of the first ancestor of `path` that others cannot traverse (/root/.pyenv
+    for /root/.pyenv/versions/3.11.7), or None when `path` is reachable by any user."""
+    parts = os.path.realpath(path).split(os.sep)
+    for depth in range(1, len(parts)):
+        ancestor = os.sep.join(parts[:depth]) or os.sep
+        if not os.stat(ancestor).st_mode & 0o001:
+            return os.sep.join(parts[: depth + 1])
+    return None
+
+
+@pytest.mark.skipif(not IS_ROOT or not (shutil.which("unshare") and shutil.which("setpriv")),
+                    reason="needs root (to become uid 65534) and util-linux unshare/setpriv")
+def test_hostile_programs_are_contained_for_an_unprivileged_caller():
+    """Guards against the rootless path (user namespace, the worker keeps the caller's uid)
+    being weaker: there the code could reach the caller's own 0600 socket. The same hostile
+    list runs with the trainer itself as uid 65534."""
+    import subprocess
+    import sys
+
+    from agentic_rl.tools import python_sandbox
+
+    src_dir = os.path.dirname(os.path.dirname(os.path.dirname(python_sandbox.__file__)))  # .../src
+    if any(_first_hidden_directory(p) for p in (sys.prefix, src_dir, os.path.dirname(__file__))):
+        pytest.skip("the venv or the repository is not readable by other users")
+    env = {**os.environ, "HIDDEN_TOP": _first_hidden_directory(sys.base_prefix) or "",
+           "PYTHONPATH": os.pathsep.join([src_dir, os.environ.get("PYTHONPATH", "")])}
+    completed = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _UNPRIVILEGED_HARNESS, "sh",
+         sys.executable, os.path.join(os.path.dirname(__file__), "sandbox_hostile.py")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert {row["uid"] for row in rows} == {65534}
+    assert [row["name"] for row in rows] == list(sandbox_hostile.HOSTILE)
+    assert [row for row in rows if not row["contained"]] == []
+
+
+def test_failed_calls_are_tool_errors_and_the_cli_says_so():
+    """Guards against a traceback, timeout, MemoryError or non-zero exit counting as a
+    successful call (inflating tool_success_rate and the tool rewards), and against
+    `agentic-rl tools run python --code '1/0'` printing "ok": true."""
+    import subprocess
+    import sys
+
+    for code in ("1/0", "import sys; sys.exit(2)", "bytearray(4 * 10**9)"):
+        assert _failed_call(code)
+    completed = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "tools", "run", "python", "--code", "1/0"],
+                               capture_output=True, text=True, timeout=120)
+    payload = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert (completed.returncode, payload["ok"]) == (1, False)
+    assert payload["error"].endswith("ZeroDivisionError: division by zero")
+
+
+def test_a_host_without_a_sandbox_fails_once_when_the_tool_is_made(monkeypatch):
+    """Guards against a sandbox that cannot start (rootless, no user namespaces) being found
+    one call at a time while training goes on with a dead tool: creating the tool raises."""
+    from agentic_rl.tools import python_sandbox
+    from agentic_rl.tools.python_sandbox import SandboxResult, SandboxUnavailable
+
+    broken = SandboxResult(False, "", "", "sandbox_error", "sandbox setup failed: unshare: Operation not permitted", None, 0.0)
+    monkeypatch.setattr(python_sandbox, "run_python", lambda code, limits=None: broken)
+    python_sandbox.check_sandbox.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match="unshare: Operation not permitted.*user namespaces"):
+            get_tool("python")
+        with pytest.raises(SandboxUnavailable):
+            python("print(1)")  # a later per-call failure is not an observation either
+    finally:
+        python_sandbox.check_sandbox.cache_clear()

@@ -20,13 +20,14 @@ Heavy imports (torch, transformers) happen inside the commands, so `--help` is i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Callable
 
 
 def _print_json(payload: Any) -> None:
-    print(json.dumps(payload, indent=None, default=str))
+    from agentic_rl.strict_json import dumps
+
+    print(dumps(payload, indent=None))
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
@@ -94,15 +95,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.runner import EvalConfig, evaluate
     from agentic_rl.training.common import load_base_and_tokenizer
 
-    cfg = EvalConfig(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n, k=args.k,
-                     temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
-                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns, dtype=args.dtype, label=args.label)
+    from agentic_rl.config import from_dict
+
+    # Through the config loader, so --batch-size 0 or --temperature nan fail as a config would.
+    cfg = from_dict(EvalConfig, dict(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n,
+                                     k=args.k, temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
+                                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns, dtype=args.dtype,
+                                     label=args.label), source="eval")
     model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32")
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if args.out:
-        from pathlib import Path
+        from agentic_rl.strict_json import write_json
 
-        Path(args.out).write_text(json.dumps({"model": args.model, "env": args.env, "label": cfg.label, **result}, indent=1, default=str))
+        write_json(args.out, {"model": args.model, "env": args.env, "label": cfg.label, **result})
     failures = result.pop("failures")
     per_task = result.pop("per_task")
     if not args.json:
@@ -247,12 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     from agentic_rl.config import ConfigError
+    from agentic_rl.errors import RunStopped
 
     try:
         return func(args)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunStopped as exc:  # e.g. a non-finite loss: the message names the step and the resume point
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@ right under it), which `describe()` turns into `--help` text. Loading is strict
 (DESIGN.md invariant 6): an unknown key, a wrong type or a value outside a `Literal` fails at
 start with a `ConfigError` that names the key and what is allowed. No setting is ignored.
 
+Numbers are checked here too, in one place (DESIGN.md invariant 8): NaN and ±inf are rejected
+for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the strings `nan`,
+`inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0; both are plain int and
+float to the rest of the code.
+
     cfg = load_config(GRPOConfig, "configs/demo.yaml", overrides=["train.lr=1e-5"])
 """
 
@@ -17,7 +22,8 @@ import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+import math
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -26,6 +32,19 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and the fix."""
+
+
+class _Positive:
+    """Marker in `Annotated[...]`: the value must be > 0 (a count, a size, a rate)."""
+
+    def __repr__(self) -> str:
+        return "positive"
+
+
+PositiveInt = Annotated[int, _Positive()]
+"""An int that must be > 0 (batch sizes, token limits, counts)."""
+PositiveFloat = Annotated[float, _Positive()]
+"""A finite float that must be > 0 (learning rate, epsilon)."""
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
@@ -39,7 +58,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
         try:
-            loaded = yaml.safe_load(text)
+            loaded = _load_yaml(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
         if loaded is None:
@@ -52,12 +71,46 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     return from_dict(cls, data, prefix="", source=source)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping repeats a key; plain YAML would silently keep the last value."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a repeated key in a mapping, naming the key and lines."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` merges may be overridden by explicit keys, by design
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in first_line:
+                raise DuplicateKeyError(f"duplicate key {key!r} at line {line} (first at line {first_line[key]}); "
+                                        "YAML would keep only the last value: remove one of them")
+            first_line[key] = line
+        except TypeError:  # an unhashable key: construct_mapping below reports it
+            break
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _apply_override(data: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override '{override}' must look like key.subkey=value")
     key, raw = override.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"override '{override}': {exc}") from exc
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")
@@ -77,7 +130,7 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{where}' must be a mapping, got {data!r}")
-    hints = get_type_hints(cls)
+    hints = get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -113,6 +166,11 @@ def _nested_default(field: dataclasses.Field, hint: Any) -> Any:
 
 def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
     origin, args = get_origin(hint), get_args(hint)
+    if origin is Annotated:
+        value = _coerce(args[0], value, key, source)
+        if any(isinstance(mark, _Positive) for mark in args[1:]) and not value > 0:
+            raise ConfigError(f"{source}: '{key}' must be > 0, got {value!r}")
+        return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)
     if origin is Literal:
@@ -143,8 +201,10 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
+        _reject_non_finite(value, key, source)
         return dict(value)
     if hint is Any:
+        _reject_non_finite(value, key, source)
         return value
     if hint is bool:
         if not isinstance(value, bool):
@@ -162,12 +222,26 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
+        _reject_non_finite(value, key, source)
         return float(value)
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
         return value
     return value
+
+
+def _reject_non_finite(value: Any, key: str, source: str) -> None:
+    """ConfigError naming the key if `value` is, or holds, a NaN or infinite float."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{source}: '{key}' must be a finite number, got {value!r}; "
+                          "NaN and inf would make the run's losses and weights NaN")
+    if isinstance(value, dict):
+        for sub_key, item in value.items():
+            _reject_non_finite(item, f"{key}.{sub_key}", source)
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _reject_non_finite(item, f"{key}[{index}]", source)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -85,7 +85,10 @@ def _load_cached(source: str, split: str) -> tuple[GSM8KProblem, ...]:
         return tuple(_parse_records(_hub_records(split), f"{HUB_ID}[{split}]"))
     path = _resolve_path(source, split)
     records = _parquet_records(path) if path.suffix == ".parquet" else _jsonl_records(path)
-    return tuple(_parse_records(records, str(path)))
+    problems = tuple(_parse_records(records, str(path)))
+    if not problems:
+        raise DataError(f"{path}: no problems in the file (it is empty); add one JSON object per line")
+    return problems
 
 
 def _resolve_path(source: str, split: str) -> Path:
@@ -113,18 +116,36 @@ def _resolve_path(source: str, split: str) -> Path:
     return path
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                raise DataError(f"{path}:{line_number}: empty line; remove it")
+def utf8_lines(path: Path, error: type[Exception] | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a UTF-8 text file. A missing file or a line that is
+    not UTF-8 raises `error` (DataError by default) naming the file, the line and the byte."""
+    error = error or DataError
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        for line_number, raw in enumerate(handle, start=1):
             try:
-                yield line_number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}:{line_number}: not valid JSON ({exc.msg}); each line must be one "
-                    'object {"question": ..., "answer": ...}'
-                ) from None
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise error(f"{path}:{line_number}: not UTF-8 text (byte {exc.start + 1} of the line is "
+                            f"{raw[exc.start:exc.start + 1]!r}); re-save the file as UTF-8") from None
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    for line_number, line in utf8_lines(path):
+        if not line.strip():
+            raise DataError(f"{path}:{line_number}: empty line; remove it")
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # also: too deeply nested, integers too long
+            message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
+            raise DataError(
+                f"{path}:{line_number}: not valid JSON ({message}); each line must be one "
+                'object {"question": ..., "answer": ...}'
+            ) from None
+        yield line_number, record
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:

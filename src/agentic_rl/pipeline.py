@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.config import ConfigError
 from agentic_rl.evaluation.runner import EvalConfig
+from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo import GRPOConfig
 from agentic_rl.training.reward_model import RMConfig
 from agentic_rl.training.sft import SFTConfig
@@ -174,7 +174,7 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     for name in ("sft", "rm", "grpo"):  # how a run is watched and saved does not change its result
         for key in _LOOP_KEYS_WITHOUT_EFFECT:
             as_dict[name]["train"].pop(key, None)
-    return json.loads(json.dumps({name: as_dict[name] for name in sections}, default=str))
+    return json.loads(dumps({name: as_dict[name] for name in sections}))
 
 
 _LOOP_KEYS_WITHOUT_EFFECT = ("progress", "log_every", "checkpoint_every", "keep_checkpoints", "resume")
@@ -195,9 +195,7 @@ def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], do
 
 def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(staging, path)
+    write_json(path, payload)
 
 
 def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:

@@ -13,7 +13,9 @@ One policy turn goes through this decision:
 
 A failed call (malformed JSON, unknown tool, wrong arguments, ToolError, or any exception
 inside the tool) never raises: it becomes an observation starting "Error: " that says what to
-fix, and it is counted in `info["tool_errors"]`. The episode continues.
+fix, and it is counted in `info["tool_errors"]`. The episode continues. A python call whose
+code fails (traceback, timeout, MemoryError, non-zero exit) is such a failed call. Only
+`ToolUnavailable` (the host cannot run the tool at all) goes through, and stops the run.
 
 Rewards: a correct final answer gives 1.0, everything else 0.0, plus `tool_success_reward`
 per successful tool call (default 0.0) so per-step rewards exist for discounted returns.
@@ -37,7 +39,7 @@ from typing import Any
 
 from agentic_rl.envs.answer import answers_match, extract_final_answer
 from agentic_rl.envs.base import Env, StepResult, Task
-from agentic_rl.tools.base import Tool, ToolError, get_tool
+from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, get_tool
 from agentic_rl.tools.parse import ToolCall, parse_tool_calls
 
 MAX_CALLS_PER_TURN = 8
@@ -205,6 +207,8 @@ class ToolEnv(Env):
             result = tool.call(call.arguments)
         except ToolError as exc:
             return tool.name, f"Error: {exc}", False
+        except ToolUnavailable:
+            raise  # the host cannot run the tool: stop the run, do not train on a dead tool
         except Exception as exc:  # noqa: BLE001 - a tool bug must not end the episode
             return tool.name, f"Error: tool {tool.name!r} failed: {type(exc).__name__}: {exc}", False
         if len(result) > MAX_OBSERVATION_CHARS:

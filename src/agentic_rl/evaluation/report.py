@@ -14,9 +14,10 @@ stages on the same problems, summary.json, plus PNG plots.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from agentic_rl.strict_json import write_json
 
 _STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_control": "SFT control"}
 _COLUMNS = ("format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
@@ -50,8 +51,8 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     failures = _failures(results)
     if failures:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(root / "results.json", results)
+    write_json(root / "summary.json", summary)
     report = root / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
+from agentic_rl.config import PositiveInt
 from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
 from agentic_rl.rewards.terms import solution_steps
 from agentic_rl.rollout.trajectory import Trajectory
@@ -33,21 +34,21 @@ class EvalConfig:
     """Environment options (e.g. {difficulty: [3, 4], templates: [train, garden, warehouse]})."""
     split: str = "test"
     """Task split."""
-    n: int = 48
+    n: PositiveInt = 48
     """Problems."""
-    k: int = 1
+    k: PositiveInt = 1
     """Samples per problem for pass@k / maj@k (1: greedy only)."""
     temperature: float = 1.0
     """Sampling temperature for k > 1."""
     seed: int = 0
     """Task and sampling seed."""
-    batch_size: int = 16
+    batch_size: PositiveInt = 16
     """Episodes decoded concurrently."""
-    max_turn_tokens: int = 128
+    max_turn_tokens: PositiveInt = 128
     """Token limit of one policy turn."""
-    max_episode_tokens: int = 1024
+    max_episode_tokens: PositiveInt = 1024
     """Token limit of one episode."""
-    max_turns: int = 6
+    max_turns: PositiveInt = 6
     """Policy turns per episode."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Decode precision (bfloat16: ~2x faster on CPU, fast runner only)."""

@@ -19,12 +19,13 @@ Mapping (ours -> TRL GRPOConfig); everything else raises (invariant 6). `CONFIG_
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from agentic_rl.strict_json import write_json
 
 CONFIG_MAPPING: dict[str, str] = {
     "model.name": "model path (a built-in or `final/` folder is saved to output_dir/base_model first)",
@@ -246,5 +247,5 @@ def train_grpo_trl(cfg) -> dict[str, Any]:
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(str(final))
         kind = "lora" if cfg.model.lora.enabled else "full"
-        (final / "agentic_rl_model.json").write_text(json.dumps({"kind": kind, "base": info["base_name"]}))
+        write_json(final / "agentic_rl_model.json", {"kind": kind, "base": info["base_name"]})
     return {"final": str(final), "history": list(trainer.state.log_history)}

@@ -17,12 +17,15 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from agentic_rl.strict_json import write_json
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_QWEN3 = "tiny-qwen3"
@@ -67,12 +70,42 @@ def resolve_model_path(name_or_path: str) -> str:
         if not (Path(name_or_path) / "config.json").exists():
             raise ValueError(f"'{name_or_path}' exists but has no config.json: not a Hugging Face model directory")
         return name_or_path
-    if "/" in name_or_path:  # hub id: works for users who are online
+    if _HUB_ID.fullmatch(name_or_path):  # owner/name: the local HF cache, else a quick hub check
+        check_hub_model(name_or_path)
         return name_or_path
+    if "/" in name_or_path or name_or_path.startswith("~"):
+        raise ValueError(f"model directory '{name_or_path}' does not exist; pass an existing Hugging Face model "
+                         f"directory, a hub id (owner/name) or a built-in name {list(BUILTIN_MODELS)}")
     raise ValueError(
         f"unknown model '{name_or_path}': not a local directory, not a hub id (owner/name), "
         f"and not a built-in name {list(BUILTIN_MODELS)}"
     )
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def check_hub_model(repo_id: str, timeout_s: float = 10.0) -> None:
+    """ValueError, fast, if hub id `repo_id` can neither come from the local Hugging Face cache
+    nor from the hub. Offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) the hub is not asked;
+    online one metadata request with a short timeout replaces transformers' ~50 s of retries."""
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if any(os.environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        raise ValueError(f"model '{repo_id}' is not a local directory and not in the Hugging Face cache, and the hub "
+                         "is off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set); download it first or pass a directory")
+    try:
+        model_info(repo_id, timeout=timeout_s)
+    except RepositoryNotFoundError:
+        raise ValueError(f"no model '{repo_id}' on the Hugging Face hub (or it is private: log in with "
+                         "`hf auth login`); check the id, or pass a local directory") from None
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, HTTP errors: one message
+        raise ValueError(f"cannot reach the Hugging Face hub for model '{repo_id}' ({type(exc).__name__}: {exc}) "
+                         "and it is not in the local cache; connect, or pass a local directory") from None
 
 
 def build_tiny_qwen3(seed: int = 0) -> PreTrainedModel:
@@ -156,7 +189,7 @@ def _file_digest(path: Path) -> str:
 
 def _write_manifest(folder: Path) -> None:
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _file_digest(p)} for p in sorted(folder.iterdir())}
-    (folder / _MANIFEST).write_text(json.dumps(files, indent=1))
+    write_json(folder / _MANIFEST, files)
 
 
 def _cache_is_valid(folder: Path) -> bool:

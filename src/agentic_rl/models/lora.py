@@ -14,6 +14,8 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from transformers import PreTrainedModel
 
+from agentic_rl.config import PositiveFloat, PositiveInt
+
 
 @dataclasses.dataclass
 class LoraConfig:
@@ -21,9 +23,9 @@ class LoraConfig:
 
     enabled: bool = True
     """Train LoRA adapters (true) or every weight of the model (false)."""
-    r: int = 16
+    r: PositiveInt = 16
     """Adapter rank r."""
-    alpha: float = 32.0
+    alpha: PositiveFloat = 32.0
     """Scale numerator: the update is (alpha / r)·B·A."""
     dropout: float = 0.0
     """Dropout on the adapter input during training."""

@@ -115,18 +115,20 @@ def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> li
 
 def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajectory]:
     """Demonstrations from a JSONL file of conversations (format in the module docstring)."""
+    from agentic_rl.data import utf8_lines
     from agentic_rl.tools.base import get_tool
 
     demos = []
     path = Path(path)
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+    for line_number, line in utf8_lines(path, DemoError):
         if not line.strip():
             continue
         where = f"{path}:{line_number}"
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DemoError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from exc
+        except (ValueError, RecursionError) as exc:  # also: too deeply nested, integers too long
+            message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
+            raise DemoError(f"{where}: not valid JSON ({message}); each line must be one JSON object") from None
         if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
             raise DemoError(f'{where}: each line needs a "messages" list of chat messages')
         for i, message in enumerate(record["messages"]):

@@ -70,6 +70,7 @@ from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
 from agentic_rl.rollout.trajectory import Span, Trajectory
+from agentic_rl.tools.base import ToolUnavailable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,6 +448,8 @@ def _safe_step(env: Env, text: str) -> StepResult | str:
     """env.step, with an exception turned into its message (the episode fails, the batch goes on)."""
     try:
         return env.step(text)
+    except ToolUnavailable:
+        raise  # the host cannot run a tool (e.g. no sandbox): stop the run, never train on it
     except Exception as exc:  # noqa: BLE001
         return f"env.step raised {type(exc).__name__}: {exc}"
 

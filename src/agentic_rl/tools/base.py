@@ -6,7 +6,8 @@ the form transformers' chat templates take (`tools=[...]`), is derived from the 
 
 A tool returns a string (the observation text) or raises `ToolError` with a message the model
 can learn from. Any other exception is a bug in the tool, and the caller still turns it into
-an error observation: hostile model output never crashes an episode.
+an error observation: hostile model output never crashes an episode. The one exception is
+`ToolUnavailable`: the host cannot run the tool, and the run stops.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from transformers.utils import get_json_schema
 
 
 class ToolError(Exception):
-    """A tool call failed in a way the model should be told about (bad input, limit hit)."""
+    """A tool call failed in a way the model should be told about (bad input, limit hit, the
+    code it ran raised). The call counts as a tool error in `tool_errors` and the rewards."""
+
+
+class ToolUnavailable(RuntimeError):
+    """The host cannot run this tool at all (e.g. the python sandbox cannot be built). Not the
+    model's fault and not an observation: environments and the rollout engine let it through,
+    so the run stops instead of training on a dead tool."""
 
 
 @dataclasses.dataclass(frozen=True)

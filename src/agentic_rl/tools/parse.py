@@ -55,6 +55,8 @@ def _parse_body(body: str, raw: str) -> ToolCall:
         payload = json.loads(body)
     except json.JSONDecodeError as exc:
         return ToolCall(None, {}, raw, f"tool call is not valid JSON ({exc.msg} at char {exc.pos})")
+    except (ValueError, RecursionError) as exc:  # an integer over 4300 digits; nesting too deep
+        return ToolCall(None, {}, raw, f"tool call is not usable JSON ({_short_reason(exc)})")
     if not isinstance(payload, dict):
         return ToolCall(None, {}, raw, 'tool call must be a JSON object {"name": ..., "arguments": {...}}')
     name = payload.get("name")
@@ -64,7 +66,7 @@ def _parse_body(body: str, raw: str) -> ToolCall:
     if isinstance(arguments, str):  # some models emit arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return ToolCall(name, {}, raw, '"arguments" must be a JSON object')
     if not isinstance(arguments, dict):
         return ToolCall(name, {}, raw, '"arguments" must be a JSON object')
@@ -72,6 +74,12 @@ def _parse_body(body: str, raw: str) -> ToolCall:
     if extra:
         return ToolCall(name, arguments, raw, f"unexpected key(s) {extra} in tool call; use only name and arguments")
     return ToolCall(name, arguments, raw)
+
+
+def _short_reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0][:120] or type(exc).__name__
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:

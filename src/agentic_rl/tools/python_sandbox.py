@@ -35,9 +35,18 @@ Threat model (what is enforced, and how):
     sandbox; the cut is reported (exit_reason output_truncated + a marker), never silent.
   - Files: the whole mount tree is remounted read-only in the private mount namespace; the
     only writable places are a size-capped tmpfs work dir and a tmpfs /dev/shm, both gone
-    when the namespace dies. RLIMIT_FSIZE caps single files. As root, the worker's uid also
-    has no rights to root-owned 0600 files or /etc/shadow (ordinary file permissions).
-  - Network: an empty network namespace (loopback down): every connect fails.
+    when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this pid namespace's
+    own, mounted read-only. /dev is a fresh read-only tmpfs holding only null, zero, full,
+    random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As root,
+    the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
+  - Network: an empty network namespace (loopback down, no abstract Unix sockets of the host)
+    and a seccomp filter: socket() is refused (EACCES) for every family but AF_INET/AF_INET6,
+    which only reach the empty namespace (ENETUNREACH). So no Unix socket (a socket file on
+    the host, or abstract), no netlink, no vsock to a VM host, no packet socket.
+    socketpair() only makes connected SOCK_STREAM pairs (asyncio needs one); io_uring is
+    refused, since its operations would bypass the filter. The filter is applied last, after
+    no_new_privs, and inherited by every child. x86_64 and aarch64 are supported; on another
+    architecture the sandbox refuses to start.
   - Signals: the worker is in its own session and pid namespace, so it cannot name any
     process outside it (its parent is pid 1 = init, which ignores signals from inside), and
     as root its uid could not signal them anyway.
@@ -46,16 +55,30 @@ Threat model (what is enforced, and how):
 Not enforced:
   - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes` (no cgroup).
   - Reading world-readable files (the stdlib, /etc/passwd, this repository if its
-    permissions allow), and /sys. Kernel exploits: there is no seccomp filter.
+    permissions allow), and /sys (read-only). Kernel exploits: the seccomp filter only
+    restricts sockets and io_uring, it does not shrink the kernel's attack surface.
   - Unprivileged: files readable by the calling user are readable by the code.
   - If namespaces are unavailable (e.g. a container without CAP_SYS_ADMIN and with user
     namespaces disabled), the sandbox refuses to run (exit_reason "sandbox_error") instead
-    of running the code with weaker isolation.
+    of running the code with weaker isolation. `get_tool("python")` runs one probe
+    (`check_sandbox`) and raises SandboxUnavailable then, so an env offering the tool fails
+    when it is built; a later per-call sandbox_error raises it too, and stops the run.
+
+Failed calls: `python()` raises ToolError (with the observation text: traceback, timeout
+note, ...) whenever the run was not ok, so the env counts it in `tool_errors`.
+
+Throughput (known limit, not fixed here): the rollout engine runs the env steps of the
+episodes whose turns end in the same decode step on `rollout.tool_workers` threads (default
+4), and decoding waits for them. Episodes whose turns end in different decode steps, and the
+calls of one turn of one episode (at most 8), run one after another, so N slow calls can
+stall the batch for up to N x timeout_s. Overlapping tool calls with decoding needs an
+asynchronous engine step, which must keep the run deterministic (DESIGN.md invariant 7).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -65,7 +88,7 @@ import subprocess
 import sys
 import time
 
-from agentic_rl.tools.base import register_tool
+from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, register_tool
 
 _MAX_CODE_BYTES = 1_000_000  # a model turn is far shorter; this only bounds the stdin write
 _STOP_GRACE_S = 2.0
@@ -134,7 +157,34 @@ class SandboxResult:
     duration_s: float
 
 
+class SandboxUnavailable(ToolUnavailable):
+    """This host cannot build the sandbox (no namespaces, no seccomp, ...); see the message."""
+
+
+@functools.lru_cache(maxsize=None)
+def check_sandbox() -> None:
+    """Build one sandbox and run `print(1)` in it, once per process (a failure is not cached).
+
+    Raises SandboxUnavailable naming the cause, so a host that cannot sandbox (rootless without
+    user namespaces, no seccomp) is found when the tool is created, not one call at a time.
+    """
+    result = run_python("print(1)", SandboxLimits(timeout_s=30.0))
+    if not (result.ok and result.stdout == "1\n"):
+        raise SandboxUnavailable(
+            f"the python tool's sandbox cannot run on this host: {result.error or result.stderr!r}. "
+            "It needs Linux namespaces (root, or unprivileged user namespaces: "
+            "sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0) and seccomp. "
+            "Run where these are available, or drop 'python' from the env's tools."
+        )
+
+
 @register_tool("python")
+def python_tool() -> Tool:
+    """The registered `python` tool; checks once that the sandbox can run here."""
+    check_sandbox()
+    return Tool.from_function(python, name="python")
+
+
 def python(code: str) -> str:
     """Run Python code and return what it prints (stdout), or the error traceback if it fails.
 
@@ -147,9 +197,12 @@ def python(code: str) -> str:
     """
     result = run_python(code)
     if result.exit_reason == "sandbox_error":
-        # Not the model's fault: the host cannot build the sandbox. Fail loudly.
-        raise RuntimeError(f"python sandbox unavailable: {result.error}")
-    return format_observation(result, SandboxLimits().max_output_bytes)
+        # Not the model's fault: the host cannot build the sandbox. Stop the run loudly.
+        raise SandboxUnavailable(f"python sandbox unavailable: {result.error}")
+    observation = format_observation(result, SandboxLimits().max_output_bytes)
+    if not result.ok:  # traceback, timeout, MemoryError, non-zero exit, output cut: a failed call
+        raise ToolError(observation)
+    return observation
 
 
 def format_observation(result: SandboxResult, max_bytes: int) -> str:
@@ -408,7 +461,9 @@ MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
 # Flags a remount must keep: in a user namespace the kernel locks them (EPERM otherwise).
 KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+MNT_DETACH = 2
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                        ctypes.c_char_p]
@@ -471,9 +526,28 @@ def read_only_mounts():
             flags |= KEEP.get(option, 0)
         mount(None, target, None, flags)
 
+def minimal_dev(shm_size):
+    # A fresh /dev with only the harmless nodes: the host's /dev holds terminals the caller
+    # owns (unprivileged, the code could write to the user's tty), disks, kmsg and vsock.
+    os.mkdir("/tmp/hostdev")
+    mount("/dev", "/tmp/hostdev", None, MS_BIND | MS_REC)
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEV_NODES:
+        open(f"/dev/{name}", "w").close()  # the mount point
+        mount(f"/tmp/hostdev/{name}", f"/dev/{name}", None, MS_BIND)
+    check(libc.umount2(b"/tmp/hostdev", MNT_DETACH), "umount /tmp/hostdev")
+    os.rmdir("/tmp/hostdev")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_size},mode=1777")
+    mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
 def prepare_filesystem(cfg, code):
     read_only_mounts()
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this pid ns only
+    # This pid namespace's processes only, and read-only: no /proc/self/* knob is writable.
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
     # A private, tiny, read-only /tmp holds just the two fixed mount points.
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for path in (cfg["work_dir"], cfg["bound_prefix"]):
@@ -482,7 +556,7 @@ def prepare_filesystem(cfg, code):
     owner = f"uid={cfg['uid']},gid={cfg['gid']}"
     size = cfg["max_file_bytes"]
     mount("tmpfs", cfg["work_dir"], "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,{owner}")
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    minimal_dev(size)
     if cfg["prefix"]:
         mount(cfg["prefix"], cfg["bound_prefix"], None, MS_BIND | MS_REC)
         mount(None, cfg["bound_prefix"], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
@@ -492,6 +566,51 @@ def prepare_filesystem(cfg, code):
     with open(main, "wb") as f:
         f.write(code)
     os.chown(main, cfg["uid"], cfg["gid"])
+
+# seccomp: socket() only for AF_INET/AF_INET6 (useless in the empty network namespace; they
+# fail with ENETUNREACH as on a machine without network), socketpair() only SOCK_STREAM (a
+# connected pair that cannot be re-pointed: asyncio needs it), io_uring refused (its
+# operations would bypass this filter). Everything else is allowed. Unix sockets (path or
+# abstract), netlink, vsock (the VM host), packet sockets: EACCES at socket().
+# (audit arch, socket, socketpair, io_uring_setup..register, x32 bit or 0)
+SYSCALLS = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427), 0x40000000),
+            "aarch64": (0xC00000B7, 198, 199, (425, 426, 427), 0)}
+AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK, EACCES = 2, 10, 1, 0xF, 13
+RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
+
+def seccomp_filter(machine):
+    import struct
+    if machine not in SYSCALLS:
+        raise OSError(f"no socket filter for CPU architecture {machine!r}; the sandbox supports "
+                      f"{sorted(SYSCALLS)}")
+    arch, nr_socket, nr_socketpair, nr_uring, x32 = SYSCALLS[machine]
+    LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06
+    deny = RET_ERRNO | EACCES
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, RET_KILL),  # a foreign ABI: kill
+            (LD, 0, 0, 0)]
+    if x32:
+        prog += [(JGE, 0, 1, x32), (RET, 0, 0, RET_KILL)]
+    for nr in nr_uring:
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, deny)]
+    prog += [(JEQ, 0, 5, nr_socket),                 # not socket(): to socketpair's test
+             (LD, 0, 0, 16),                           # args[0], low word: the family
+             (JEQ, 1, 0, AF_INET), (JEQ, 0, 1, AF_INET6),
+             (RET, 0, 0, RET_ALLOW), (RET, 0, 0, deny),
+             (JEQ, 0, 4, nr_socketpair),               # not socketpair(): allow
+             (LD, 0, 0, 24), (AND, 0, 0, SOCK_TYPE_MASK),  # args[1] without NONBLOCK/CLOEXEC
+             (JEQ, 1, 0, SOCK_STREAM), (RET, 0, 0, deny),
+             (RET, 0, 0, RET_ALLOW)]
+    return b"".join(struct.pack("=HBBI", *op) for op in prog)
+
+def install_seccomp():
+    code = seccomp_filter(os.uname().machine)
+    buffer = ctypes.create_string_buffer(code, len(code))
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    prog = Prog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    zero = ctypes.c_ulong(0)
+    check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                     zero, zero), "seccomp")
 
 def exec_worker(cfg, status_fd, nproc):
     os.setsid()  # killpg(0, ...) from the code now reaches only its own group
@@ -510,6 +629,7 @@ def exec_worker(cfg, status_fd, nproc):
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    install_seccomp()  # last: from here on, no socket but AF_INET/6 (see SYSCALLS)
     os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
     os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
 

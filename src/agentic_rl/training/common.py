@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from agentic_rl.models.lora import LoraConfig, apply_lora, describe_trainable
+from agentic_rl.strict_json import write_json
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINAL_DIR = "final"
@@ -114,7 +115,7 @@ def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: 
         unwrapped.save_pretrained(target)
         tokenizer.save_pretrained(target)
         kind = "lora" if hasattr(unwrapped, "peft_config") else "full"
-        (target / _SOURCE_FILE).write_text(json.dumps({"kind": kind, "base": base_name}))
+        write_json(target / _SOURCE_FILE, {"kind": kind, "base": base_name})
     accelerator.wait_for_everyone()
     return target
 

@@ -46,6 +46,7 @@ from agentic_rl.algorithms.grpo import (
     turn_advantages,
 )
 from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.config import PositiveInt
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final
@@ -77,15 +78,15 @@ class EnvConfig:
 class RolloutConfig:
     """How episodes are sampled."""
 
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Episodes per rollout batch, over all processes: prompts × group_size."""
     group_size: int = 4
     """G: episodes per prompt. Must divide batch_size."""
-    max_turn_tokens: int = 128
+    max_turn_tokens: PositiveInt = 128
     """Token limit of one policy turn."""
-    max_episode_tokens: int = 1024
+    max_episode_tokens: PositiveInt = 1024
     """Token limit of a whole episode (prompt, turns and observations)."""
-    max_turns: int = 6
+    max_turns: PositiveInt = 6
     """Policy turns per episode (the env's own max_turns also applies)."""
     temperature: float = 1.0
     """Sampling temperature; the loss scores tokens at the same temperature."""
@@ -95,7 +96,7 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     runner: Literal["auto", "fast", "hf"] = "auto"
     """Decode path: fast (Llama/Qwen3), hf (reference), auto (fast when supported)."""
-    tool_workers: int = 4
+    tool_workers: PositiveInt = 4
     """Threads running tool calls of different episodes in parallel."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Decode precision (fast runner). Set it to the model's dtype (model.dtype) for exact π_old
@@ -200,13 +201,13 @@ class GRPOConfig:
     """Which prompts and groups a batch trains on (dynamic sampling, success-rate band)."""
     guidance: GuidanceConfig = dataclasses.field(default_factory=GuidanceConfig)
     """Off-policy oracle demonstrations in groups that all fail (off by default)."""
-    updates_per_batch: int = 1
+    updates_per_batch: PositiveInt = 1
     """μ: optimizer steps per rollout batch."""
     old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
     """π_old: "sampling" uses the engine's log-probs (free, exact when rollout and training share
     precision); "recompute" re-scores the batch once before the first update; "detach" uses
     π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
-    micro_batch_size: int = 8
+    micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
     skip_zero_advantage: bool = True
     """With beta = 0, leave out of the forward/backward every episode whose advantages are all 0

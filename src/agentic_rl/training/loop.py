@@ -13,6 +13,12 @@ Gradient accumulation, per optimizer step:
                      └─────── grads sum in .grad ────────┘    DDP all-reduces once)
                                                   clip ─► AdamW ─► schedule ─► after_step()
 
+Finite or fail (DESIGN.md invariant 8): every micro-batch loss and the global gradient norm
+are checked before the optimizer steps, and the trainable weights after it. A NaN or inf
+stops the run with `NonFiniteError` naming the step and the quantity; no checkpoint is written
+after it, so the newest checkpoint on disk (if any) is the last finite state to resume from.
+Rewards are covered through the loss: a NaN reward makes the advantages, hence the loss, NaN.
+
 Each micro-batch loss is already scaled to its share of the full-batch loss (the objective
 knows the global normaliser: sequences or tokens, across ranks), so the summed gradient is
 exactly the full-batch gradient, whatever the micro-batch size.
@@ -32,7 +38,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from agentic_rl.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentic_rl.config import PositiveFloat
+from agentic_rl.errors import RunStopped
+from agentic_rl.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from agentic_rl.training.run_dir import RunDir
 
 
@@ -40,13 +48,13 @@ from agentic_rl.training.run_dir import RunDir
 class OptimConfig:
     """AdamW, learning-rate schedule and gradient clipping."""
 
-    lr: float = 1e-5
+    lr: PositiveFloat = 1e-5
     """Peak learning rate."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     """AdamW (beta1, beta2)."""
-    eps: float = 1e-8
+    eps: PositiveFloat = 1e-8
     """AdamW epsilon."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
@@ -92,6 +100,10 @@ class LoopConfig:
             raise ValueError(f"train.steps must be >= 0, got {self.steps}")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.log_every < 1:
             raise ValueError("train.checkpoint_every >= 0, train.keep_checkpoints >= 1, train.log_every >= 1")
+
+
+class NonFiniteError(RunStopped):
+    """A loss, gradient norm or weight became NaN/inf; the message names the step and quantity."""
 
 
 class Objective(Protocol):
@@ -165,7 +177,14 @@ def run_training(
     history: list[dict[str, float]] = []
     bar = tqdm(range(start, loop.steps), desc=description, disable=not (loop.progress and accelerator.is_main_process), initial=start, total=loop.steps)
     for step in bar:
-        row = _train_step(objective, model, optimizer, scheduler, optim, accelerator, step)
+        try:
+            row = _train_step(objective, model, optimizer, scheduler, optim, accelerator, step)
+        except NonFiniteError as exc:
+            resume = latest_checkpoint(run_dir.checkpoints)
+            where = (f"the last finite checkpoint is {resume} (a rerun resumes from it)" if resume
+                     else "no checkpoint was written yet (a rerun starts over)")
+            raise NonFiniteError(f"{exc}. The run stopped; {where}. Lower optim.lr, "
+                                 "check the rewards and data, or set optim.max_grad_norm.") from None
         history.append(row)
         if (step + 1) % loop.log_every == 0 or step + 1 == loop.steps:
             run_dir.log(step + 1, row)
@@ -184,6 +203,7 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     micro_batches = objective.micro_batches(batch)
     metric_sums: dict[str, float] = {}
     loss_total = 0.0
+    bad_loss = None  # (micro-batch index, value) of the first non-finite loss
     started = time.perf_counter()
     for index, micro in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
@@ -191,7 +211,10 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
         with sync, accelerator.autocast():
             loss, metrics = objective.loss(model, micro)
             accelerator.backward(loss)
-        loss_total += float(loss.detach())
+        loss_value = float(loss.detach())
+        if bad_loss is None and not math.isfinite(loss_value):
+            bad_loss = (index, loss_value)
+        loss_total += loss_value
         for key, value in metrics.items():
             metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
     if not micro_batches:  # nothing in this batch has a gradient: step on zeros, exactly as if computed
@@ -200,12 +223,21 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
                 param.grad = torch.zeros_like(param)
     backward_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    grad_norm = float("nan")
-    if optim.max_grad_norm > 0 and accelerator.sync_gradients:
-        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm))
+    # max_norm=inf measures without clipping (the scale is clamped to 1), so the check always runs.
+    max_norm = optim.max_grad_norm if optim.max_grad_norm > 0 else float("inf")
+    grad_norm = float("nan")  # DeepSpeed reports no norm before its first step; it checks overflow itself
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm) if accelerator.sync_gradients else None
+    # Raised only now, after backward and the norm (collectives under DDP/FSDP), so every rank
+    # gets this far: a NaN loss on one rank makes the all-reduced gradients NaN on all of them.
+    if bad_loss is not None:
+        _require_finite(bad_loss[1], f"loss of micro-batch {bad_loss[0]}", step)
+    if norm is not None:
+        grad_norm = float(norm)
+        _require_finite(grad_norm, "gradient norm", step)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    _require_finite_weights(model, step)
     after = objective.after_step(step)
     optimizer_seconds = time.perf_counter() - started
     row = {key: value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
@@ -231,15 +263,29 @@ def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None
 def _maybe_resume(objective, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:
     if not loop.resume:
         return 0
-    path = latest_checkpoint(run_dir.checkpoints)
-    if path is None:
+    found = load_latest_checkpoint(accelerator, run_dir.checkpoints)  # newest intact one, verified
+    if found is None:
         return 0
-    state = load_checkpoint(accelerator, path)
+    path, state = found
     objective.load_state_dict(state["objective"])
     run_dir.truncate_metrics(state["step"])
     accelerator.print(f"resumed from {path} at step {state['step']}")
     return int(state["step"])
 
 
-def is_finite_row(row: dict[str, float]) -> bool:
-    return all(math.isfinite(v) for k, v in row.items() if k != "optim/grad_norm")
+def _require_finite(value: float, quantity: str, step: int) -> None:
+    if not math.isfinite(value):
+        raise NonFiniteError(f"step {step + 1}: the {quantity} is {value} (not finite)")
+
+
+def _require_finite_weights(model: torch.nn.Module, step: int) -> None:
+    """One fused pass (a norm per tensor); names the first non-finite parameter if any."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    norms = torch._foreach_norm([p.detach() for _, p in params])  # one kernel per dtype/device group
+    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+        return
+    for name, param in params:
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise NonFiniteError(f"step {step + 1}: weight {name!r} is not finite after the optimizer step")
+    # Only the norm overflowed (|w| ~ 1e19 in float32): finite, but a diverged run all the same.
+    raise NonFiniteError(f"step {step + 1}: the weights' norm overflowed after the optimizer step")

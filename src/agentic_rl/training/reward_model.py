@@ -30,9 +30,11 @@ import torch
 
 from agentic_rl.algorithms.logprobs import backbone_hidden, shared_prefix_length
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
+from agentic_rl.config import PositiveInt
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
+from agentic_rl.strict_json import write_json
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 
@@ -73,7 +75,7 @@ class RMConfig:
     """The base model (the same base as the policy) and adapters."""
     pairs: PairsConfig = dataclasses.field(default_factory=PairsConfig)
     """Pair source."""
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Pairs per optimizer step (over all processes)."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4))
     """Optimizer."""
@@ -261,7 +263,7 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
         unwrapped = accelerator.unwrap_model(objective.model).classifier
         unwrapped.save_pretrained(target)
         tokenizer.save_pretrained(target)
-        (target / "agentic_rl_rm.json").write_text(__import__("json").dumps({"base": base, "lora": cfg.model.lora.enabled}))
+        write_json(target / "agentic_rl_rm.json", {"base": base, "lora": cfg.model.lora.enabled})
     run_dir.close()
     return {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
             "pairs": len(pairs), "heldout_pairs": len(heldout)}

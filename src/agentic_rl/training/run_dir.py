@@ -2,7 +2,8 @@
 
     runs/<name>/
       config.yaml        the config object actually used (never a hand-made copy)
-      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/policy": ..., ...}
+      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/policy": ..., ...};
+                         a non-finite value is written as null (strict JSON)
       tb/                TensorBoard events of the same metrics
       checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agentic_rl.strict_json import dumps, loads_strict
 
 
 class RunDir:
@@ -46,7 +49,7 @@ class RunDir:
             return
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}
         with open(self.path / "metrics.jsonl", "a") as handle:
-            handle.write(json.dumps({"step": step, **clean}, allow_nan=True) + "\n")
+            handle.write(dumps({"step": step, **clean}) + "\n")  # non-finite values as null
         if self._writer is not None:
             for key, value in clean.items():
                 if isinstance(value, float) and math.isfinite(value):
@@ -67,5 +70,6 @@ class RunDir:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All rows of a metrics.jsonl file; a null (a non-finite value when logged) reads as NaN."""
+    rows = [loads_strict(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [{key: float("nan") if value is None else value for key, value in row.items()} for row in rows]

@@ -1,0 +1,63 @@
+"""The one JSON writer: every JSON file and line agentic-rl writes goes through here.
+
+    from agentic_rl.strict_json import dumps, write_json, loads_strict
+    write_json(path, {"tool_success_rate": float("nan")})   # writes {"tool_success_rate": null}
+
+Python's `json` writes NaN and Infinity as the bare words `NaN` / `Infinity`, which are not
+JSON: strict parsers (jq, JavaScript, Go, `json.loads(s, parse_constant=...)`) reject the
+file. Here a non-finite float becomes `null` (DESIGN.md invariant 8). We chose null over
+rejecting the write because the values that hit it are legitimate "undefined" metrics, e.g.
+`tool_success_rate` over zero tool calls, or a grad norm when clipping is off; a training run
+that goes non-finite is stopped by the loop (training/loop.py), not by its metrics file.
+Readers that need numbers map null back to NaN (`training.run_dir.read_metrics` does).
+
+numpy and torch scalars are written as plain numbers; anything else JSON cannot hold is
+written as `str(value)` (paths, enums), as the call sites did before.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def to_strict(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None, recursively (dicts, lists, tuples)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {key: to_strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_strict(item) for item in value]
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        return to_strict(item())
+    return value
+
+
+def dumps(value: Any, indent: int | None = None) -> str:
+    """Strict JSON text of `value` (non-finite floats as null, unknown objects as str)."""
+    return json.dumps(to_strict(value), indent=indent, allow_nan=False, default=str)
+
+
+def write_json(path: str | Path, value: Any, indent: int | None = 1) -> Path:
+    """Write `value` to `path` atomically (a temporary file, then os.replace)."""
+    path = Path(path)
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(dumps(value, indent=indent) + "\n")
+    os.replace(staging, path)
+    return path
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"not strict JSON: {name} (NaN/Infinity are not JSON values)")
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that rejects NaN, Infinity and -Infinity instead of accepting them."""
+    return json.loads(text, parse_constant=_reject_constant)

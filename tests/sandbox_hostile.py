@@ -1,0 +1,238 @@
+"""Hostile programs for the python sandbox, with the host-side bait each one goes for.
+
+    python tests/sandbox_hostile.py        # runs them all, prints one JSON line per program
+
+`tests/test_python_sandbox.py` runs `probe()` in-process (as this test's user, root in CI) and
+runs this file as a script under an unprivileged uid, so both callers face the same list.
+
+Each program prints ESCAPED when its attack worked. A program is *contained* when it did not
+print ESCAPED and the host side saw nothing: no connection or datagram reached a listener, the
+sentinel file is unchanged, nothing new appeared next to it, and no process it started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+
+from agentic_rl.tools.python_sandbox import SandboxLimits, run_python
+
+# {name: code}; the code is formatted with the bait's paths and addresses (see `_bait`).
+HOSTILE = {
+    "unix_stream_socket_file": """
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect({stream_path!r}); s.sendall(b"hello"); print("ESCAPED", s.recv(10))""",
+    "unix_dgram_socket_file": """
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.sendto(b"hello", {dgram_path!r}); print("ESCAPED")""",
+    "unix_dgram_via_socketpair": """
+import socket
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+a.sendto(b"hello", {dgram_path!r}); print("ESCAPED")""",
+    "unix_stream_socketpair_reconnect": """
+import socket
+a, b = socket.socketpair()
+try:
+    a.connect({stream_path!r}); print("ESCAPED")
+except OSError as exc:
+    a.sendto(b"hello", {dgram_path!r}); print("ESCAPED")""",
+    "unix_abstract_socket": """
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect({abstract_name!r}); s.sendall(b"hello"); print("ESCAPED")""",
+    "unix_socket_by_raw_syscall": """
+import ctypes, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(41, 1, 1, 0)  # x86_64 socket(AF_UNIX, SOCK_STREAM, 0)
+if fd < 0:
+    fd = libc.syscall(198, 1, 1, 0)  # aarch64
+if fd >= 0:
+    s = socket.socket(fileno=fd); s.connect({stream_path!r}); s.sendall(b"hello"); print("ESCAPED")""",
+    "tcp_localhost": """
+import socket
+socket.create_connection(("127.0.0.1", {tcp_port}), timeout=1).sendall(b"hello"); print("ESCAPED")""",
+    "udp_localhost": """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(b"hello", ("127.0.0.1", {udp_port})); print("ESCAPED")""",
+    "vsock_to_the_vm_host": """
+import socket
+s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+s.settimeout(1)
+try:
+    s.connect((2, 22)); print("ESCAPED")
+except (ConnectionResetError, ConnectionRefusedError):
+    print("ESCAPED: the VM host answered")""",
+    "netlink_socket": """
+import socket
+socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); print("ESCAPED")""",
+    "io_uring_setup": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+if libc.syscall(425, 4, params) >= 0:
+    print("ESCAPED")""",
+    "overwrite_sentinel": """
+open({sentinel!r}, "w").write("pwned"); print("ESCAPED")""",
+    "create_file_next_to_sentinel": """
+import os
+open(os.path.join({outside!r}, "new.txt"), "w").write("x"); print("ESCAPED")""",
+    "remount_writable_in_own_user_namespace": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS
+    raise OSError(ctypes.get_errno(), "unshare")
+MS_REMOUNT, MS_BIND = 32, 4096
+for target in (b"/", {outside!r}.encode(), b"/var/tmp", b"/var", b"/tmp"):
+    libc.mount(None, target, None, MS_REMOUNT | MS_BIND, None)
+open({sentinel!r}, "w").write("pwned"); print("ESCAPED")""",
+    "proc_sys_write": """
+for path in ("/proc/sys/kernel/hostname", "/proc/sys/vm/drop_caches", "/proc/sysrq-trigger",
+             "/proc/self/oom_score_adj", "/proc/1/comm"):
+    try:
+        open(path, "w").write("1"); print("ESCAPED", path)
+    except OSError:
+        pass""",
+    "sys_write": """
+import glob
+for path in ["/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/uevent_helper",
+             *glob.glob("/sys/fs/cgroup/*")[:20], *glob.glob("/sys/class/net/*/mtu")]:
+    try:
+        open(path, "w").write("1"); print("ESCAPED", path)
+    except OSError:
+        pass""",
+    "device_write": """
+import glob
+for path in ["/dev/tty", "/dev/console", "/dev/kmsg", "/dev/vsock", "/dev/vda", "/dev/mem",
+             *glob.glob("/dev/pts/*"), *glob.glob("/dev/tty*")]:
+    try:
+        open(path, "w").write("1"); print("ESCAPED", path)
+    except OSError:
+        pass""",
+    "detached_daemon_outlives_the_call": """
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(30)", {marker!r}])
+    os._exit(0)
+import time; time.sleep(0.2)""",
+    "signal_the_caller": """
+import os, signal
+for pid in ({caller_pid}, -1, 1):
+    try:
+        os.kill(pid, 0); os.kill(pid, signal.SIGSTOP) if pid == {caller_pid} else None
+        if pid == {caller_pid}: print("ESCAPED")
+    except OSError:
+        pass""",
+}
+
+
+def _bait(root: str) -> tuple[dict, dict]:
+    """Listeners and files the programs go for, in a world-writable dir under `root`."""
+    outside = tempfile.mkdtemp(prefix="sandbox-bait-", dir=root)
+    os.chmod(outside, 0o777)
+    sentinel = os.path.join(outside, "sentinel.txt")
+    with open(sentinel, "w") as f:
+        f.write("sentinel\n")
+    os.chmod(sentinel, 0o666)  # only the sandbox's mounts protect it
+    stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stream_path = os.path.join(outside, "stream.sock")
+    stream.bind(stream_path)
+    stream.listen(4)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram_path = os.path.join(outside, "dgram.sock")
+    dgram.bind(dgram_path)
+    for path in (stream_path, dgram_path):
+        os.chmod(path, 0o777)
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract_name = f"\0agentic-rl-bait-{uuid.uuid4().hex}"
+    abstract.bind(abstract_name)
+    abstract.listen(4)
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    listeners = {"stream": stream, "dgram": dgram, "abstract": abstract, "tcp": tcp, "udp": udp}
+    for listener in listeners.values():
+        listener.setblocking(False)
+    values = {"outside": outside, "sentinel": sentinel, "stream_path": stream_path,
+              "dgram_path": dgram_path, "abstract_name": abstract_name,
+              "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
+              "caller_pid": os.getpid()}
+    return values, listeners
+
+
+def _host_saw_something(listeners: dict) -> list[str]:
+    """Names of listeners that received a connection or a datagram."""
+    hits = []
+    for name, listener in listeners.items():
+        try:
+            if listener.type == socket.SOCK_STREAM:
+                listener.accept()[0].close()
+            else:
+                listener.recv(100)
+            hits.append(name)
+        except (BlockingIOError, InterruptedError):
+            pass
+    return hits
+
+
+def _live_processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def probe(root: str = "/var/tmp") -> dict[str, dict]:
+    """Run every hostile program; {name: {"contained": bool, "why": ..., "stdout": ...}}."""
+    values, listeners = _bait(root)
+    limits = SandboxLimits(timeout_s=5.0)
+    report = {}
+    try:
+        for name, template in HOSTILE.items():
+            marker = f"sandbox-marker-{uuid.uuid4().hex}"
+            result = run_python(template.format(marker=marker, **values), limits)
+            time.sleep(0.01)  # let a datagram or connection that got out land
+            problems = []
+            if result.exit_reason == "sandbox_error":
+                problems.append(f"sandbox_error: {result.error}")
+            if "ESCAPED" in result.stdout:
+                problems.append("printed ESCAPED")
+            problems += [f"{hit} listener reached" for hit in _host_saw_something(listeners)]
+            with open(values["sentinel"]) as f:
+                if f.read() != "sentinel\n":
+                    problems.append("sentinel changed")
+            extra = sorted(set(os.listdir(values["outside"])) - {"sentinel.txt", "stream.sock", "dgram.sock"})
+            if extra:
+                problems.append(f"new files {extra}")
+            if _live_processes_with(marker):
+                problems.append("a process outlived the call")
+            report[name] = {"contained": not problems, "why": problems,
+                            "stdout": result.stdout[-300:], "error": result.error[-300:]}
+    finally:
+        for listener in listeners.values():
+            listener.close()
+        for entry in os.listdir(values["outside"]):
+            os.unlink(os.path.join(values["outside"], entry))
+        os.rmdir(values["outside"])
+    return report
+
+
+if __name__ == "__main__":
+    for name, outcome in probe(sys.argv[1] if len(sys.argv) > 1 else "/var/tmp").items():
+        print(json.dumps({"name": name, "uid": os.getuid(), **outcome}))
