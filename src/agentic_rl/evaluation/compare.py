@@ -78,7 +78,7 @@ def format_rows(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B"
     lines = [f"| evaluation | metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | better / worse | McNemar p | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        p = "" if row["mcnemar_p"] is None else f"{row['mcnemar_p']:.3f}"
+        p = "" if row["mcnemar_p"] is None else "< 0.001" if row["mcnemar_p"] < 0.001 else f"{row['mcnemar_p']:.3f}"
         lines.append(
             f"| {row['label']} | {row['metric']} | {row['n']} | {row['mean_a']:.1%} | {row['mean_b']:.1%} | "
             f"{row['difference']:+.1%} [{row['ci_low']:+.1%}, {row['ci_high']:+.1%}] | {row['b_better']} / {row['a_better']} | {p} | "
