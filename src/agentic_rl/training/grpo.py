@@ -317,12 +317,11 @@ class GRPOObjective:
             if round_index == 0:
                 first_round_share = sum(g.has_variance for g in groups) / len(groups)
             for group in groups:
+                self._record_outcomes(group)  # every group rolled out informs the band, used or not
                 (informative if group.has_variance or not sel.dynamic_sampling else flat).append(group)
         groups = informative + flat[: prompts - len(informative)]
         rollout_seconds = time.perf_counter() - started
         guided = self._guide(groups) if self.cfg.guidance.enabled else 0
-        for group in groups:
-            self._record_outcomes(group)
         trajs = [traj for group in groups for traj in group.local]
         global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
         local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
