@@ -68,6 +68,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         data = loaded
     for override in overrides or []:
         _apply_override(data, override)
+    if overrides:
+        source = f"{source if path is not None else 'config'} with --set {' '.join(overrides)}"
     return from_dict(cls, data, prefix="", source=source)
 
 
