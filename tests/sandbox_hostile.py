@@ -186,7 +186,8 @@ def _host_saw_something(listeners: dict) -> list[str]:
     return hits
 
 
-def _live_processes_with(marker: str) -> list[int]:
+def live_processes_with(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains `marker` (zombies have none)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -220,7 +221,7 @@ def probe(root: str = "/var/tmp") -> dict[str, dict]:
             extra = sorted(set(os.listdir(values["outside"])) - {"sentinel.txt", "stream.sock", "dgram.sock"})
             if extra:
                 problems.append(f"new files {extra}")
-            if _live_processes_with(marker):
+            if live_processes_with(marker):
                 problems.append("a process outlived the call")
             report[name] = {"contained": not problems, "why": problems,
                             "stdout": result.stdout[-300:], "error": result.error[-300:]}

@@ -69,19 +69,7 @@ def _failed_call(code: str) -> str:
     return str(failure.value)
 
 
-def _processes_with_marker(marker: str) -> list[int]:
-    """Pids of live processes whose command line contains `marker` (zombies have none)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+_processes_with_marker = sandbox_hostile.live_processes_with
 
 
 # ---------------------------------------------------------------- results the model sees

@@ -8,11 +8,11 @@ import torch
 
 from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir, read_metrics
 
 
-class ToyObjective:
+class ToyObjective(StatelessObjective):
     """Least squares on fresh random data each step, drawn from the GLOBAL torch RNG, so an
     exact resume needs the RNG state restored (accelerate's save_state does that)."""
 
@@ -37,14 +37,6 @@ class ToyObjective:
         loss = ((model(x).squeeze(-1) - y) ** 2).sum() / total  # this micro-batch's share of the batch mean
         return loss, {"toy/rows": float(len(x))}
 
-    def after_step(self, step):
-        return {}
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 def _train(out, steps, micro=8, checkpoint_every=0, objective=None, schedule="cosine"):
