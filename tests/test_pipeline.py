@@ -100,3 +100,12 @@ def test_every_shipped_config_loads_and_validates(path):
 
     cfg = load_config(PipelineConfig, path)
     assert cfg.evals and cfg.grpo.rollout.batch_size % cfg.grpo.rollout.group_size == 0
+
+
+@pytest.mark.parametrize("skip,fragment", [("[sft]", "'sft' cannot be skipped"), ("[grpo]", "set control.steps")])
+def test_a_control_without_what_it_is_matched_on_fails_at_load(skip, fragment):
+    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.pipeline import PipelineConfig
+
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(PipelineConfig, CONFIG, overrides=[f"skip={skip}"])

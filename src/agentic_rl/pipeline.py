@@ -90,6 +90,10 @@ class PipelineConfig:
                 raise ValueError(f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it")
             if stage.train.output_dir != defaults[name].train.output_dir:
                 raise ValueError(f"{name}.train.output_dir is set by the pipeline (output_dir/{name}); remove it")
+        if self.control.enabled and "sft" in self.skip:
+            raise ValueError("control.enabled: the control continues the SFT stage's model, so 'sft' cannot be skipped")
+        if self.control.enabled and not self.control.steps and "grpo" in self.skip:
+            raise ValueError("control.steps: 0 matches GRPO's measured training time, but 'grpo' is skipped; set control.steps")
         if self.grpo.reward_model.path or self.grpo.reward_model.weight:
             raise ValueError("grpo.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
 
