@@ -63,13 +63,14 @@ def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_pa
 def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path):
     _, objective, _ = _first_batch(_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
     pool = objective.task_pool
-    objective.outcomes = {pool[0].id: (8, 8), pool[1].id: (0, 8), pool[2].id: (3, 8)}  # always, never, sometimes
-    drawn = {t.id for seed in range(50) for t in objective._draw_tasks(random.Random(seed), 2)}
+    selector = objective.selector
+    selector.outcomes = {pool[0].id: (8, 8), pool[1].id: (0, 8), pool[2].id: (3, 8)}  # always, never, sometimes
+    drawn = {t.id for seed in range(50) for t in selector.draw(random.Random(seed), 2)}
     assert pool[0].id not in drawn and pool[1].id not in drawn
     assert pool[2].id in drawn and drawn == {t.id for t in pool[2:]}
-    objective.outcomes = {t.id: (8, 8) for t in pool[:7]}  # only one prompt left in the band: fall back, and count it
-    objective.band_fallbacks = 0
-    assert len(objective._draw_tasks(random.Random(0), 2)) == 2 and objective.band_fallbacks == 1
+    selector.outcomes = {t.id: (8, 8) for t in pool[:7]}  # only one prompt left in the band: fall back, and count it
+    selector.band_fallbacks = 0
+    assert len(selector.draw(random.Random(0), 2)) == 2 and selector.band_fallbacks == 1
 
 
 def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_path):

@@ -50,6 +50,7 @@ from agentic_rl.config import PositiveInt
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final
+from agentic_rl.training.groups import GuidanceConfig, Group, PromptSelector, SelectionConfig, guide
 from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import RunDir
 from agentic_rl.training.scoring import TokenScorer, unwrap_policy
@@ -130,44 +131,6 @@ class AdvantageConfig:
 
 
 @dataclasses.dataclass
-class SelectionConfig:
-    """Which groups a batch trains on. A group whose G rewards are all equal has advantage 0 and
-    no gradient: it costs a rollout and teaches nothing. Both levers are off by default."""
-
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: replace zero-variance groups by groups of fresh prompts, rolled out
-    in extra rounds, until every group of the batch has reward variance or `max_rounds` is spent;
-    the groups still missing are filled with zero-variance ones (so the batch size never changes)."""
-    max_rounds: int = 2
-    """Extra rollout rounds dynamic sampling may run per batch: the cap on its extra cost (each
-    round rolls out only the missing groups)."""
-    band: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
-    """[low, high]: a prompt is drawn again only while the share of its earlier episodes that were
-    correct lies in [low, high] (a prompt never drawn before always qualifies). E.g. [0.05, 0.95]
-    stops drawing prompts the policy always or never solves. [0, 1]: no filter. Works when prompts
-    recur, i.e. with a task_pool of the order of steps x prompts per step."""
-
-    def __post_init__(self) -> None:
-        if self.max_rounds < 0:
-            raise ValueError(f"selection.max_rounds must be >= 0, got {self.max_rounds}")
-        if len(self.band) != 2 or not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
-            raise ValueError(f"selection.band must be [low, high] with 0 <= low <= high <= 1, got {self.band}")
-
-
-@dataclasses.dataclass
-class GuidanceConfig:
-    """Guided groups (LUFFY, arXiv 2504.14945): off-policy demonstrations where on-policy RL fails."""
-
-    enabled: bool = False
-    """When no episode of a group is correct, the env's oracle demonstration of that prompt
-    replaces the group's last episode, so the group has a correct member and a gradient. The
-    demonstration was not sampled by the policy, so there is no π_old for its tokens: its
-    ratio is π_θ / sg(π_θ) = 1 (no clipping), and its gradient is A · ∇log π_θ(demo), an
-    advantage-weighted SFT step. (LUFFY shapes this with π/(π+γ); that is not implemented.)
-    Needs an env with an oracle (arith, gsm8k)."""
-
-
-@dataclasses.dataclass
 class RewardModelTerm:
     """An optional learned reward term."""
 
@@ -236,23 +199,6 @@ class GRPOConfig:
             raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
 
 
-@dataclasses.dataclass
-class _Group:
-    """The G episodes of one prompt: this process's share of them, and the whole group's rewards."""
-
-    task: Any
-    local: list[Trajectory]
-    """This process's episodes of the group (all G on one process)."""
-    rewards: torch.Tensor
-    """(G,) total rewards of every episode of the group, in row order."""
-    correct: int
-    """Episodes of the group graded correct."""
-
-    @property
-    def has_variance(self) -> bool:
-        return bool(self.rewards.max() != self.rewards.min())
-
-
 class GRPOObjective:
     """Rollouts, rewards and advantages per batch; the clipped GRPO loss per micro-batch."""
 
@@ -271,8 +217,7 @@ class GRPOObjective:
             extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
         self.composer = RewardComposer(cfg.rewards, extra)
         self.cached: dict[str, Any] | None = None
-        self.outcomes: dict[str, tuple[int, int]] = {}  # task id -> (correct, episodes) over all batches so far
-        self.band_fallbacks = 0  # draws where too few prompts lay in selection.band (the whole pool was used)
+        self.selector = PromptSelector(self.task_pool, cfg.selection)
 
     def bind(self, model, accelerator) -> None:
         from agentic_rl.rollout.factory import build_engine
@@ -302,14 +247,14 @@ class GRPOObjective:
         rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
         started = time.perf_counter()
         self.policy.eval()
-        informative: list[_Group] = []  # groups with reward variance
-        flat: list[_Group] = []  # groups whose G rewards are all equal
+        informative: list[Group] = []  # groups with reward variance
+        flat: list[Group] = []  # groups whose G rewards are all equal
         first_round_share, rounds = 0.0, 0
         for round_index in range(1 + (sel.max_rounds if sel.dynamic_sampling else 0)):
             missing = prompts - len(informative) if sel.dynamic_sampling else prompts
             if missing == 0:
                 break
-            tasks = self._draw_tasks(rng, missing, exclude={group.task.id for group in informative + flat})
+            tasks = self.selector.draw(rng, missing, exclude={group.task.id for group in informative + flat})
             if not tasks:
                 break
             groups = self._rollout_groups(tasks, step, round_index)
@@ -317,11 +262,12 @@ class GRPOObjective:
             if round_index == 0:
                 first_round_share = sum(g.has_variance for g in groups) / len(groups)
             for group in groups:
-                self._record_outcomes(group)  # every group rolled out informs the band, used or not
+                self.selector.record(group)  # every group rolled out informs the band, used or not
                 (informative if group.has_variance or not sel.dynamic_sampling else flat).append(group)
         groups = informative + flat[: prompts - len(informative)]
         rollout_seconds = time.perf_counter() - started
-        guided = self._guide(groups) if self.cfg.guidance.enabled else 0
+        guided = guide(groups, self.make_env, self.tokenizer, self.composer, self.engine.weights_version,
+                       self.accelerator) if self.cfg.guidance.enabled else 0
         trajs = [traj for group in groups for traj in group.local]
         global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
         local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
@@ -346,36 +292,12 @@ class GRPOObjective:
             "train/groups_with_variance": sum(g.has_variance for g in groups) / len(groups),
             "rollout/rounds": float(rounds),
             "train/guided_groups": float(guided),
-            "rollout/band_fallbacks": float(self.band_fallbacks),
+            "rollout/band_fallbacks": float(self.selector.band_fallbacks),
         })
         return {"trajectories": trajs, "tensors": tensors, "advantages": advantages, "old": old, "ref": ref,
                 "off_policy": off_policy, "weights_version": trajs[0].weights_version if trajs else 0, "metrics": metrics}
 
-    def _draw_tasks(self, rng: random.Random, prompts: int, exclude: set[str] = frozenset()) -> list[Any]:
-        """`prompts` distinct tasks of the pool, none of `exclude` (already in this batch); with a
-        band, only those whose success rate so far lies in it."""
-        low, high = self.cfg.selection.band
-        pool = [t for t in self.task_pool if t.id not in exclude] if exclude else self.task_pool
-        if (low, high) != (0.0, 1.0):
-            in_band = [t for t in pool if self._in_band(t.id, low, high)]
-            if len(in_band) < prompts:  # an exhausted band falls back to the whole pool, and says so
-                self.band_fallbacks += 1
-            else:
-                pool = in_band
-        if not exclude and len(pool) < prompts:
-            raise ValueError(f"env.task_pool={len(self.task_pool)} tasks cannot give {prompts} distinct prompts per batch "
-                             "(rollout.batch_size / rollout.group_size); raise env.task_pool")
-        return rng.sample(pool, min(prompts, len(pool)))  # dynamic sampling takes what the pool has left
-
-    def _in_band(self, task_id: str, low: float, high: float) -> bool:
-        correct, total = self.outcomes.get(task_id, (0, 0))
-        return total == 0 or low <= correct / total <= high
-
-    def _record_outcomes(self, group: "_Group") -> None:
-        correct, total = self.outcomes.get(group.task.id, (0, 0))
-        self.outcomes[group.task.id] = (correct + group.correct, total + len(group.rewards))
-
-    def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list["_Group"]:
+    def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list[Group]:
         """Roll out G episodes of each task; rows are split across processes by stride (module doc)."""
         acc, G = self.accelerator, self.cfg.rollout.group_size
         rows = [t for t in tasks for _ in range(G)]  # (P_round * G,) in group order
@@ -387,34 +309,9 @@ class GRPOObjective:
                              dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
         table = self._gather_in_global_order(local)  # (P_round * G, 2)
         by_row = dict(zip(local_rows, trajs))
-        return [_Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
+        return [Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
                        table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
                 for g, task in enumerate(tasks)]
-
-    def _guide(self, groups: list["_Group"]) -> int:
-        """LUFFY-style guidance (GuidanceConfig): an oracle demonstration replaces the last episode of
-        each group with no correct episode. Every process computes the demonstration's reward; the
-        process that owns the group's last row also keeps its tokens. Returns the groups guided."""
-        from agentic_rl.models.chat_format import ChatFormat
-        from agentic_rl.rollout.demos import oracle_demos
-
-        acc, G = self.accelerator, self.cfg.rollout.group_size
-        chat_format = ChatFormat.for_tokenizer(self.tokenizer)
-        guided = 0
-        for group in groups:
-            if group.correct > 0:
-                continue
-            demo = oracle_demos(self.make_env(), [group.task], chat_format)[0]
-            demo.turn_rewards = [0.0] * len(demo.policy_spans)
-            demo.weights_version = self.engine.weights_version
-            demo.finish_reason = "answered"
-            demo.info["off_policy"] = True
-            group.rewards[-1] = float(self.composer([demo])[0])
-            group.correct += 1
-            if (G - 1) % acc.num_processes == acc.process_index:
-                group.local[-1] = demo
-            guided += 1
-        return guided
 
     def _gather_in_global_order(self, local: torch.Tensor) -> torch.Tensor:
         acc = self.accelerator
@@ -594,13 +491,13 @@ class GRPOObjective:
         # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
         # across μ > 1 updates must survive a resume.
         keep = self.cached if self.cfg.updates_per_batch > 1 else None
-        return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.outcomes)}
+        return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.selector.outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from agentic_rl.rollout.factory import refresh_engine_weights
 
         self.cached = state.get("cached")
-        self.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
+        self.selector.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
         refresh_engine_weights(self.engine)  # the runner must read the restored weights
         self.engine.weights_version = int(state.get("weights_version", 0))
 
