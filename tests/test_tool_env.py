@@ -233,3 +233,33 @@ def test_solution_steps_equal_the_common_prefix(results: list[str], per_turn: in
             break
         expected += 1
     assert info["solution_steps_matched"] == expected
+
+
+def _nap(seconds: float) -> str:
+    """A slow tool (test only).
+
+    Args:
+        seconds: How long to sleep.
+    """
+    import time
+
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+def test_the_calls_of_one_turn_run_concurrently_and_keep_their_order() -> None:
+    """Four 0.5 s calls in one turn take about 0.5 s, not 2 s (a turn of slow python calls used to
+    hold the whole batch for their sum), and each observation stays with its call."""
+    import time
+
+    environment = _Env()
+    nap = Tool.from_function(_nap, name="nap")
+    environment.tools.append(nap)
+    environment._tools_by_name["nap"] = nap
+    environment.reset(TASK)
+    turn = "".join(format_tool_call("nap", {"seconds": s}) for s in (0.5, 0.4, 0.5, 0.3)) + _calc("6*7")
+    started = time.perf_counter()
+    result = environment.step(turn)
+    elapsed = time.perf_counter() - started
+    assert [m["content"] for m in result.observation] == ["slept 0.5", "slept 0.4", "slept 0.5", "slept 0.3", "42"]
+    assert elapsed < 1.2, f"the calls ran one after another ({elapsed:.2f} s)"

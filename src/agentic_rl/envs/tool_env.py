@@ -35,6 +35,7 @@ tool names and limits.
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 from agentic_rl.envs.answer import answers_match, extract_final_answer
@@ -181,14 +182,18 @@ class ToolEnv(Env):
     # --- tools -----------------------------------------------------------------------------
 
     def _run_calls(self, calls: list[ToolCall]) -> tuple[list[dict[str, Any]], list[bool]]:
-        """One observation message per call, and whether each call succeeded."""
+        """One observation message per call, and whether each call succeeded. The calls of a turn
+        run concurrently (each python call is its own sandboxed process), so a turn of slow calls
+        costs about one call's time, not their sum; observations keep the calls' order."""
         observation, succeeded = [], []
-        for position, call in enumerate(calls):
-            if position >= MAX_CALLS_PER_TURN:
-                content = f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run"
-                name, ok = "error", False
-            else:
-                name, content, ok = self._run_call(call)
+        ran = calls[:MAX_CALLS_PER_TURN]
+        if len(ran) > 1:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(ran)) as pool:
+                results = list(pool.map(self._run_call, ran))
+        else:
+            results = [self._run_call(call) for call in ran]
+        results += [("error", f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run", False)] * (len(calls) - len(ran))
+        for name, content, ok in results:
             observation.append({"role": "tool", "name": name, "content": content})
             succeeded.append(ok)
         self._tool_calls += len(calls)

@@ -67,12 +67,13 @@ Not enforced:
 Failed calls: `python()` raises ToolError (with the observation text: traceback, timeout
 note, ...) whenever the run was not ok, so the env counts it in `tool_errors`.
 
-Throughput (known limit, not fixed here): the rollout engine runs the env steps of the
-episodes whose turns end in the same decode step on `rollout.tool_workers` threads (default
-4), and decoding waits for them. Episodes whose turns end in different decode steps, and the
-calls of one turn of one episode (at most 8), run one after another, so N slow calls can
-stall the batch for up to N x timeout_s. Overlapping tool calls with decoding needs an
-asynchronous engine step, which must keep the run deterministic (DESIGN.md invariant 7).
+Throughput: the calls of one turn (at most 8) run concurrently (envs/tool_env.py), and the
+rollout engine runs the env steps of the episodes whose turns end in the same decode step on
+`rollout.tool_workers` threads (default 4); decoding waits for them. Known limit, not fixed
+here: episodes whose turns end in different decode steps run their calls one decode step after
+another, so slow calls can stall the batch for up to timeout_s per such step. Overlapping tool
+calls with decoding needs an asynchronous engine step, which must keep the run deterministic
+(DESIGN.md invariant 7).
 """
 
 from __future__ import annotations
