@@ -99,10 +99,10 @@ def test_per_problem_scores_of_each_metric():
 
 
 def test_compare_pairs_problems_by_task_id_not_by_position():
-    a = _result(["t1", "t2", "t3", "t4"], [1, 0, 0, 1])
-    b = _result(["t4", "t3", "t2", "t1"], [1, 1, 1, 1])  # same problems, another order: t2 and t3 gained
+    a = _result(["t1", "t2", "t3", "t4"], [1, 1, 0, 0])
+    b = _result(["t4", "t3", "t2", "t1"], [0, 1, 1, 1])  # same problems, another order: only t3 gained
     (row,) = compare_evaluations(a, b, "x")
-    assert (row["b_better"], row["a_better"], row["difference"]) == (2, 0, pytest.approx(0.5))
+    assert (row["b_better"], row["a_better"], row["difference"]) == (1, 0, pytest.approx(0.25))  # by position: 2 / 1
 
 
 def test_compare_refuses_different_problem_sets_and_names_them():
