@@ -88,7 +88,7 @@ def test_stage_inputs_follow_what_each_stage_reads():
     assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == ["rm", "grpo", "eval_grpo"]  # the RM is a reward term
     assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo", "control", "eval_control"]  # the control matches GRPO's time
     assert changed("control.steps=3") == ["control", "eval_control"]
-    assert changed("evals=[{env: arith, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
+    assert changed("evals=[{env: {name: arith}, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
 
 

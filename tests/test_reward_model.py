@@ -76,7 +76,7 @@ def test_train_rm_end_to_end_on_corrupted_pairs(tmp_path):
     out = tmp_path / "rm"
     cfg = load_config(RMConfig, None, overrides=[
         "model.name=tiny-qwen3", "model.lora.r=4", "pairs.source=corrupted", "pairs.tasks=8", "pairs.heldout_tasks=4",
-        "pairs.env_options={difficulty: 1}", "batch_size=4", "optim.lr=1e-2", "train.steps=3",
+        "pairs.env.options={difficulty: 1}", "batch_size=4", "optim.lr=1e-2", "train.steps=3",
         f"train.output_dir={out}", "train.progress=false",
     ])
     result = train_rm(cfg)

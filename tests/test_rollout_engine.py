@@ -528,7 +528,7 @@ def test_sampling_params_reject_bad_values():
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="max_turns"):
-        RolloutLimits(max_turns=0)
+        RolloutLimits(max_turn_tokens=8, max_episode_tokens=128, max_turns=0)
 
 
 def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):

@@ -33,7 +33,7 @@ def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
     return load_config(SFTConfig, None, overrides=[
         "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
         "batch.batch_size=4", "batch.micro_batch_size=2",
-        "sources=[{kind: oracle, env: arith, n: 8, env_options: {difficulty: 1}}]",
+        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
         f"train.output_dir={output_dir}", "train.progress=false", *extra,
     ])
 

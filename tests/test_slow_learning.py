@@ -18,10 +18,11 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 def _greedy_accuracy(model, tokenizer, tasks, difficulty) -> float:
     from agentic_rl.envs.base import make_env
+    from agentic_rl.rollout.config import RolloutConfig
     from agentic_rl.rollout.factory import build_engine
 
-    engine = build_engine(model, tokenizer, max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2,
-                          temperature=0, seed=0, max_concurrent=len(tasks))
+    rollout = RolloutConfig(max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2, temperature=0)
+    engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     with torch.no_grad():
         episodes = engine.run([make_env("arith", difficulty=difficulty) for _ in tasks], tasks)
     return sum(bool(t.info.get("correct")) for t in episodes) / len(tasks)
@@ -37,7 +38,7 @@ def test_sft_on_oracle_demos_lifts_heldout_two_step_accuracy(tmp_path):
 
     cfg = load_config(SFTConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=5e-4",
-        "sources=[{kind: oracle, env: arith, n: 64, env_options: {difficulty: 2}}]",
+        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 2}}, n: 64}]",
         "batch.batch_size=8", "batch.micro_batch_size=8", "train.steps=20", "train.mixed_precision=bf16",
         f"train.output_dir={tmp_path / 'sft'}", "train.progress=false",
     ])
@@ -61,7 +62,7 @@ def test_reward_model_separates_heldout_correct_from_corrupted_solutions(tmp_pat
 
     cfg = load_config(RMConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=48", "pairs.heldout_tasks=16",
-        "pairs.env_options={difficulty: [1, 2]}", "batch_size=4", "optim.lr=5e-4", "train.steps=12",
+        "pairs.env.options={difficulty: [1, 2]}", "batch_size=4", "optim.lr=5e-4", "train.steps=12",
         "train.mixed_precision=bf16",
         f"train.output_dir={tmp_path / 'rm'}", "train.progress=false",
     ])

@@ -87,12 +87,12 @@ def test_environment_factory_runs_our_tools_and_grades():
 
 def _cfg(tmp_path, **overrides):
     from agentic_rl.training.common import ModelConfig
-    from agentic_rl.training.grpo import EnvConfig, GRPOConfig, RolloutConfig
+    from agentic_rl.training.grpo import EnvConfig, GRPOConfig, GRPORolloutConfig
     from agentic_rl.training.loop import LoopConfig
 
     base = dict(
         backend="trl", model=ModelConfig(name="tiny-qwen3"), env=EnvConfig(name="arith", options=OPTIONS, task_pool=4),
-        rewards=SPECS, rollout=RolloutConfig(batch_size=2, group_size=2, max_turn_tokens=48, max_turns=3),
+        rewards=SPECS, rollout=GRPORolloutConfig(batch_size=2, group_size=2, max_turn_tokens=48, max_turns=3),
         micro_batch_size=2, train=LoopConfig(steps=2, output_dir=str(tmp_path / "run"), progress=False),
     )
     base.update(overrides)
@@ -137,7 +137,7 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     (lambda c: {"advantage": type(c.advantage)(mode="turn")}, "advantage.mode=turn"),
-    (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, runner="fast")}, "runner=fast"),
+    (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, backend="fast")}, "backend=fast"),
     (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, tool_workers=8)}, "tool_workers"),
     (lambda c: {"updates_per_batch": 2}, "old_logprobs=sampling"),
     (lambda c: {"micro_batch_size": 3}, "micro_batch_size=3"),

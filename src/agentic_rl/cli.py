@@ -5,14 +5,14 @@
     agentic-rl tools run calculator --expression "48/2"
     agentic-rl tools run python --code "print(2**10)"
     agentic-rl rewards list
-    agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json]
+    agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
     agentic-rl compare sft.json grpo.json              (paired difference, 95% CI, McNemar)
     agentic-rl sft      --config configs/sft.yaml  [--set key=value ...]
     agentic-rl rm       --config configs/rm.yaml   [--set key=value ...]
     agentic-rl grpo     --config configs/grpo.yaml [--set key=value ...]
     agentic-rl merge    --adapters runs/sft/final --out merged/
     agentic-rl pipeline --config configs/demo.yaml
-    agentic-rl config   sft|rm|grpo|pipeline       (every key, its type, default and meaning)
+    agentic-rl config   eval|sft|rm|grpo|pipeline  (every key, its type, default and meaning)
 
 Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
 """
@@ -91,23 +91,28 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
+_EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
+    "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.temperature",
+    "split": "split", "seed": "seed", "batch_size": "batch_size", "max_turn_tokens": "rollout.max_turn_tokens",
+    "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "label": "label", "out": "out",
+}
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.runner import EvalConfig, evaluate
+    from agentic_rl.config import load_config
+    from agentic_rl.evaluation.runner import EvalCommandConfig, evaluate
     from agentic_rl.training.common import load_base_and_tokenizer
 
-    from agentic_rl.config import from_dict
-
-    # Through the config loader, so --batch-size 0 or --temperature nan fail as a config would.
-    cfg = from_dict(EvalConfig, dict(env=args.env, env_options=_parse_options(args.option), split=args.split, n=args.n,
-                                     k=args.k, temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
-                                     max_turn_tokens=args.max_turn_tokens, max_turns=args.max_turns, dtype=args.dtype,
-                                     label=args.label), source="eval")
-    model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32")
+    # Flags are overrides of the eval config, applied before --set, through the same loader.
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _EVAL_FLAGS.items() if getattr(args, flag) is not None]
+    overrides += [f"env.options.{pair}" for pair in args.option or []]
+    cfg = load_config(EvalCommandConfig, args.config, overrides + args.set)
+    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
-    if args.out:
+    if cfg.out:
         from agentic_rl.strict_json import write_json
 
-        write_json(args.out, {"model": args.model, "env": args.env, "label": cfg.label, **result})
+        write_json(cfg.out, {"model": cfg.model, "env": cfg.env.name, "label": cfg.label, **result})
     failures = result.pop("failures")
     per_task = result.pop("per_task")
     if not args.json:
@@ -119,7 +124,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             for message in failure["messages"]:
                 if message["role"] != "system":
                     print(f"[{message['role']}] {message.get('content', '')}")
-    _print_json({"model": args.model, "env": args.env, **result})
+    _print_json({"model": cfg.model, "env": cfg.env.name, **result})
     return 0
 
 
@@ -143,8 +148,12 @@ _CONFIG_COMMANDS = {
 }
 
 
+_DESCRIBED = {"eval": ("agentic_rl.evaluation.runner", "EvalCommandConfig"),
+              **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
+
+
 def _config_class(command: str):
-    module, cls, _, _ = _CONFIG_COMMANDS[command]
+    module, cls = _DESCRIBED[command]
     return getattr(__import__(module, fromlist=[cls]), cls)
 
 
@@ -206,21 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = rewards.add_parser("list", help="list registered reward terms and their parameters")
     p.set_defaults(func=_cmd_rewards_list)
 
-    p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)")
-    p.add_argument("--model", required=True, help="built-in name, HF directory, hub id, or a stage's final/ folder")
-    p.add_argument("--env", required=True, help="environment name")
-    p.add_argument("--n", type=int, default=48, help="number of problems (default 48)")
-    p.add_argument("--k", type=int, default=1, help="samples per problem for pass@k and maj@k (default 1: greedy only)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for k > 1")
-    p.add_argument("--split", default="test", choices=["train", "test"], help="task split (default test)")
-    p.add_argument("--seed", type=int, default=0, help="task and sampling seed")
-    p.add_argument("--batch-size", type=int, default=16, help="episodes decoded at once")
-    p.add_argument("--max-turn-tokens", type=int, default=128, help="token limit of one policy turn")
-    p.add_argument("--max-turns", type=int, default=6, help="policy turns per episode")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="decode precision (bfloat16: ~2x faster on CPU)")
-    p.add_argument("--label", default="", help="name of this evaluation (default: the env name)")
-    p.add_argument("--out", help="also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)")
+    p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
+                       description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
+    p.add_argument("--config", help="YAML eval config (every key: `agentic-rl config eval`); flags and --set override it")
+    p.add_argument("--model", help="model: built-in name, HF directory, hub id, or a stage's final/ folder")
+    p.add_argument("--env", help="env.name: environment name (default arith)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
+    p.add_argument("--n", help="n: number of problems (default 48)")
+    p.add_argument("--k", help="k: samples per problem for pass@k and maj@k (default 1: greedy only)")
+    p.add_argument("--temperature", help="rollout.temperature: sampling temperature of the k samples (default 1.0)")
+    p.add_argument("--split", help="split: train or test (default test)")
+    p.add_argument("--seed", help="seed: task and sampling seed (default 0)")
+    p.add_argument("--batch-size", help="batch_size: episodes decoded at once (default 16)")
+    p.add_argument("--max-turn-tokens", help="rollout.max_turn_tokens: token limit of one policy turn (default 128)")
+    p.add_argument("--max-turns", help="rollout.max_turns: policy turns per episode (default 6)")
+    p.add_argument("--dtype", help="rollout.dtype: float32 or bfloat16 (~2x faster on CPU; default float32)")
+    p.add_argument("--backend", help="rollout.backend: auto, fast or hf (default auto)")
+    p.add_argument("--label", help="label: name of this evaluation (default: the env name)")
+    p.add_argument("--out", help="out: also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. rollout.top_p=0.9 (repeatable)")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
@@ -242,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
-    p.add_argument("which", choices=sorted(_CONFIG_COMMANDS), help="the command")
+    p.add_argument("which", choices=sorted(_DESCRIBED), help="the command")
     p.set_defaults(func=_cmd_config)
     return parser
 

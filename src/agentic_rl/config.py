@@ -47,6 +47,13 @@ PositiveFloat = Annotated[float, _Positive()]
 """A finite float that must be > 0 (learning rate, epsilon)."""
 
 
+RENAMED = {
+    "runner": "rollout.backend",
+    "env_options": "env: {name: ..., options: {...}}",
+}
+"""Keys that older configs used, and where they went: named in the unknown-key error."""
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     """Build `cls` from a YAML file (optional) plus `key.sub=value` overrides, strictly."""
     data: dict[str, Any] = {}
@@ -137,7 +144,8 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
     unknown = sorted(set(data) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields))
-        raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'; allowed keys in {where}: {allowed}")
+        hint = f" ('{unknown[0]}' is now {RENAMED[unknown[0]]})" if unknown[0] in RENAMED else ""
+        raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'{hint}; allowed keys in {where}: {allowed}")
     kwargs = {}
     for name, value in data.items():
         field_default = _nested_default(fields[name], hints[name])
@@ -252,7 +260,15 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass `cls` (string literal after the annotation)."""
+    """The docstring under each field of dataclass `cls` (string literal after the annotation),
+    inherited fields included (a subclass's own docs win)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

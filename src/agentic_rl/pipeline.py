@@ -209,7 +209,7 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
     model, tokenizer, _ = load_base_and_tokenizer(model_name, "float32")
     out = {}
     for eval_cfg in evals:
-        label = eval_cfg.label or eval_cfg.env
+        label = eval_cfg.name
         out[label] = evaluate(model, tokenizer, eval_cfg)
         result, interval, k = out[label], out[label]["ci95"]["pass@1"], out[label]["k"]
         sampled = f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}" if k > 1 else ""

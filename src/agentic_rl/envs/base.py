@@ -117,6 +117,24 @@ def make_env(name: str, **options: Any) -> Env:
     return factory(options_cls(**options))
 
 
+@dataclasses.dataclass
+class EnvSpec:
+    """An environment as configs name it: `{name: arith, options: {difficulty: 2}}`. GRPO's `env`,
+    an evaluation's `env`, SFT's oracle sources and reward-model pairs all embed this one type."""
+
+    name: str = "arith"
+    """Registered environment (see `agentic-rl envs list`)."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Its options, checked against its options dataclass (`agentic-rl envs list -v`)."""
+
+    def __post_init__(self) -> None:
+        self.make()  # an unknown env or option fails here, at load time, not mid-run
+
+    def make(self) -> Env:
+        """A fresh instance (one per concurrent episode: envs are stateful)."""
+        return make_env(self.name, **self.options)
+
+
 def env_options_class(name: str) -> type | None:
     _ensure_builtin_envs()
     if name not in _REGISTRY:

@@ -1,10 +1,11 @@
 """Evaluate a model on an environment: greedy pass@1, sampled pass@k / maj@k, and statistics.
 
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 --k 4 --json
+    agentic-rl eval --config my-eval.yaml --set rollout.dtype=bfloat16     (every key: agentic-rl config eval)
 
 Episodes run through the rollout engine, the same multi-turn tool loop as training. Greedy
 decoding gives pass@1; with k > 1, k more episodes per problem are sampled (temperature
-`--temperature`) for the unbiased pass@k and maj@k. Reported alongside: format-error rate
+`rollout.temperature`, flag `--temperature`) for the unbiased pass@k and maj@k. Reported alongside: format-error rate
 (no parseable final answer), mean policy tokens, tool calls per episode and their success
 rate, accuracy by difficulty (arith) or by number of solution steps (GSM8K), and a few failed
 transcripts.
@@ -19,58 +20,65 @@ from typing import Any, Literal
 from tqdm.auto import tqdm
 
 from agentic_rl.config import PositiveInt
+from agentic_rl.envs.base import EnvSpec
 from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
 from agentic_rl.rewards.terms import solution_steps
+from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory
 
 
 @dataclasses.dataclass
 class EvalConfig:
-    """One evaluation."""
+    """One evaluation: which problems, how many samples, how episodes are decoded."""
 
-    env: str = "arith"
-    """Environment name."""
-    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Environment options (e.g. {difficulty: [3, 4], templates: [train, garden, warehouse]})."""
-    split: str = "test"
+    label: str = ""
+    """Name of this evaluation in reports (default: the env name)."""
+    env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
+    """The environment and its options (e.g. {name: arith, options: {difficulty: 2, templates: [train]}})."""
+    split: Literal["train", "test"] = "test"
     """Task split."""
     n: PositiveInt = 48
     """Problems."""
     k: PositiveInt = 1
-    """Samples per problem for pass@k / maj@k (1: greedy only)."""
-    temperature: float = 1.0
-    """Sampling temperature for k > 1."""
+    """Samples per problem for pass@k / maj@k, at rollout.temperature (1: greedy pass@1 only)."""
     seed: int = 0
     """Task and sampling seed."""
     batch_size: PositiveInt = 16
     """Episodes decoded concurrently."""
-    max_turn_tokens: PositiveInt = 128
-    """Token limit of one policy turn."""
-    max_episode_tokens: PositiveInt = 1024
-    """Token limit of one episode."""
-    max_turns: PositiveInt = 6
-    """Policy turns per episode."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Decode precision (bfloat16: ~2x faster on CPU, fast runner only)."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Limits, sampling temperature (for the k samples; pass@1 is greedy), backend and dtype."""
     failures_shown: int = 3
     """Failed transcripts kept in the result."""
-    label: str = ""
-    """Name of this evaluation in reports (default: the env name)."""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.env.name
+
+
+@dataclasses.dataclass
+class EvalCommandConfig(EvalConfig):
+    """`agentic-rl eval`: one evaluation of one model. Flags such as `--n 100` override these keys."""
+
+    model: str = ""
+    """Built-in name, HF directory, hub id, or a stage's final/ folder."""
+    out: str = ""
+    """Also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
 
 
 def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
     """Run the evaluation; returns a flat dict of metrics plus "failures" (transcripts)."""
-    from agentic_rl.envs.base import make_env
-    from agentic_rl.rollout.factory import build_engine
-
-    tasks = make_env(cfg.env, **cfg.env_options).tasks(cfg.split, n=cfg.n, seed=cfg.seed)
-    greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.label or cfg.env} greedy", progress=progress)
+    tasks = cfg.env.make().tasks(cfg.split, n=cfg.n, seed=cfg.seed)
+    greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.name} greedy", progress=progress)
     result = episode_statistics(greedy, tasks)
     result["n"] = len(tasks)
     per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy]}
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
-        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.temperature, desc=f"eval {cfg.label or cfg.env} k={cfg.k}", progress=progress)
+        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
         metrics, per_task["correct_of_k"], per_task["maj"] = sampled_metrics(sampled, tasks, cfg.k)
         result.update(metrics)
     result["k"] = cfg.k
@@ -113,15 +121,13 @@ def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[fl
 
 
 def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
-    from agentic_rl.envs.base import make_env
     from agentic_rl.rollout.factory import build_engine
 
-    engine = build_engine(model, tokenizer, cfg.max_turn_tokens, cfg.max_episode_tokens, cfg.max_turns,
-                          temperature=temperature, seed=cfg.seed, max_concurrent=cfg.batch_size, dtype=cfg.dtype)
+    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.batch_size, temperature=temperature)
     out: list[Trajectory] = []
     for start in tqdm(range(0, len(tasks), cfg.batch_size), desc=desc, disable=not progress):
         chunk = tasks[start : start + cfg.batch_size]
-        out.extend(engine.run([make_env(cfg.env, **cfg.env_options) for _ in chunk], chunk, seed=cfg.seed + start))
+        out.extend(engine.run([cfg.env.make() for _ in chunk], chunk, seed=cfg.seed + start))
     return out
 
 

@@ -41,7 +41,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "rollout.max_episode_tokens": "checked against prompt + completion; multi-turn: max_completion_length = it - longest prompt",
     "rollout.max_turns": "max_tool_calling_iterations = min(max_turns, env max_turns) - 1 (1: single-turn path)",
     "rollout.temperature, top_p, top_k": "temperature, top_p, top_k (0 = off in both)",
-    "rollout.runner": "only 'auto'/'hf' (TRL decodes with transformers generate); 'fast' raises",
+    "rollout.backend": "only 'auto'/'hf' (TRL decodes with transformers generate); 'fast' raises",
     "rollout.tool_workers": "only the default (TRL runs tool calls sequentially); other values raise",
     "loss.loss_type": "loss_type ('token' -> 'dapo')",
     "loss.scale_rewards": "scale_rewards",
@@ -72,7 +72,7 @@ class TRLConfigError(ValueError):
 
 
 def _check_unmappable(cfg) -> None:
-    from agentic_rl.training.grpo import RolloutConfig
+    from agentic_rl.rollout.config import RolloutConfig
 
     errors = []
     defaults = RolloutConfig()
@@ -82,8 +82,8 @@ def _check_unmappable(cfg) -> None:
         errors.append("advantage.mode=turn: TRL's GRPOTrainer has one advantage per completion; use mode: episode")
     if cfg.advantage.gamma != 1.0:
         errors.append(f"advantage.gamma={cfg.advantage.gamma}: only per-turn advantages discount; TRL has none")
-    if cfg.rollout.runner == "fast":
-        errors.append("rollout.runner=fast: TRL decodes with transformers generate; use runner: auto or hf")
+    if cfg.rollout.backend == "fast":
+        errors.append("rollout.backend=fast: TRL decodes with transformers generate; use backend: auto or hf")
     if cfg.rollout.tool_workers != defaults.tool_workers:
         errors.append(f"rollout.tool_workers={cfg.rollout.tool_workers}: TRL runs tool calls one after another")
     if cfg.rollout.dtype != "float32":
@@ -96,9 +96,7 @@ def _check_unmappable(cfg) -> None:
 
 
 def _effective_max_turns(cfg) -> int:
-    from agentic_rl.envs.base import make_env
-
-    env = make_env(cfg.env.name, **cfg.env.options)
+    env = cfg.env.make()
     return min(cfg.rollout.max_turns, getattr(env, "max_turns", cfg.rollout.max_turns))
 
 
@@ -133,7 +131,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     from trl import GRPOTrainer
     from trl.chat_template_utils import supports_tool_calling
 
-    from agentic_rl.envs.base import make_env
     from agentic_rl.integrations.trl_adapters import make_trl_dataset, make_trl_environment_factory, make_trl_reward_funcs
     from agentic_rl.models.chat_format import ChatFormat
 
@@ -155,7 +152,7 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
 
     turns = _effective_max_turns(cfg)
     multi_turn = turns > 1
-    env = make_env(cfg.env.name, **cfg.env.options)
+    env = cfg.env.make()
     chat = ChatFormat(tokenizer)
     if multi_turn:
         if not supports_tool_calling(tokenizer):

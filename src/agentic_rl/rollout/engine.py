@@ -75,13 +75,14 @@ from agentic_rl.tools.base import ToolUnavailable
 
 @dataclasses.dataclass(frozen=True)
 class RolloutLimits:
-    """Length limits of one episode (see the module docstring for what happens at each)."""
+    """Length limits of one episode (see the module docstring for what happens at each). No
+    defaults here: configs set them through `RolloutConfig` (rollout/config.py), the one set."""
 
-    max_turn_tokens: int = 256
+    max_turn_tokens: int
     """Most tokens one policy turn may generate (including its stop token)."""
-    max_episode_tokens: int = 2048
+    max_episode_tokens: int
     """Most tokens in the whole episode: prompt + policy turns + observations."""
-    max_turns: int = 8
+    max_turns: int
     """Most policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
 
     def __post_init__(self) -> None:

@@ -1,28 +1,23 @@
-"""Build a RolloutEngine for a model: chat format, runner (fast when supported), limits, sampling.
+"""Build a RolloutEngine for a model from a `RolloutConfig`: chat format, backend, limits, sampling.
 
-    engine = build_engine(model, tokenizer, max_turn_tokens=128, temperature=1.0, seed=0)
+    engine = build_engine(model, tokenizer, RolloutConfig(max_turn_tokens=128), seed=0)
     trajectories = engine.run(envs, tasks)
 
-`runner="auto"` picks FastRunner for Llama/Qwen3 models (it must be refreshed after each weight
+`backend="auto"` picks FastRunner for Llama/Qwen3 models (it must be refreshed after each weight
 update: `refresh_engine_weights`), and HFRunner, the reference, for anything else.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.config import BackendKind, RolloutConfig, RolloutDtype
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
-from agentic_rl.rollout.sampling import SamplingParams
-
-RunnerKind = Literal["auto", "fast", "hf"]
 
 
-RolloutDtype = Literal["float32", "bfloat16"]
-
-
-def build_runner(model: Any, kind: RunnerKind, max_slots: int, max_len: int, dtype: RolloutDtype = "float32"):
+def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dtype: RolloutDtype = "float32"):
     """FastRunner when asked for (or "auto" and the model is supported), else HFRunner.
 
     dtype="bfloat16" decodes from bf16 copies of the weights (FastRunner only): about 2x faster
@@ -45,28 +40,15 @@ def build_runner(model: Any, kind: RunnerKind, max_slots: int, max_len: int, dty
     return HFRunner(model, max_slots=max_slots, max_len=max_len)
 
 
-def build_engine(
-    model: Any,
-    tokenizer: Any,
-    max_turn_tokens: int = 128,
-    max_episode_tokens: int = 1024,
-    max_turns: int = 8,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    seed: int = 0,
-    max_concurrent: int = 32,
-    runner: RunnerKind = "auto",
-    tool_workers: int = 4,
-    dtype: RolloutDtype = "float32",
-) -> RolloutEngine:
-    """A ready engine for `model` (temperature 0 = greedy)."""
+def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, max_concurrent: int = 32,
+                 temperature: float | None = None) -> RolloutEngine:
+    """A ready engine for `model`: `cfg`'s limits, sampling and backend; `max_concurrent` episodes
+    decode at once (the backend's slots); `temperature` overrides cfg's (0: greedy)."""
     model.eval()
     chat_format = ChatFormat.for_tokenizer(tokenizer)
-    limits = RolloutLimits(max_turn_tokens=max_turn_tokens, max_episode_tokens=max_episode_tokens, max_turns=max_turns)
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    model_runner = build_runner(model, runner, max_slots=max_concurrent, max_len=max_episode_tokens, dtype=dtype)
-    return RolloutEngine(model_runner, chat_format, tokenizer, limits, sampling, tool_workers=tool_workers)
+    runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
+    return RolloutEngine(runner, chat_format, tokenizer, cfg.limits(), cfg.sampling(seed, temperature),
+                         tool_workers=cfg.tool_workers)
 
 
 def refresh_engine_weights(engine: RolloutEngine) -> int:

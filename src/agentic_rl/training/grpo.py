@@ -47,7 +47,9 @@ from agentic_rl.algorithms.grpo import (
 )
 from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.config import PositiveInt
+from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
+from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final
 from agentic_rl.training.groups import GuidanceConfig, Group, PromptSelector, SelectionConfig, guide
@@ -57,54 +59,24 @@ from agentic_rl.training.scoring import TokenScorer, unwrap_policy
 
 
 @dataclasses.dataclass
-class EnvConfig:
-    """The environment episodes run in."""
+class EnvConfig(EnvSpec):
+    """The environment episodes run in, and the train-split tasks prompts are drawn from."""
 
-    name: str = "arith"
-    """Registered environment (see `agentic-rl envs list`)."""
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Its options, checked against its options dataclass (`agentic-rl envs list -v`)."""
-    task_pool: int = 2000
+    task_pool: PositiveInt = 2000
     """Train-split tasks to draw prompts from."""
-
-    def __post_init__(self) -> None:
-        from agentic_rl.envs.base import make_env
-
-        make_env(self.name, **self.options)  # unknown env or option fails here, at load time
-        if self.task_pool <= 0:
-            raise ValueError(f"env.task_pool must be > 0, got {self.task_pool}")
 
 
 @dataclasses.dataclass
-class RolloutConfig:
-    """How episodes are sampled."""
+class GRPORolloutConfig(RolloutConfig):
+    """How episodes are sampled (every RolloutConfig key) and the batch shape."""
 
     batch_size: PositiveInt = 8
     """Episodes per rollout batch, over all processes: prompts × group_size."""
     group_size: int = 4
     """G: episodes per prompt. Must divide batch_size."""
-    max_turn_tokens: PositiveInt = 128
-    """Token limit of one policy turn."""
-    max_episode_tokens: PositiveInt = 1024
-    """Token limit of a whole episode (prompt, turns and observations)."""
-    max_turns: PositiveInt = 6
-    """Policy turns per episode (the env's own max_turns also applies)."""
-    temperature: float = 1.0
-    """Sampling temperature; the loss scores tokens at the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling (1 = off)."""
-    top_k: int = 0
-    """Top-k sampling (0 = off)."""
-    runner: Literal["auto", "fast", "hf"] = "auto"
-    """Decode path: fast (Llama/Qwen3), hf (reference), auto (fast when supported)."""
-    tool_workers: PositiveInt = 4
-    """Threads running tool calls of different episodes in parallel."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Decode precision (fast runner). Set it to the model's dtype (model.dtype) for exact π_old
-    log-probs; bfloat16 decoding of a float32 model is ~1.6x faster on CPU, but its sampling
-    log-probs then differ from the trained model's, so old_logprobs must be detach or recompute."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})")
         if self.batch_size % self.group_size:
@@ -154,7 +126,7 @@ class GRPOConfig:
     """Reward terms (see `agentic-rl rewards list`)."""
     reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
     """Optional reward-model term."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    rollout: GRPORolloutConfig = dataclasses.field(default_factory=GRPORolloutConfig)
     """Sampling."""
     loss: GRPOLossConfig = dataclasses.field(default_factory=GRPOLossConfig)
     """The GRPO objective and its variants."""
@@ -203,12 +175,10 @@ class GRPOObjective:
     """Rollouts, rewards and advantages per batch; the clipped GRPO loss per micro-batch."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer: Any, reference: torch.nn.Module | None):
-        from agentic_rl.envs.base import make_env
-
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
-        self.make_env = lambda: make_env(cfg.env.name, **cfg.env.options)
+        self.make_env = cfg.env.make
         self.task_pool = self.make_env().tasks("train", n=cfg.env.task_pool, seed=cfg.train.seed)
         extra = {}
         if cfg.reward_model.path:
@@ -229,9 +199,7 @@ class GRPOObjective:
             raise ValueError(f"selection.dynamic_sampling and guidance regroup whole groups, which needs rollout.group_size "
                              f"({r.group_size}) to be a multiple of the {accelerator.num_processes} processes")
         local = r.batch_size // accelerator.num_processes
-        self.engine = build_engine(self.policy, self.tokenizer, r.max_turn_tokens, r.max_episode_tokens, r.max_turns,
-                                   r.temperature, r.top_p, r.top_k, seed=self.cfg.train.seed, max_concurrent=local,
-                                   runner=r.runner, tool_workers=r.tool_workers, dtype=r.dtype)
+        self.engine = build_engine(self.policy, self.tokenizer, r, seed=self.cfg.train.seed, max_concurrent=local)
 
     # ---------------------------------------------------------------- batch: rollouts -> advantages
 

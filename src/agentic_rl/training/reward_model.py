@@ -31,7 +31,9 @@ import torch
 from agentic_rl.algorithms.logprobs import backbone_hidden, shared_prefix_length
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.config import PositiveInt
+from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.lora import apply_lora, describe_trainable
+from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
 from agentic_rl.strict_json import write_json
@@ -47,10 +49,8 @@ class PairsConfig:
 
     source: Literal["sampled", "corrupted"] = "corrupted"
     """sampled: the policy's own attempts graded by the env; corrupted: broken oracle demonstrations."""
-    env: str = "arith"
-    """Environment that provides tasks and grading."""
-    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Its options."""
+    env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
+    """Environment that provides tasks and grading, with its options."""
     policy: str = ""
     """For source=sampled: the model that samples attempts (e.g. the SFT stage's final/ folder)."""
     tasks: int = 64
@@ -61,10 +61,8 @@ class PairsConfig:
     """For source=sampled: attempts per task."""
     max_pairs_per_task: int = 4
     """Most pairs taken from one task."""
-    temperature: float = 1.0
-    """For source=sampled: sampling temperature."""
-    max_turn_tokens: int = 128
-    """For source=sampled: token limit of one policy turn."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """For source=sampled: how attempts are decoded (limits, temperature, backend)."""
 
 
 @dataclasses.dataclass
@@ -158,11 +156,10 @@ def corrupt_messages(messages: list[dict[str, Any]], rng: random.Random) -> list
 
 def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed: int) -> list[tuple[Trajectory, Trajectory]]:
     """(chosen, rejected) trajectory pairs from `n_tasks` tasks of `split` (see module docstring)."""
-    from agentic_rl.envs.base import make_env
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import oracle_demos, trajectory_from_messages
 
-    env = make_env(cfg.env, **cfg.env_options)
+    env = cfg.env.make()
     tasks = env.tasks(split, n=n_tasks, seed=seed)
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     if cfg.source == "sampled":
@@ -179,16 +176,14 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
 
 def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
-    from agentic_rl.envs.base import make_env
     from agentic_rl.rollout.factory import build_engine
     from agentic_rl.training.common import load_base_and_tokenizer
 
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
     policy, tokenizer, _ = load_base_and_tokenizer(cfg.policy, "float32")
-    engine = build_engine(policy, tokenizer, max_turn_tokens=cfg.max_turn_tokens, temperature=cfg.temperature, seed=seed,
-                          max_concurrent=len(tasks) * cfg.samples_per_task)
-    envs = [make_env(cfg.env, **cfg.env_options) for _ in range(len(tasks) * cfg.samples_per_task)]
+    engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=len(tasks) * cfg.samples_per_task)
+    envs = [cfg.env.make() for _ in range(len(tasks) * cfg.samples_per_task)]
     episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])
     pairs = []
     for index in range(len(tasks)):

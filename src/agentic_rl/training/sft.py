@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from agentic_rl.algorithms.sft import sft_loss
+from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final, shard_for_rank
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
@@ -33,10 +34,8 @@ class DemoSource:
     kind: Literal["oracle", "jsonl"] = "oracle"
     """oracle: the env's scripted solver through the env API (arith solver, GSM8K annotations);
     jsonl: a file of chat conversations (format in README and rollout/demos.py)."""
-    env: str = "arith"
-    """Environment for kind=oracle."""
-    env_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Options of that environment (e.g. {difficulty: [1, 2], templates: [...]})."""
+    env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
+    """Environment for kind=oracle, with its options (e.g. {name: arith, options: {difficulty: [1, 2]}})."""
     split: Literal["train", "test"] = "train"
     """Task split for kind=oracle (keep test for evaluation)."""
     n: int = 64
@@ -82,7 +81,6 @@ class SFTConfig:
 
 
 def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Trajectory]:
-    from agentic_rl.envs.base import make_env
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import load_jsonl_demos, oracle_demos
 
@@ -92,7 +90,7 @@ def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Tr
         if source.kind == "jsonl":
             demos.extend(load_jsonl_demos(source.path, chat_format))
             continue
-        env = make_env(source.env, **source.env_options)
+        env = source.env.make()
         tasks = env.tasks(source.split, n=source.n, seed=seed)
         demos.extend(oracle_demos(env, tasks, chat_format))
     return demos

@@ -1,0 +1,64 @@
+"""`RolloutConfig`: how episodes are decoded. The one declaration of the rollout settings.
+
+GRPO (`grpo.rollout`, which adds its batch shape), evaluation (`eval.rollout`, pipeline
+`evals[].rollout`) and sampled reward-model pairs (`rm.pairs.rollout`) embed it, and
+`build_engine(model, tokenizer, cfg, seed=...)` turns it into a RolloutEngine. How many episodes
+decode at once is the caller's (a GRPO batch, an evaluation's batch_size), not a rollout setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Literal
+
+from agentic_rl.config import PositiveInt
+
+if TYPE_CHECKING:  # torch-free at import: configs load before the heavy modules
+    from agentic_rl.rollout.engine import RolloutLimits
+    from agentic_rl.rollout.sampling import SamplingParams
+
+BackendKind = Literal["auto", "fast", "hf"]
+RolloutDtype = Literal["float32", "bfloat16"]
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """Episode limits, sampling and the decode backend."""
+
+    max_turn_tokens: PositiveInt = 128
+    """Token limit of one policy turn (including its stop token)."""
+    max_episode_tokens: PositiveInt = 1024
+    """Token limit of a whole episode: prompt, policy turns and observations."""
+    max_turns: PositiveInt = 6
+    """Policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
+    temperature: float = 1.0
+    """Sampling temperature (0: greedy). Trainers score tokens at the same temperature. An
+    evaluation decodes pass@1 greedily and uses this for its k samples."""
+    top_p: float = 1.0
+    """Nucleus sampling (1: off)."""
+    top_k: int = 0
+    """Top-k sampling (0: off)."""
+    backend: BackendKind = "auto"
+    """Decode backend (rollout/engine.py's `Runner` contract): fast (our decode path for Llama and
+    Qwen3 models), hf (transformers' forward, the reference; any causal LM), auto (fast when the
+    model is supported, else hf)."""
+    dtype: RolloutDtype = "float32"
+    """Decode precision (fast backend). bfloat16 decodes from bf16 copies of the weights: ~1.6x
+    faster on CPU, but its sampling log-probs then differ from a float32 model's, so a trainer
+    must not use them as π_old (GRPO: old_logprobs detach or recompute)."""
+    tool_workers: PositiveInt = 4
+    """Threads running the tool calls of different episodes in parallel."""
+
+    def __post_init__(self) -> None:
+        self.sampling(seed=0)  # SamplingParams' checks, at load time
+
+    def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:
+        """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""
+        from agentic_rl.rollout.sampling import SamplingParams
+
+        return SamplingParams(self.temperature if temperature is None else temperature, self.top_p, self.top_k, seed=seed)
+
+    def limits(self) -> RolloutLimits:
+        from agentic_rl.rollout.engine import RolloutLimits
+
+        return RolloutLimits(self.max_turn_tokens, self.max_episode_tokens, self.max_turns)
