@@ -39,8 +39,8 @@ from transformers import TrainerCallback  # noqa: E402
 from agentic_rl.algorithms.grpo import GRPOLossConfig  # noqa: E402
 from agentic_rl.models.lora import LoraConfig  # noqa: E402
 from agentic_rl.rewards.base import RewardSpec  # noqa: E402
-from agentic_rl.training.common import ModelConfig  # noqa: E402
-from agentic_rl.training.grpo import EnvConfig, GRPOConfig, RolloutConfig, train_grpo  # noqa: E402
+from agentic_rl.models.policy import ModelConfig  # noqa: E402
+from agentic_rl.training.grpo import EnvConfig, GRPOConfig, GRPORolloutConfig, train_grpo  # noqa: E402
 from agentic_rl.training.loop import LoopConfig, OptimConfig  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -56,7 +56,7 @@ def make_cfg(setting: str, steps: int, out: str, backend: str) -> GRPOConfig:
         model=ModelConfig(name=MODEL, dtype="float32", lora=LoraConfig(enabled=setting == "lora")),
         env=EnvConfig(name="arith", options={"difficulty": 2, "max_turns": 1}, task_pool=64),
         rewards=[RewardSpec("accuracy")],
-        rollout=RolloutConfig(batch_size=PROMPTS * G, group_size=G, max_turn_tokens=NEW_TOKENS, max_turns=1),
+        rollout=GRPORolloutConfig(batch_size=PROMPTS * G, group_size=G, max_turn_tokens=NEW_TOKENS, max_turns=1),
         loss=GRPOLossConfig(beta=BETA),
         micro_batch_size=PROMPTS * G,
         optim=OptimConfig(lr=1e-5 if setting == "full" else 1e-4),

@@ -23,7 +23,8 @@ from agentic_rl.algorithms.grpo import (
     token_advantages_from_turns,
     turn_advantages,
 )
-from agentic_rl.algorithms.logprobs import shared_prefix_length, sequence_logprobs, token_entropy, token_logprobs
+from agentic_rl.algorithms.logprobs import sequence_logprobs, token_entropy, token_logprobs
+from agentic_rl.models.backbone import shared_prefix_length
 
 # ----------------------------------------------------------------------------------------------
 # Independent references: plain Python loops over sequences and tokens, float64 scalars.

@@ -80,7 +80,8 @@ def _adapters(run: Path) -> dict[str, torch.Tensor]:
 def _first_batch(cfg: GRPOConfig):
     """(scorer, bound objective, its step-0 batch) with non-zero adapters, so π_θ ≠ π_ref and the
     KL gradient is not trivially 0."""
-    from agentic_rl.training.common import load_policy, make_accelerator
+    from agentic_rl.models.policy import load_policy
+    from agentic_rl.training.common import make_accelerator
     from agentic_rl.training.scoring import TokenScorer
 
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)

@@ -315,7 +315,7 @@ def test_eval_json_and_the_final_model_record_are_strict_json(tmp_path, capsys):
     """Guards against `eval --json` printing NaN (no tool calls: tool_success_rate = 0/0) and
     agentic_rl_model.json being written by hand."""
     from agentic_rl.models.loader import load_model
-    from agentic_rl.training.common import save_final
+    from agentic_rl.models.stage_output import save_final
 
     assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "1", "--max-turn-tokens", "2",
                      "--max-turns", "1", "--json"]) == 0

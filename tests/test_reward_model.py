@@ -98,8 +98,8 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
     """RewardScorer runs the prefix all rows share (the system prompt) once. Guards against an
     offset in the pooled position after the prefix, and gradients lost through the repeated cache:
     scores equal the classifier's own forward, and gradients the plain pass."""
-    from agentic_rl.training.common import ModelConfig
-    from agentic_rl.training.reward_model import RewardScorer, load_reward_model
+    from agentic_rl.models.policy import ModelConfig
+    from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model
 
     classifier, tokenizer, _ = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
     classifier = classifier.double()

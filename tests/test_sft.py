@@ -140,7 +140,7 @@ def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_p
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from agentic_rl.training.common import merge_adapters
+    from agentic_rl.models.stage_output import merge_adapters
 
     out, _ = sft_run
     merged_dir = merge_adapters(out / "final", tmp_path / "merged")
@@ -202,7 +202,8 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
 
     from agentic_rl.models import load_model
     from agentic_rl.models.lora import LoraConfig, apply_lora
-    from agentic_rl.training.common import ModelConfig, load_base_and_tokenizer, load_policy, save_final
+    from agentic_rl.models.policy import ModelConfig, load_policy
+    from agentic_rl.models.stage_output import load_base_and_tokenizer, save_final
 
     class _Accelerator:
         is_main_process = True

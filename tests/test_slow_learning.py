@@ -33,7 +33,7 @@ def test_sft_on_oracle_demos_lifts_heldout_two_step_accuracy(tmp_path):
     the base model solves ~0% of two-step arith problems in the tool format; after a few minutes
     of LoRA SFT on oracle demos it must solve clearly more held-out (test-split) problems than the base model."""
     from agentic_rl.envs.base import make_env
-    from agentic_rl.training.common import load_base_and_tokenizer
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
     from agentic_rl.training.sft import SFTConfig, train_sft
 
     cfg = load_config(SFTConfig, None, overrides=[

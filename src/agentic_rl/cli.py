@@ -101,7 +101,7 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.config import load_config
     from agentic_rl.evaluation.runner import EvalCommandConfig, evaluate
-    from agentic_rl.training.common import load_base_and_tokenizer
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     # Flags are overrides of the eval config, applied before --set, through the same loader.
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in _EVAL_FLAGS.items() if getattr(args, flag) is not None]
@@ -143,7 +143,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 _CONFIG_COMMANDS = {
     "sft": ("agentic_rl.training.sft", "SFTConfig", "train_sft", "supervised fine-tuning (LoRA or full) on demonstrations"),
     "rm": ("agentic_rl.training.reward_model", "RMConfig", "train_rm", "train a Bradley-Terry reward model"),
-    "grpo": ("agentic_rl.training.grpo", "GRPOConfig", "train_grpo", "GRPO on multi-turn agent episodes"),
+    "grpo": ("agentic_rl.training.grpo", "GRPOConfig", "agentic_rl.pipeline:run_grpo", "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
     "pipeline": ("agentic_rl.pipeline", "PipelineConfig", "run_pipeline", "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
 }
 
@@ -160,10 +160,10 @@ def _config_class(command: str):
 def _cmd_train(args: argparse.Namespace) -> int:
     from agentic_rl.config import load_config
 
-    module, cls_name, fn_name, _ = _CONFIG_COMMANDS[args.command]
-    mod = __import__(module, fromlist=[cls_name, fn_name])
-    cfg = load_config(getattr(mod, cls_name), args.config, args.set)
-    result = getattr(mod, fn_name)(cfg)
+    module, cls_name, fn_path, _ = _CONFIG_COMMANDS[args.command]
+    fn_module, _, fn_name = fn_path.rpartition(":")  # "module:function", or a function of `module`
+    cfg = load_config(_config_class(args.command), args.config, args.set)
+    result = getattr(__import__(fn_module or module, fromlist=[fn_name]), fn_name)(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":
         summary = {stage: {k: v for k, v in r.items() if k != "evals"} for stage, r in result.items()}
@@ -180,7 +180,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from agentic_rl.training.common import merge_adapters
+    from agentic_rl.models.stage_output import merge_adapters
 
     out = merge_adapters(args.adapters, args.out)
     _print_json({"merged": str(out)})

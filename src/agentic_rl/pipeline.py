@@ -204,7 +204,7 @@ def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
     from agentic_rl.evaluation.runner import evaluate
-    from agentic_rl.training.common import load_base_and_tokenizer
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     model, tokenizer, _ = load_base_and_tokenizer(model_name, "float32")
     out = {}
@@ -268,14 +268,25 @@ def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
     return train_rm(rm)
 
 
+def run_grpo(cfg: GRPOConfig) -> dict[str, Any]:
+    """`agentic-rl grpo`: our trainer, or TRL's GRPOTrainer for `backend: trl`; {"final", "history"}."""
+    if cfg.backend == "trl":
+        from agentic_rl.integrations.trl_backend import train_grpo_trl
+
+        return train_grpo_trl(cfg)
+    from agentic_rl.training.grpo import train_grpo
+
+    return train_grpo(cfg)
+
+
 def _grpo(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
-    from agentic_rl.training.grpo import RewardModelTerm, train_grpo
+    from agentic_rl.training.grpo import RewardModelTerm
 
     start = sft_model if "sft" not in cfg.skip else cfg.model
     term = RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model) if cfg.use_reward_model else RewardModelTerm()
     grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=start), reward_model=term,
                                train=dataclasses.replace(cfg.grpo.train, output_dir=str(root / "grpo")))
-    out = train_grpo(grpo)
+    out = run_grpo(grpo)
     history = out["history"]
     return {"final": out["final"], "steps": len(history),
             "reward_first": history[0].get("reward/total/mean") if history else None,

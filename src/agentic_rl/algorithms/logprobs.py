@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agentic_rl.models.backbone import backbone_and_head, backbone_hidden, shared_prefix_length
+
 _FLOATS_PER_CHUNK = 1 << 25  # ~128 MiB of float32 per row chunk: rows = max(1, this // V)
 
 
@@ -120,33 +122,6 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, rows_per_chunk
     return torch.cat(pieces).view(logits.shape[:-1])  # (...)
 
 
-def unwrap_causal_lm(model: nn.Module) -> nn.Module:
-    """The transformers `*ForCausalLM` under any PEFT wrapper.
-
-    peft 0.21: `PeftModel.get_base_model()` returns the transformers model with the LoRA layers
-    injected in place (so calling it still applies the adapters). Note `PeftModel.base_model`
-    is the *tuner* (`LoraModel`), not the backbone: don't use it here.
-    """
-    get_base_model = getattr(model, "get_base_model", None)
-    return get_base_model() if callable(get_base_model) else model
-
-
-def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    causal_lm = unwrap_causal_lm(model)
-    backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
-    head = causal_lm.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(causal_lm).__name__} has no output embeddings (LM head); it is not a causal LM")
-    config = getattr(causal_lm, "config", None)
-    for attribute in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(config, attribute, None) not in (None, 1.0):
-            raise NotImplementedError(
-                f"{type(causal_lm).__name__} rescales its logits ({attribute}); sequence_logprobs applies the "
-                "plain LM head only. Add the rescaling here (and a test) before training this model."
-            )
-    return backbone, head
-
-
 def sequence_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -183,7 +158,7 @@ def sequence_logprobs(
         )
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
-    backbone, head = _backbone_and_head(model)
+    backbone, head = backbone_and_head(model)
     scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
     prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
     hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H): positions P..T-1
@@ -199,46 +174,6 @@ def sequence_logprobs(
     with torch.no_grad():
         entropy = _scatter_rows(token_entropy(logits.detach(), temperature), scored)  # (B, T)
     return out, entropy
-
-
-MIN_SHARED_PREFIX = 16
-"""Shorter shared prefixes are run per row: a second backbone call costs more than it saves."""
-
-
-def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> int:
-    """P: how many leading tokens every row has in common and may run once, or 0.
-
-    P stops one token before the first position whose next token is trained in any row (that
-    position's hidden state must come from the per-row pass), and 0 is returned for one row, left
-    padding, or P < MIN_SHARED_PREFIX.
-
-    Args: input_ids, attention_mask, loss_mask (B, T), as for `sequence_logprobs`.
-    """
-    if input_ids.shape[0] < 2 or input_ids.shape[1] < 2:
-        return 0
-    real = attention_mask.bool()  # (B, T)
-    same = ((input_ids == input_ids[:1]) & real).all(0)  # (T,): the same real token in every row
-    common = int(same.long().cumprod(0).sum())
-    trained = loss_mask.bool().any(0)  # (T,)
-    first_trained = int(trained.long().argmax()) if bool(trained.any()) else input_ids.shape[1]
-    prefix = min(common, first_trained - 1, input_ids.shape[1] - 1)
-    return prefix if prefix >= MIN_SHARED_PREFIX else 0
-
-
-def backbone_hidden(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
-    """The backbone's last hidden states at positions prefix..T-1: (B, T-prefix, H).
-
-    With prefix = P > 0 (the first P tokens are the same real tokens in every row, see
-    `shared_prefix_length`), those P tokens run once, for row 0, and the rest of every row runs
-    on top of their key/value cache repeated over the batch (a differentiable repeat, so each row's
-    gradient reaches the prefix). Right padding only. Gradient checkpointing turns caches off in
-    transformers, so it falls back to the plain pass (and returns positions prefix..T-1 of it).
-    """
-    if prefix <= 0 or getattr(backbone, "gradient_checkpointing", False):
-        return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, prefix:]
-    cache = backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True).cache
-    cache.batch_repeat_interleave(input_ids.shape[0])  # (1, heads, P, d) -> (B, heads, P, d) per layer
-    return backbone(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, cache=cache, use_cache=True).last_hidden_state
 
 
 def _scatter_rows(values: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:

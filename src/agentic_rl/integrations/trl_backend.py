@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from agentic_rl.strict_json import write_json
+from agentic_rl.models.stage_output import FINAL_DIR, write_stage_record
 
 CONFIG_MAPPING: dict[str, str] = {
     "model.name": "model path (a built-in or `final/` folder is saved to output_dir/base_model first)",
@@ -103,10 +103,10 @@ def _effective_max_turns(cfg) -> int:
 def _model_source(cfg, output_dir: Path) -> tuple[str, Any, str]:
     """(path TRL loads, tokenizer, base_name). Built-ins without a folder and `final/` folders are saved first."""
     from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
-    from agentic_rl.training.common import _SOURCE_FILE, load_base_and_tokenizer
+    from agentic_rl.models.stage_output import load_base_and_tokenizer, read_stage_record
 
     name = cfg.model.name
-    if name != TINY_QWEN3 and not (Path(name) / _SOURCE_FILE).exists():
+    if name != TINY_QWEN3 and read_stage_record(name) is None:
         from transformers import AutoTokenizer
 
         path = resolve_model_path(name)
@@ -239,10 +239,9 @@ def train_grpo_trl(cfg) -> dict[str, Any]:
     output_dir = Path(cfg.train.output_dir)
     resume = get_last_checkpoint(str(output_dir)) if cfg.train.resume and output_dir.exists() else None
     trainer.train(resume_from_checkpoint=resume)
-    final = output_dir / "final"
+    final = output_dir / FINAL_DIR
     trainer.save_model(str(final))
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(str(final))
-        kind = "lora" if cfg.model.lora.enabled else "full"
-        write_json(final / "agentic_rl_model.json", {"kind": kind, "base": info["base_name"]})
+        write_stage_record(final, "lora" if cfg.model.lora.enabled else "full", info["base_name"])
     return {"final": str(final), "history": list(trainer.state.log_history)}

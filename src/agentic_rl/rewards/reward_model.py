@@ -6,7 +6,6 @@ the last real token, batched. The value is the raw score r(x, y); its weight set
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -19,23 +18,9 @@ class RewardModelReward:
     """Callable reward term: trajectories -> list of reward-model scores."""
 
     def __init__(self, path: str | Path, batch_size: int = 8, device: str = "cpu"):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from agentic_rl.models.reward_scorer import load_trained_reward_model
 
-        from agentic_rl.training.reward_model import RewardScorer
-
-        path = Path(path)
-        record = path / "agentic_rl_rm.json"
-        if not record.exists():
-            raise ValueError(f"{path} is not a reward model from `agentic-rl rm` (no agentic_rl_rm.json)")
-        meta = json.loads(record.read_text())
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        if meta.get("lora"):
-            from peft import AutoPeftModelForSequenceClassification
-
-            classifier = AutoPeftModelForSequenceClassification.from_pretrained(path, num_labels=1).merge_and_unload()
-        else:
-            classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-        self.scorer = RewardScorer(classifier.eval().to(device))
+        self.scorer, self.tokenizer = load_trained_reward_model(path, device)
         self.batch_size, self.device = batch_size, device
 
     @torch.no_grad()

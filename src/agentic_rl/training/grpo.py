@@ -51,7 +51,9 @@ from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
-from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final
+from agentic_rl.models.policy import ModelConfig, load_policy
+from agentic_rl.models.stage_output import save_final
+from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.groups import GuidanceConfig, Group, PromptSelector, SelectionConfig, guide
 from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import RunDir
@@ -471,11 +473,11 @@ class GRPOObjective:
 
 
 def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
-    """Run GRPO (or hand the config to the TRL backend); returns {"final", "history"}."""
-    if cfg.backend == "trl":
-        from agentic_rl.integrations.trl_backend import train_grpo_trl
-
-        return train_grpo_trl(cfg)
+    """Run our GRPO; returns {"final", "history"}. `backend: trl` is dispatched by the caller
+    (`agentic_rl.pipeline.run_grpo`, which the CLI and the pipeline use): training/ never imports
+    integrations/."""
+    if cfg.backend != "agentic_rl":
+        raise ValueError(f"train_grpo runs backend agentic_rl, not {cfg.backend!r}; call agentic_rl.pipeline.run_grpo(cfg)")
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)

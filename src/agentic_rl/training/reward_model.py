@@ -28,15 +28,15 @@ from typing import Any, Literal
 
 import torch
 
-from agentic_rl.algorithms.logprobs import backbone_hidden, shared_prefix_length
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.config import PositiveInt
 from agentic_rl.envs.base import EnvSpec
-from agentic_rl.models.lora import apply_lora, describe_trainable
+from agentic_rl.models.policy import ModelConfig
+from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
+from agentic_rl.models.stage_output import FINAL_DIR
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
-from agentic_rl.training.common import ModelConfig, make_accelerator, FINAL_DIR
-from agentic_rl.strict_json import write_json
+from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 
@@ -79,58 +79,6 @@ class RMConfig:
     """Optimizer."""
     train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=30, output_dir="runs/rm"))
     """Loop, output and checkpoints."""
-
-
-class RewardScorer(torch.nn.Module):
-    """Sequence-classification model -> (B,) scores at each row's last real token."""
-
-    def __init__(self, classifier: torch.nn.Module):
-        super().__init__()
-        self.classifier = classifier
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        inner = self.classifier
-        inner = inner.base_model.model if hasattr(inner, "peft_config") else inner
-        backbone = getattr(inner, inner.base_model_prefix)
-        last = attention_mask.long().cumsum(-1).argmax(-1)  # (B,): index of the last real token (right padding)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        pooled_at = torch.zeros_like(input_ids)
-        pooled_at[rows, last] = 1  # (B, T): shared_prefix_length keeps P before every pooled position
-        prefix = shared_prefix_length(input_ids, attention_mask, pooled_at)
-        hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H)
-        pooled = hidden[rows, last - prefix]  # (B, H)
-        return inner.score(pooled).squeeze(-1).float()  # (B,)
-
-
-def load_reward_model(cfg: ModelConfig, device: Any = "cpu", log=print):
-    """(classifier with LoRA per cfg, tokenizer, base name)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
-    from agentic_rl.training.common import _DTYPES, load_base_and_tokenizer
-
-    if cfg.name == TINY_QWEN3:
-        from transformers import Qwen3ForSequenceClassification
-
-        config = build_tiny_qwen3().config
-        config.num_labels = 1
-        torch.manual_seed(0)
-        classifier, tokenizer, base = Qwen3ForSequenceClassification(config), load_tokenizer(TINY_QWEN3), TINY_QWEN3
-    elif (Path(cfg.name) / "config.json").exists() or cfg.name in BUILTIN_MODELS or "/" in cfg.name and not Path(cfg.name).exists():
-        path = resolve_model_path(cfg.name)
-        tokenizer, base = load_tokenizer(cfg.name), cfg.name
-        classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=_DTYPES[cfg.dtype])
-    else:  # a previous stage's LoRA folder: merge it, then add a score head
-        base_model, tokenizer, base = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
-        with tempfile.TemporaryDirectory() as staging:
-            base_model.save_pretrained(staging)
-            classifier = AutoModelForSequenceClassification.from_pretrained(staging, num_labels=1, dtype=_DTYPES[cfg.dtype])
-    classifier.config.pad_token_id = tokenizer.pad_token_id
-    classifier = apply_lora(classifier, cfg.lora, task_type="SEQ_CLS").to(device)
-    if not cfg.lora.enabled:
-        classifier.requires_grad_(True)
-    log(describe_trainable(classifier))
-    return classifier, tokenizer, base
 
 
 def corrupt_messages(messages: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]] | None:
@@ -177,7 +125,7 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
 def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
     from agentic_rl.rollout.factory import build_engine
-    from agentic_rl.training.common import load_base_and_tokenizer
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
@@ -255,10 +203,7 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     run_dir.log(cfg.train.steps, {"rm/heldout_accuracy": after, "rm/heldout_accuracy_before": before})
     target = Path(cfg.train.output_dir) / FINAL_DIR
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(objective.model).classifier
-        unwrapped.save_pretrained(target)
-        tokenizer.save_pretrained(target)
-        write_json(target / "agentic_rl_rm.json", {"base": base, "lora": cfg.model.lora.enabled})
+        save_reward_model(accelerator.unwrap_model(objective.model).classifier, tokenizer, target, base)
     run_dir.close()
     return {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
             "pairs": len(pairs), "heldout_pairs": len(heldout)}

@@ -21,7 +21,9 @@ import torch
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.trajectory import Trajectory, collate
-from agentic_rl.training.common import ModelConfig, load_policy, make_accelerator, save_final, shard_for_rank
+from agentic_rl.models.policy import ModelConfig, load_policy
+from agentic_rl.models.stage_output import save_final
+from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 from agentic_rl.training.scoring import TokenScorer, unwrap_policy

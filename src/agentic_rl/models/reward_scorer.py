@@ -1,0 +1,105 @@
+"""The reward-model scorer: a sequence classifier's score at each row's last real token, and the
+folder `agentic-rl rm` leaves (classifier weights or LoRA adapters, tokenizer, `agentic_rl_rm.json`).
+
+    classifier, tokenizer, base = load_reward_model(ModelConfig(name="runs/demo/sft/final"))
+    scores = RewardScorer(classifier)(input_ids, attention_mask)        # (B,)
+    save_reward_model(classifier, tokenizer, "runs/rm/final", base)
+    scorer, tokenizer = load_trained_reward_model("runs/rm/final")       # for the reward term
+
+The score is pooled by the attention mask, not by searching for pad ids: SmolLM2's pad id is its
+end-of-turn id, which every trajectory contains.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentic_rl.models.backbone import backbone_hidden, shared_prefix_length
+from agentic_rl.models.lora import apply_lora, describe_trainable
+from agentic_rl.models.policy import ModelConfig
+from agentic_rl.models.stage_output import DTYPES, load_base_and_tokenizer
+from agentic_rl.strict_json import write_json
+
+RM_RECORD = "agentic_rl_rm.json"
+
+
+class RewardScorer(torch.nn.Module):
+    """Sequence-classification model -> (B,) scores at each row's last real token."""
+
+    def __init__(self, classifier: torch.nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        inner = self.classifier
+        inner = inner.base_model.model if hasattr(inner, "peft_config") else inner
+        backbone = getattr(inner, inner.base_model_prefix)
+        last = attention_mask.long().cumsum(-1).argmax(-1)  # (B,): index of the last real token (right padding)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        pooled_at = torch.zeros_like(input_ids)
+        pooled_at[rows, last] = 1  # (B, T): shared_prefix_length keeps P before every pooled position
+        prefix = shared_prefix_length(input_ids, attention_mask, pooled_at)
+        hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H)
+        pooled = hidden[rows, last - prefix]  # (B, H)
+        return inner.score(pooled).squeeze(-1).float()  # (B,)
+
+
+def load_reward_model(cfg: ModelConfig, device: Any = "cpu", log=print):
+    """(classifier with LoRA per cfg, tokenizer, base name)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
+
+    if cfg.name == TINY_QWEN3:
+        from transformers import Qwen3ForSequenceClassification
+
+        config = build_tiny_qwen3().config
+        config.num_labels = 1
+        torch.manual_seed(0)
+        classifier, tokenizer, base = Qwen3ForSequenceClassification(config), load_tokenizer(TINY_QWEN3), TINY_QWEN3
+    elif (Path(cfg.name) / "config.json").exists() or cfg.name in BUILTIN_MODELS or "/" in cfg.name and not Path(cfg.name).exists():
+        path = resolve_model_path(cfg.name)
+        tokenizer, base = load_tokenizer(cfg.name), cfg.name
+        classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=DTYPES[cfg.dtype])
+    else:  # a previous stage's LoRA folder: merge it, then add a score head
+        base_model, tokenizer, base = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
+        with tempfile.TemporaryDirectory() as staging:
+            base_model.save_pretrained(staging)
+            classifier = AutoModelForSequenceClassification.from_pretrained(staging, num_labels=1, dtype=DTYPES[cfg.dtype])
+    classifier.config.pad_token_id = tokenizer.pad_token_id
+    classifier = apply_lora(classifier, cfg.lora, task_type="SEQ_CLS").to(device)
+    if not cfg.lora.enabled:
+        classifier.requires_grad_(True)
+    log(describe_trainable(classifier))
+    return classifier, tokenizer, base
+
+
+def save_reward_model(classifier: torch.nn.Module, tokenizer: Any, folder: str | Path, base: str) -> None:
+    """Write a trained reward model: weights (or adapters), tokenizer, and its record."""
+    classifier.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_json(Path(folder) / RM_RECORD, {"base": base, "lora": hasattr(classifier, "peft_config")})
+
+
+def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[RewardScorer, Any]:
+    """(scorer in eval mode, tokenizer) from a folder `save_reward_model` wrote."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = Path(folder)
+    record = folder / RM_RECORD
+    if not record.exists():
+        raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
+    meta = json.loads(record.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if meta.get("lora"):
+        from peft import AutoPeftModelForSequenceClassification
+
+        classifier = AutoPeftModelForSequenceClassification.from_pretrained(folder, num_labels=1).merge_and_unload()
+    else:
+        classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
+    return RewardScorer(classifier.eval().to(device)), tokenizer

@@ -1,0 +1,82 @@
+"""The stage-output format: what a stage leaves in `final/`, and how any later stage loads it.
+
+    folder/final/
+        adapter_model.safetensors + adapter_config.json     (LoRA)  or  model.safetensors + config.json (full)
+        tokenizer files
+        agentic_rl_model.json        {"kind": "lora" | "full", "base": the model the weights sit on}
+
+`base` may itself be a stage's `final/` folder (GRPO after SFT), so loading follows the chain
+down to real weights and merges each level's adapters on the way up. Every command that takes
+a model name (eval, the trainers, merge, serve) loads through `load_base_and_tokenizer`; trainers
+(ours and the TRL backend) write the record through `write_stage_record`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentic_rl.strict_json import write_json
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FINAL_DIR = "final"
+STAGE_RECORD = "agentic_rl_model.json"
+
+
+def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
+    """`folder`'s stage record ({"kind", "base"}), or None when it is not a stage's output."""
+    path = Path(folder) / STAGE_RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_stage_record(folder: str | Path, kind: str, base: str) -> None:
+    write_json(Path(folder) / STAGE_RECORD, {"kind": kind, "base": base})
+
+
+def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu"):
+    """(model, tokenizer, base_name): follows a previous stage's `final/` folder back to its base.
+
+    A LoRA `final/` folder is loaded as base + adapters and merged, so the next stage starts
+    from the trained weights with fresh adapters (the standard SFT -> RL hand-off).
+    """
+    from agentic_rl.models import load_model
+
+    record = read_stage_record(name)
+    if record is not None:
+        if record["kind"] == "lora":
+            from peft import PeftModel
+
+            # "base" is the model these adapters were trained on, itself possibly a stage's
+            # final/ folder (SFT -> GRPO): resolve the chain down to real weights.
+            base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device)
+            merged = PeftModel.from_pretrained(base, name).merge_and_unload()
+            return merged, tokenizer, root
+        return (*load_model(name, dtype=DTYPES[dtype], device=device), record["base"])
+    model, tokenizer = load_model(name, dtype=DTYPES[dtype], device=device)
+    return model, tokenizer, name
+
+
+def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: str, accelerator: Any) -> Path:
+    """Write `folder/final`: LoRA adapters (small) or the full model, plus the tokenizer."""
+    target = Path(folder) / FINAL_DIR
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        kind = "lora" if hasattr(unwrapped, "peft_config") else "full"
+        write_stage_record(target, kind, base_name)
+    accelerator.wait_for_everyone()
+    return target
+
+
+def merge_adapters(adapters: str | Path, out: str | Path) -> Path:
+    """Write a standalone HF model directory (base + adapters merged) that transformers and vLLM load."""
+    model, tokenizer, base = load_base_and_tokenizer(str(adapters), "float32")
+    out = Path(out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
