@@ -78,83 +78,25 @@ SmolLM2-135M projections takes about 0.06 s per refresh.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from agentic_rl.rollout.fast_weights import (
+    PROJECTIONS,
+    CopyFormat,
+    SourceParameters,
+    build_decode_weights,
+    choose_linear,
+    unwrap,
+)
 from agentic_rl.rollout.runner import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
 _ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positions
 # the CPU flash kernel that also returns each query's log-sum-exp (shared-prefix attention merges on it)
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-
-@dataclass
-class _Layer:
-    wqkv: torch.Tensor  # (H, Nqkv) operand for torch.mm (a transposed view or a (K, N) copy)
-    bqkv: torch.Tensor | None
-    qk_w: torch.Tensor | None  # Qwen3: (nh + nkv, hd) q_norm/k_norm weights (rope-permuted)
-    wo: torch.Tensor
-    bo: torch.Tensor | None
-    wgu: torch.Tensor
-    bgu: torch.Tensor | None
-    wdown: torch.Tensor
-    bdown: torch.Tensor | None
-
-
-def _mm_proj(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.mm(h, w) if b is None else torch.addmm(b, h, w)
-
-
-def _mm_proj_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
-    x.addmm_(h, w)
-    if b is not None:
-        x.add_(b)
-
-
-def _packed_proj(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], "")
-
-
-def _packed_proj_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
-    x.add_(torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], ""))
-
-
-@functools.cache
-def _mkldnn_linear_works(dtype: torch.dtype) -> bool:
-    """Whether this torch build runs a oneDNN linear on prepacked weights in `dtype` (CPU).
-
-    Probed once on an 8x8 weight, so that "auto" falls back to torch.mm wherever oneDNN is
-    missing or lacks the kernel (e.g. bf16 on some non-x86 CPUs) instead of failing mid-run.
-    """
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.eye(8, dtype=dtype), 1)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=dtype), w, None, "none", [], "")
-        return bool(torch.equal(out.float(), torch.ones(1, 8)))
-    except Exception:  # noqa: BLE001 - any failure means: use torch.mm
-        return False
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers *ForCausalLM inside a peft PeftModel (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    if callable(get_base):
-        model = get_base()
-    return model
-
-
-def _lora_layer_cls():
-    try:
-        from peft.tuners.lora import LoraLayer
-    except Exception:  # peft not installed: nothing can be LoRA-wrapped
-        return None
-    return LoraLayer
 
 
 class FastRunner(Runner):
@@ -189,7 +131,7 @@ class FastRunner(Runner):
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
         self.model = model
-        hf = _unwrap(model)
+        hf = unwrap(model)
         cfg = hf.config
         self._check_config(cfg)
         self.max_slots = int(max_slots)
@@ -206,18 +148,8 @@ class FastRunner(Runner):
             raise ValueError(f"weight_layout must be 'auto', 't' or 'n', got {weight_layout!r}")
         self.weight_layout = weight_layout
         self.check_weights = check_weights
-        if linear == "auto":
-            # prepacked weights: faster or equal at every measured batch and dtype (module docstring)
-            mkldnn_ok = self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)
-            linear = "mkldnn" if mkldnn_ok else "mm"
-        if linear not in ("mm", "mkldnn"):
-            raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
-        if linear == "mkldnn" and not (self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)):
-            raise ValueError(
-                f"linear='mkldnn' needs a CPU device whose oneDNN runs {self.dtype} linears; this runner is on "
-                f"{self.device}: use linear='mm'"
-            )
-        self.linear = linear
+        self.linear = choose_linear(linear, self.device, self.dtype)
+        self._project, self._project_add = PROJECTIONS[self.linear]
         if shared_prefix < 0:
             raise ValueError(f"shared_prefix must be >= 0 tokens (0 = off), got {shared_prefix}")
         self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
@@ -240,9 +172,8 @@ class FastRunner(Runner):
         self.qk_norm = cfg.model_type == "qwen3"
         self.vocab_size = hf.lm_head.out_features if hasattr(hf, "lm_head") else cfg.vocab_size
 
-        # RoPE as a complex multiply on (d, d + hd/2) pairs made adjacent by a row permutation.
-        half = self.head_dim // 2
-        self._perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
+        # RoPE as a complex multiply on (d, d + hd/2) pairs made adjacent by a row permutation
+        # (fast_weights.rope_pair_order).
         inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
         if inv_freq is None:
             base = cfg.rope_parameters["rope_theta"]
@@ -266,8 +197,19 @@ class FastRunner(Runner):
         self._prefix_views: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer (K, V), hoisted out of forward
         self._prefix_gen = 0  # bumped whenever the store is rewritten
         self._shared: list[tuple[int, int] | None] = [None] * self.max_slots  # slot -> (gen, tokens shared)
+        self._copy_format = CopyFormat(
+            dtype=self.dtype,
+            device=self.device,
+            linear=self.linear,
+            weight_layout=self.weight_layout,
+            batch_hint=self.max_slots,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv,
+            head_dim=self.head_dim,
+            qk_norm=self.qk_norm,
+        )
         self.weights_version = 0
-        self._sources: list[tuple[torch.Tensor, int, int, int]] = []
+        self._sources = SourceParameters()
         self.refresh_weights()
 
     # ------------------------------------------------------------------ configuration
@@ -300,132 +242,13 @@ class FastRunner(Runner):
         live slots are kept (they were computed with the old weights). Returns the new
         `weights_version`.
         """
-        hf = _unwrap(self.model)
-        self._lora_cls = _lora_layer_cls()
-        self._sources = []
-        dt, dev = self.dtype, self.device
-        perm = self._perm.to(dev)
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-
-        def mat(w: torch.Tensor) -> torch.Tensor:
-            """(out, in) fp32 weight -> the operand `_proj` takes: oneDNN-packed, or torch.mm's
-            right-hand operand in our layout."""
-            w = w.to(device=dev, dtype=dt)
-            if self.linear == "mkldnn":
-                return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), self.max_slots)
-            return w.t().contiguous() if self.weight_layout == "t" else w.contiguous().t()
-
-        layers = []
-        with torch.no_grad():
-            embed = hf.model.embed_tokens
-            if self._lora_cls is not None and isinstance(embed, self._lora_cls):
-                raise NotImplementedError("FastRunner does not merge LoRA on embeddings")
-            self._track(embed.weight)
-            self._embed = self._as_is(embed.weight)
-            for layer in hf.model.layers:
-                att, mlp = layer.self_attn, layer.mlp
-                w_in = self._param(layer.input_layernorm.weight).float()
-                w_post = self._param(layer.post_attention_layernorm.weight).float()
-                wq, bq = self._linear(att.q_proj)
-                wk, bk = self._linear(att.k_proj)
-                wv, bv = self._linear(att.v_proj)
-                wo, bo = self._linear(att.o_proj)
-                wg, bg = self._linear(mlp.gate_proj)
-                wu, bu = self._linear(mlp.up_proj)
-                wd, bd = self._linear(mlp.down_proj)
-                wq = wq.view(nh, hd, -1)[:, perm].reshape(nh * hd, -1)
-                wk = wk.view(nkv, hd, -1)[:, perm].reshape(nkv * hd, -1)
-                wqkv = torch.cat([wq, wk, wv], dim=0) * w_in[None, :]
-                bqkv = None
-                if bq is not None:
-                    bq = bq.view(nh, hd)[:, perm].reshape(-1)
-                    bk = bk.view(nkv, hd)[:, perm].reshape(-1)
-                    bqkv = torch.cat([bq, bk, bv]).to(device=dev, dtype=dt)
-                qk_w = None
-                if self.qk_norm:
-                    qn = self._param(att.q_norm.weight).float()[perm]
-                    kn = self._param(att.k_norm.weight).float()[perm]
-                    qk_w = torch.cat([qn.expand(nh, hd), kn.expand(nkv, hd)]).to(device=dev, dtype=dt).contiguous()
-                wgu = torch.cat([wg, wu], dim=0) * w_post[None, :]
-                bgu = torch.cat([bg, bu]).to(device=dev, dtype=dt) if bg is not None else None
-                layers.append(
-                    _Layer(
-                        wqkv=mat(wqkv),
-                        bqkv=bqkv,
-                        qk_w=qk_w,
-                        wo=mat(wo),
-                        bo=None if bo is None else bo.to(device=dev, dtype=dt),
-                        wgu=mat(wgu),
-                        bgu=bgu,
-                        wdown=mat(wd),
-                        bdown=None if bd is None else bd.to(device=dev, dtype=dt),
-                    )
-                )
-            self._norm_w = self._as_is(self._param(hf.model.norm.weight))
-            head = hf.lm_head
-            head_is_lora = self._lora_cls is not None and isinstance(head, self._lora_cls)
-            copy_head = head_is_lora or self.weight_layout == "t" or self.linear == "mkldnn"
-            if copy_head or getattr(head, "bias", None) is not None:
-                w, b = self._linear(head)
-                self._lm = mat(w)
-                self._lm_b = None if b is None else b.to(device=dev, dtype=dt)
-            else:
-                self._track(head.weight)
-                self._lm = self._as_is(head.weight).t()  # tied or not: no copy needed
-                self._lm_b = None
-        self._layers = layers
+        self.weights, self._sources = build_decode_weights(self.model, self._copy_format)
         self.weights_version += 1
         return self.weights_version
 
-    def _track(self, p: torch.Tensor) -> None:
-        self._sources.append((p, id(p), p.data_ptr(), p._version))
-
-    def _param(self, p: torch.Tensor) -> torch.Tensor:
-        self._track(p)
-        return p.detach()
-
-    def _as_is(self, p: torch.Tensor) -> torch.Tensor:
-        """The parameter itself when it already has our dtype/device, else a cast copy."""
-        p = p.detach()
-        return p if (p.dtype == self.dtype and p.device == self.device) else p.to(device=self.device, dtype=self.dtype)
-
-    def _linear(self, mod: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Effective (out, in) fp32 weight and bias of an nn.Linear or a peft lora.Linear."""
-        lora_cls = self._lora_cls
-        if lora_cls is not None and isinstance(mod, lora_cls):
-            base = mod.get_base_layer()
-            if not isinstance(base, torch.nn.Linear):
-                raise NotImplementedError(f"FastRunner merges LoRA on nn.Linear only, not {type(base).__name__}")
-            w = self._param(base.weight).float().clone()
-            bias = None if base.bias is None else self._param(base.bias).float()
-            merged = list(getattr(mod, "merged_adapters", []))
-            if mod.disable_adapters:
-                # base weight holds the merged adapters' deltas; peft unmerges them when disabled
-                adapters, sign = merged, -1.0
-            else:
-                adapters = [a for a in mod.active_adapters if a in mod.lora_A and a not in merged]
-                sign = 1.0
-            for name in adapters:
-                if name in getattr(mod, "lora_variant", {}) or getattr(mod, "use_dora", {}).get(name, False):
-                    raise NotImplementedError(f"FastRunner does not merge LoRA variants (adapter {name!r}, e.g. DoRA)")
-                if getattr(mod, "lora_bias", {}).get(name, False):
-                    raise NotImplementedError("FastRunner does not merge LoRA biases")
-                self._track(mod.lora_A[name].weight)
-                self._track(mod.lora_B[name].weight)
-                w.add_(mod.get_delta_weight(name).detach().float(), alpha=sign)
-            return w, bias
-        if not isinstance(mod, torch.nn.Linear):
-            raise NotImplementedError(f"FastRunner expects nn.Linear projections, got {type(mod).__name__}")
-        w = self._param(mod.weight).float()
-        bias = None if mod.bias is None else self._param(mod.bias).float()
-        return w, bias
-
     def is_stale(self) -> bool:
         """True when a source parameter changed in place (or was replaced) since refresh_weights()."""
-        for p, pid, ptr, ver in self._sources:
-            if p._version != ver or p.data_ptr() != ptr:
-                return True
-        return False
+        return self._sources.changed()
 
     # ------------------------------------------------------------------ slots
 
@@ -593,20 +416,20 @@ class FastRunner(Runner):
             return t if exact else t.index_select(0, qrow_d)
 
         fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
-        x = self._embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
+        x = self.weights.embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
         rows_d = None if cover else torch.tensor(rows, device=self.device)
         H, nh, nkv, hd, I = self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate
         nq, nqk = nh * hd, (nh + nkv) * hd
         eps, scale = self.eps, self.scale
         complex_ok = self.dtype == torch.float32
         caches, kviews = self._caches, self._kviews
-        proj, proj_add = (_packed_proj, _packed_proj_add) if self.linear == "mkldnn" else (_mm_proj, _mm_proj_add)
-        for li, lw in enumerate(self._layers):
+        proj, proj_add = self._project, self._project_add
+        for li, lw in enumerate(self.weights.layers):
             h = F.rms_norm(x, (H,), None, eps)
-            qkv = proj(h, lw.wqkv, lw.bqkv)
+            qkv = proj(h, lw.qkv_proj, lw.qkv_bias)
             qk = qkv[:, :nqk].view(T, nh + nkv, hd)
-            if lw.qk_w is not None:
-                torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_w, out=qk)
+            if lw.qk_norm is not None:
+                torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_norm, out=qk)
             if complex_ok:
                 torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
             else:
@@ -631,16 +454,16 @@ class FastRunner(Runner):
                 a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, to_tokens)
             else:
                 a = to_tokens(F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)).reshape(T, nq)
-            proj_add(x, a, lw.wo, lw.bo)
+            proj_add(x, a, lw.o_proj, lw.o_bias)
             h = F.rms_norm(x, (H,), None, eps)
-            gu = proj(h, lw.wgu, lw.bgu)
+            gu = proj(h, lw.gate_up_proj, lw.gate_up_bias)
             gate = gu[:, :I]
             F.silu(gate, inplace=True)
             gate.mul_(gu[:, I:])
-            proj_add(x, gate, lw.wdown, lw.bdown)
+            proj_add(x, gate, lw.down_proj, lw.down_bias)
 
-        xl = F.rms_norm(x.index_select(0, last_d), (H,), self._norm_w, eps)
-        logits = proj(xl, self._lm, self._lm_b)
+        xl = F.rms_norm(x.index_select(0, last_d), (H,), self.weights.final_norm, eps)
+        logits = proj(xl, self.weights.lm_head, self.weights.lm_head_bias)
         for s, c in zip(slots, chunks):
             lengths[s] += len(c)  # type: ignore[operator]
         return logits.float()
