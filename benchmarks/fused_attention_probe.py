@@ -121,8 +121,9 @@ def main() -> None:
     mask = torch.zeros(B, 1, 1, own).masked_fill_(torch.arange(own)[None, None, None, :] >= nvalid[:, None, None, None],
                                                   float("-inf"))
     scale = D**-0.5
+    prefix_store = SimpleNamespace(layer_keys_values=[(layer[0], layer[1]) for layer in store.unbind(0)])
     runner = SimpleNamespace(n_kv=H, group=G, head_dim=D, scale=scale, dtype=torch.float32,
-                             _prefix_views=[(layer[0], layer[1]) for layer in store.unbind(0)])
+                             cache=SimpleNamespace(prefix_store=prefix_store))
 
     def to_tokens(t: torch.Tensor) -> torch.Tensor:  # forward's layout map on the plain decode path
         return t.view(B, H, G, *t.shape[3:])

@@ -83,6 +83,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from agentic_rl.rollout.fast_kv_cache import SlotKVCache
 from agentic_rl.rollout.fast_weights import (
     PROJECTIONS,
     CopyFormat,
@@ -94,7 +95,6 @@ from agentic_rl.rollout.fast_weights import (
 from agentic_rl.rollout.runner import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
-_ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positions
 # the CPU flash kernel that also returns each query's log-sum-exp (shared-prefix attention merges on it)
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -182,21 +182,10 @@ class FastRunner(Runner):
         freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]
         self._rope = torch.polar(torch.ones_like(freqs), freqs)  # (max_len, hd/2) complex64
 
-        self._kv = torch.empty(
-            (self.n_layers, self.max_slots, 2, self.n_kv, self.max_len, self.head_dim),
-            dtype=self.dtype,
-            device=self.device,
+        self.cache = SlotKVCache(
+            self.n_layers, self.max_slots, self.max_len, self.n_kv, self.head_dim, self.dtype, self.device,
+            shared_prefix=self.shared_prefix,
         )
-        self._caches = list(self._kv.unbind(0))  # per-layer views, hoisted out of forward
-        self._kviews = [(c[:, 0], c[:, 1]) for c in self._caches]
-        self._zeroed = [0] * self.max_slots  # positions [0, z) of each cache row hold finite values
-        self._lengths: list[int | None] = [None] * self.max_slots  # None: free
-        self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
-        # shared-prefix store: K/V of the last forked prefix, (layers, 2, kv_heads, length, head_dim)
-        self._prefix_kv: torch.Tensor | None = None
-        self._prefix_views: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer (K, V), hoisted out of forward
-        self._prefix_gen = 0  # bumped whenever the store is rewritten
-        self._shared: list[tuple[int, int] | None] = [None] * self.max_slots  # slot -> (gen, tokens shared)
         self._copy_format = CopyFormat(
             dtype=self.dtype,
             device=self.device,
@@ -253,70 +242,17 @@ class FastRunner(Runner):
     # ------------------------------------------------------------------ slots
 
     def alloc(self) -> int:
-        if not self._free:
-            raise RuntimeError(f"all {self.max_slots} slots are in use (max_slots={self.max_slots}); free one first")
-        slot = self._free.pop(0)
-        self._lengths[slot] = 0
-        self._shared[slot] = None
-        return slot
+        return self.cache.alloc()
 
     def free(self, slot: int) -> None:
-        self._check_slot(slot)
-        self._lengths[slot] = None
-        self._shared[slot] = None
-        self._free.append(slot)
-        self._free.sort()
+        self.cache.free(slot)
 
     def fork(self, source: int, target: int, length: int) -> None:
         """Copy the first `length` cached positions of `source` into the empty slot `target`."""
-        self._check_slot(source)
-        self._check_slot(target)
-        if self._lengths[target] != 0:
-            raise ValueError(f"fork target slot {target} must be empty, it holds {self._lengths[target]} tokens")
-        if not 0 < length <= self._lengths[source]:  # type: ignore[operator]
-            raise ValueError(f"fork length {length} must be in [1, {self._lengths[source]}] for slot {source}")
-        self._ensure_zeroed([target], length)
-        self._kv[:, target, :, :, :length].copy_(self._kv[:, source, :, :, :length])
-        self._lengths[target] = length
-        if self.shared_prefix:
-            src = self._shared[source]
-            if src is None or src[0] != self._prefix_gen:
-                src = self._shared[source] = self._join_or_replace_store(source, length)
-            self._shared[target] = (src[0], min(src[1], length))
-
-    def _join_or_replace_store(self, source: int, length: int) -> tuple[int, int]:
-        """`source` shares the store's first c positions if they hold exactly its own K/V (episodes
-        admitted later with the same prompt prefix join the running ones), else its first `length`
-        positions become the store. Returns (store generation, c)."""
-        store = self._prefix_kv
-        if store is not None:
-            m = min(store.shape[3], length)
-            same = (store[:, :, :, :m] == self._kv[:, source, :, :, :m]).transpose(0, 3).reshape(m, -1).all(1)
-            c = int(same.int().cumprod(0).sum())
-            if c >= max(1, self.shared_prefix):
-                return self._prefix_gen, c
-        self._prefix_kv = self._kv[:, source, :, :, :length].clone()
-        self._prefix_views = [(layer[0], layer[1]) for layer in self._prefix_kv.unbind(0)]
-        self._prefix_gen += 1
-        return self._prefix_gen, length
-
-    def _common_prefix(self, slots: Sequence[int]) -> int:
-        """Tokens at the start of every slot's cache that equal the store's (0: none shared)."""
-        common = self.max_len
-        for s in slots:
-            shared = self._shared[s]
-            if shared is None or shared[0] != self._prefix_gen:
-                return 0
-            common = min(common, shared[1])
-        return common if common >= self.shared_prefix else 0
+        self.cache.fork(source, target, length)
 
     def length(self, slot: int) -> int:
-        self._check_slot(slot)
-        return self._lengths[slot]  # type: ignore[return-value]
-
-    def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not (0 <= slot < self.max_slots) or self._lengths[slot] is None:
-            raise KeyError(f"slot {slot!r} is not allocated")
+        return self.cache.length(slot)
 
     # ------------------------------------------------------------------ forward
 
@@ -327,9 +263,9 @@ class FastRunner(Runner):
             raise ValueError("forward needs one non-empty chunk per slot")
         if len(set(slots)) != n:
             raise ValueError(f"duplicate slots in {list(slots)}")
-        lengths = self._lengths
+        lengths = self.cache.lengths
         for s, c in zip(slots, chunks):
-            self._check_slot(s)
+            self.cache.check_slot(s)
             if len(c) == 0:
                 raise ValueError(f"empty chunk for slot {s}")
             if lengths[s] + len(c) > self.max_len:  # type: ignore[operator]
@@ -381,13 +317,13 @@ class FastRunner(Runner):
         starts_d = packed[4 * T + n : 4 * T + n + B]
         qlens_d = packed[4 * T + n + B :]
 
-        self._ensure_zeroed(rows, lk)
+        self.cache.ensure_zeroed(rows, lk)
 
         # Keys [0, k0) are a prefix every named slot shares: attended once for all queries (k0 > 0).
         # The per-row attention covers keys [k0, lk) under the mask (B, 1, lq or g*lq, lk - k0): key j
         # is visible to query (b, i) iff j <= start_b + i; padding / dummy queries see key k0 only
         # (their outputs are discarded)
-        k0 = self._common_prefix(ss)
+        k0 = self.cache.shared_prefix_length(ss)
         g = self.group
         ar_q = torch.arange(lq, device=self.device)
         keys = torch.arange(k0, lk, device=self.device)
@@ -422,7 +358,7 @@ class FastRunner(Runner):
         nq, nqk = nh * hd, (nh + nkv) * hd
         eps, scale = self.eps, self.scale
         complex_ok = self.dtype == torch.float32
-        caches, kviews = self._caches, self._kviews
+        caches, kviews = self.cache.layers, self.cache.layer_keys_values
         proj, proj_add = self._project, self._project_add
         for li, lw in enumerate(self.weights.layers):
             h = F.rms_norm(x, (H,), None, eps)
@@ -479,7 +415,7 @@ class FastRunner(Runner):
         """
         T, (nkv, g, hd) = q.shape[0], (self.n_kv, self.group, self.head_dim)
         flash = _FLASH_CPU
-        pk, pv = self._prefix_views[li]
+        pk, pv = self.cache.prefix_store.layer_keys_values[li]  # type: ignore[union-attr]
         pk, pv = pk[:, :k0], pv[:, :k0]  # (nkv, k0, hd)
         qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
         o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=self.scale)
@@ -491,12 +427,3 @@ class FastRunner(Runner):
         if self.dtype != torch.float32:
             o_pre, o_row = o_pre.float(), o_row.float()
         return torch.lerp(o_row, o_pre, share).to(self.dtype).reshape(T, nkv * g * hd)
-
-    def _ensure_zeroed(self, rows: Sequence[int], lk: int) -> None:
-        """Make positions [0, lk) of the given cache rows finite (masked keys must not be NaN)."""
-        for r in rows:
-            z = self._zeroed[r]
-            if z < lk:
-                new = min(self.max_len, -(-max(lk, z + _ZERO_BLOCK) // _ZERO_BLOCK) * _ZERO_BLOCK)
-                self._kv[:, r, :, :, z:new].zero_()
-                self._zeroed[r] = new
