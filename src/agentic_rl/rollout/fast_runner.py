@@ -78,11 +78,13 @@ SmolLM2-135M projections takes about 0.06 s per refresh.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from agentic_rl.rollout.fast_attention import PackedChunks, attend_with_shared_prefix, attention_mask, pack_chunks
 from agentic_rl.rollout.fast_kv_cache import SlotKVCache
 from agentic_rl.rollout.fast_weights import (
     PROJECTIONS,
@@ -95,8 +97,6 @@ from agentic_rl.rollout.fast_weights import (
 from agentic_rl.rollout.runner import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
-# the CPU flash kernel that also returns each query's log-sum-exp (shared-prefix attention merges on it)
-_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 class FastRunner(Runner):
@@ -126,7 +126,7 @@ class FastRunner(Runner):
         oneDNN, else "mm".
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
-        "Shared-prefix attention" in the module docstring.
+        "Shared prefix" in fast_attention.py.
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
@@ -171,17 +171,7 @@ class FastRunner(Runner):
         self.scale = self.head_dim**-0.5
         self.qk_norm = cfg.model_type == "qwen3"
         self.vocab_size = hf.lm_head.out_features if hasattr(hf, "lm_head") else cfg.vocab_size
-
-        # RoPE as a complex multiply on (d, d + hd/2) pairs made adjacent by a row permutation
-        # (fast_weights.rope_pair_order).
-        inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
-        if inv_freq is None:
-            base = cfg.rope_parameters["rope_theta"]
-            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
-        pos = torch.arange(self.max_len, dtype=torch.float32, device=self.device)
-        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]
-        self._rope = torch.polar(torch.ones_like(freqs), freqs)  # (max_len, hd/2) complex64
-
+        self._rope = self._rope_table(hf, cfg)
         self.cache = SlotKVCache(
             self.n_layers, self.max_slots, self.max_len, self.n_kv, self.head_dim, self.dtype, self.device,
             shared_prefix=self.shared_prefix,
@@ -201,8 +191,6 @@ class FastRunner(Runner):
         self._sources = SourceParameters()
         self.refresh_weights()
 
-    # ------------------------------------------------------------------ configuration
-
     @staticmethod
     def _check_config(cfg) -> None:
         mt = getattr(cfg, "model_type", None)
@@ -221,6 +209,18 @@ class FastRunner(Runner):
         layer_types = getattr(cfg, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types):
             raise NotImplementedError("FastRunner does not implement sliding-window attention layers")
+
+    def _rope_table(self, hf: torch.nn.Module, cfg) -> torch.Tensor:
+        """(max_len, hd/2) complex64: the unit rotation of each position and frequency. The q/k rows
+        are permuted at refresh (fast_weights.rope_pair_order) so that RoPE's pairs (d, d + hd/2)
+        are adjacent: rotating them is one complex multiply."""
+        inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
+        if inv_freq is None:
+            base = cfg.rope_parameters["rope_theta"]
+            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        pos = torch.arange(self.max_len, dtype=torch.float32, device=self.device)
+        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]  # (max_len, hd/2)
+        return torch.polar(torch.ones_like(freqs), freqs)
 
     # ------------------------------------------------------------------ weights
 
@@ -258,6 +258,26 @@ class FastRunner(Runner):
 
     @torch.no_grad()  # not inference_mode: the returned logits may be used next to autograd tensors
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._check_call(slots, chunks)
+        lengths = self.cache.lengths
+        packed = pack_chunks(slots, chunks, lengths, self.device)
+        self.cache.ensure_zeroed(packed.rows, packed.key_end)
+        # keys [0, P) are a prefix every named slot shares: attended once for all queries (P > 0)
+        shared_len = self.cache.shared_prefix_length(packed.sorted_slots)
+        mask = attention_mask(packed, shared_len, self.group, self.dtype, self.device)
+        if shared_len:
+            self.shared_prefix_calls += 1
+        rope = self._rope.index_select(0, packed.token_positions)[:, None, :]  # (T, 1, hd/2) complex64
+        x = self.weights.embed.index_select(0, packed.token_ids)  # (T, H), a new tensor: updated in place below
+        self._decoder_layers(x, packed, rope, mask, shared_len)
+        last = F.rms_norm(x.index_select(0, packed.last_tokens), (self.hidden,), self.weights.final_norm, self.eps)
+        logits = self._project(last, self.weights.lm_head, self.weights.lm_head_bias)  # (n, V)
+        for s, c in zip(slots, chunks):
+            lengths[s] += len(c)  # type: ignore[operator]
+        return logits.float()
+
+    def _check_call(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> None:
+        """Reject a call before it touches anything: a failed call changes no cache."""
         n = len(slots)
         if n == 0 or n != len(chunks):
             raise ValueError("forward needs one non-empty chunk per slot")
@@ -278,152 +298,53 @@ class FastRunner(Runner):
                 "after each optimizer step (or pass check_weights=False)"
             )
 
-        order = sorted(range(n), key=slots.__getitem__)
-        ss = [slots[i] for i in order]
-        lo, hi = ss[0], ss[-1]
-        span = hi - lo + 1
-        cover = span <= 2 * n
-        rows = list(range(lo, hi + 1)) if cover else ss
-        B = len(rows)
-        row_of = {s: (s - lo if cover else b) for b, s in enumerate(ss)}
-        lq = max(len(c) for c in chunks)
-        starts = [0] * B
-        qlens = [0] * B
-        ids: list[int] = []
-        slot_t: list[int] = []
-        pos_t: list[int] = []
-        qrow_t: list[int] = []
-        offset: dict[int, int] = {}
-        lk = 1
-        chunk_of = dict(zip(slots, chunks))
-        for s in ss:  # tokens are packed in slot order; `last` maps back to the caller's order
-            c = chunk_of[s]
-            L = len(c)
-            st = lengths[s]
-            b = row_of[s]
-            starts[b], qlens[b] = st, L
-            offset[s] = len(ids)
-            ids.extend(int(t) for t in c)
-            slot_t.extend([s] * L)
-            pos_t.extend(range(st, st + L))
-            qrow_t.extend(range(b * lq, b * lq + L))
-            lk = max(lk, st + L)  # type: ignore[operator]
-        T = len(ids)
-        last = [offset[s] + len(chunk_of[s]) - 1 for s in slots]
-        packed = torch.tensor(ids + slot_t + pos_t + qrow_t + last + starts + qlens, dtype=torch.long)
-        packed = packed.to(self.device, non_blocking=True)
-        ids_d, slot_d, pos_d, qrow_d = packed[:T], packed[T : 2 * T], packed[2 * T : 3 * T], packed[3 * T : 4 * T]
-        last_d = packed[4 * T : 4 * T + n]
-        starts_d = packed[4 * T + n : 4 * T + n + B]
-        qlens_d = packed[4 * T + n + B :]
-
-        self.cache.ensure_zeroed(rows, lk)
-
-        # Keys [0, k0) are a prefix every named slot shares: attended once for all queries (k0 > 0).
-        # The per-row attention covers keys [k0, lk) under the mask (B, 1, lq or g*lq, lk - k0): key j
-        # is visible to query (b, i) iff j <= start_b + i; padding / dummy queries see key k0 only
-        # (their outputs are discarded)
-        k0 = self.cache.shared_prefix_length(ss)
-        g = self.group
-        ar_q = torch.arange(lq, device=self.device)
-        keys = torch.arange(k0, lk, device=self.device)
-        qpos = starts_d[:, None] + ar_q[None, :]  # (B, lq)
-        mask = keys[None, None, :] <= qpos[:, :, None]  # (B, lq, lk - k0)
-        fast = lq == 1 and B == n  # plain batched decode over a contiguous range of slots
-        exact = B == n and T == B * lq
-        if not exact:
-            invalid = ar_q[None, :] >= qlens_d[:, None]
-            mask = torch.where(invalid[:, :, None], keys[None, None, :] == k0, mask)
-        if lq == 1:
-            mask = mask[:, None]  # (B, 1, 1, lk - k0), broadcast over the g query rows of a KV head
-        else:
-            mask = mask[:, None, None].expand(B, 1, g, lq, lk - k0).reshape(B, 1, g * lq, lk - k0)
-        if k0:
-            self.shared_prefix_calls += 1
-            # the kernel that returns log-sum-exps takes an additive mask in the compute dtype
-            mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
-
-        def to_tokens(t: torch.Tensor) -> torch.Tensor:
-            """(B, nkv, g·lq, *rest) per-row attention results -> (T, nkv, g, *rest) in packed token order."""
-            rest = t.shape[3:]
-            if fast:
-                return t.view(B, self.n_kv, g, *rest)
-            t = t.view(B, self.n_kv, g, lq, *rest).movedim(3, 1).reshape(B * lq, self.n_kv, g, *rest)
-            return t if exact else t.index_select(0, qrow_d)
-
-        fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
-        x = self.weights.embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
-        rows_d = None if cover else torch.tensor(rows, device=self.device)
-        H, nh, nkv, hd, I = self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate
-        nq, nqk = nh * hd, (nh + nkv) * hd
+    def _decoder_layers(
+        self, x: torch.Tensor, packed: PackedChunks, rope: torch.Tensor, mask: torch.Tensor, shared_len: int
+    ) -> None:
+        """Run every decoder layer on the (T, H) residual stream `x`, in place; write each layer's
+        K/V of the packed tokens into the cache."""
+        T, H, I = packed.num_tokens, self.hidden, self.intermediate
+        nh, nkv, hd, g = self.n_heads, self.n_kv, self.head_dim, self.group
+        n_q, n_qk = nh * hd, (nh + nkv) * hd
         eps, scale = self.eps, self.scale
-        complex_ok = self.dtype == torch.float32
-        caches, kviews = self.cache.layers, self.cache.layer_keys_values
-        proj, proj_add = self._project, self._project_add
-        for li, lw in enumerate(self.weights.layers):
+        rope_in_compute_dtype = self.dtype == torch.float32  # the complex multiply needs fp32 pairs
+        first, last = packed.first_row, packed.last_row
+        key_start, key_end = shared_len, packed.key_end
+        project, project_add = self._project, self._project_add
+        to_tokens = functools.partial(packed.to_tokens, n_kv=nkv, group=g)
+        for li, layer in enumerate(self.weights.layers):
             h = F.rms_norm(x, (H,), None, eps)
-            qkv = proj(h, lw.qkv_proj, lw.qkv_bias)
-            qk = qkv[:, :nqk].view(T, nh + nkv, hd)
-            if lw.qk_norm is not None:
-                torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_norm, out=qk)
-            if complex_ok:
-                torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
+            qkv = project(h, layer.qkv_proj, layer.qkv_bias)  # (T, (nh + 2·nkv)·hd)
+            qk = qkv[:, :n_qk].view(T, nh + nkv, hd)
+            if layer.qk_norm is not None:
+                torch.mul(F.rms_norm(qk, (hd,), None, eps), layer.qk_norm, out=qk)
+            if rope_in_compute_dtype:
+                torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(rope)
             else:
-                qkf = qk.float()
-                torch.view_as_complex(qkf.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
-                qk.copy_(qkf)
-            cache = caches[li]
-            cache[slot_d, :, :, pos_d] = qkv[:, nq:].view(T, 2, nkv, hd)
-            if cover:
-                k, v = kviews[li]
-                k, v = k[lo : hi + 1, :, k0:lk], v[lo : hi + 1, :, k0:lk]
+                qk_fp32 = qk.float()
+                torch.view_as_complex(qk_fp32.view(T, nh + nkv, hd // 2, 2)).mul_(rope)
+                qk.copy_(qk_fp32)
+            cache = self.cache.layers[li]  # (slots, 2, nkv, max_len, hd)
+            cache[packed.token_slots, :, :, packed.token_positions] = qkv[:, n_q:].view(T, 2, nkv, hd)
+            if packed.rows_are_range:
+                k, v = self.cache.layer_keys_values[li]
+                k, v = k[first : last + 1, :, key_start:key_end], v[first : last + 1, :, key_start:key_end]
             else:
-                kv = cache[rows_d, :, :, k0:lk]
-                k, v = kv[:, 0], kv[:, 1]
-            q = qkv[:, :nq]
-            if fast:
-                qq = q.view(B, nkv, g, hd)
+                kv = cache[packed.gathered_rows, :, :, key_start:key_end]
+                k, v = kv[:, 0], kv[:, 1]  # (B, nkv, Lk - P, hd)
+            q = qkv[:, :n_q]  # (T, nh·hd)
+            grid_queries = packed.to_grid(q, nkv, g, hd)  # (B, nkv, g·Lq, hd)
+            if shared_len:
+                prefix_k, prefix_v = self.cache.prefix_store.layer_keys_values[li]  # type: ignore[union-attr]
+                prefix_k, prefix_v = prefix_k[:, :shared_len], prefix_v[:, :shared_len]  # (nkv, P, hd)
+                attn = attend_with_shared_prefix(q, grid_queries, k, v, mask, prefix_k, prefix_v, scale, to_tokens)
             else:
-                qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
-                qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
-            if k0:
-                a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, to_tokens)
-            else:
-                a = to_tokens(F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)).reshape(T, nq)
-            proj_add(x, a, lw.o_proj, lw.o_bias)
+                attn = F.scaled_dot_product_attention(grid_queries, k, v, attn_mask=mask, scale=scale)
+                attn = to_tokens(attn).reshape(T, n_q)  # (T, nh·hd)
+            project_add(x, attn, layer.o_proj, layer.o_bias)
             h = F.rms_norm(x, (H,), None, eps)
-            gu = proj(h, lw.gate_up_proj, lw.gate_up_bias)
-            gate = gu[:, :I]
+            gate_up = project(h, layer.gate_up_proj, layer.gate_up_bias)  # (T, 2·I)
+            gate = gate_up[:, :I]
             F.silu(gate, inplace=True)
-            gate.mul_(gu[:, I:])
-            proj_add(x, gate, lw.down_proj, lw.down_bias)
-
-        xl = F.rms_norm(x.index_select(0, last_d), (H,), self.weights.final_norm, eps)
-        logits = proj(xl, self.weights.lm_head, self.weights.lm_head_bias)
-        for s, c in zip(slots, chunks):
-            lengths[s] += len(c)  # type: ignore[operator]
-        return logits.float()
-
-    def _attend_with_shared_prefix(self, li, k0, q, qq, k, v, mask, to_tokens) -> torch.Tensor:
-        """Attention output (T, nh·hd) of the packed queries `q` over a shared prefix plus each row's keys.
-
-        The prefix keys [0, k0) are the same for every row, so all T·g queries of a KV head
-        attend them in one call; each row's queries `qq` (B, nkv, g·lq, hd) attend its own keys
-        [k0, lk) (`k`, `v` under `mask`). Softmax over the union is the two partial outputs
-        weighted by their shares of the total mass: o = o_row + (o_pre − o_row)·σ(lse_pre − lse_row).
-        `to_tokens` maps per-row results to packed token order (see forward).
-        """
-        T, (nkv, g, hd) = q.shape[0], (self.n_kv, self.group, self.head_dim)
-        flash = _FLASH_CPU
-        pk, pv = self.cache.prefix_store.layer_keys_values[li]  # type: ignore[union-attr]
-        pk, pv = pk[:, :k0], pv[:, :k0]  # (nkv, k0, hd)
-        qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
-        o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=self.scale)
-        o_pre = o_pre.view(nkv, T, g, hd).transpose(0, 1)  # (T, nkv, g, hd)
-        lse_pre = lse_pre.view(nkv, T, g).transpose(0, 1)
-        o_row, lse_row = flash(qq, k, v, 0.0, False, attn_mask=mask, scale=self.scale)
-        o_row, lse_row = to_tokens(o_row), to_tokens(lse_row)
-        share = torch.sigmoid(lse_pre - lse_row).unsqueeze(-1)  # float32
-        if self.dtype != torch.float32:
-            o_pre, o_row = o_pre.float(), o_row.float()
-        return torch.lerp(o_row, o_pre, share).to(self.dtype).reshape(T, nkv * g * hd)
+            gate.mul_(gate_up[:, I:])
+            project_add(x, gate, layer.down_proj, layer.down_bias)
