@@ -12,68 +12,47 @@ Prefill of a prompt, of an observation, and a batched one-token decode step are 
     optimizer.step()
     runner.refresh_weights()                                       # REQUIRED after every update
 
-Weights contract
-----------------
-The runner computes from *copies* of most projection weights: q/k/v fused into one matrix,
-gate/up fused into one matrix, the RMSNorm scales folded into the following projection, the
-q/k rows permuted for RoPE-as-complex-multiply, transposed (`weight_layout="t"`) or reordered for oneDNN,
-cast in bf16 mode, and LoRA deltas merged. So the runner does not see weight updates by itself:
-**call `refresh_weights()` after every optimizer step** (and after loading a checkpoint or
-switching/enabling/disabling LoRA adapters: the adapter state is captured at refresh time).
-`refresh_weights()` returns a counter, `weights_version`, that the engine can stamp on
-trajectories.
+The design. On CPU, decoding a small model is bound by weight reads and by
+per-op dispatch, not by arithmetic (BENCHMARKS.md). The weight reads are fixed by the precision;
+what is left to cut is the op count and every byte read twice. So the runner computes from its
+own copies of the weights, fused and folded so that a layer is few, wide ops; it keeps every
+sequence's K/V in one preallocated cache, so that prefixes are forked instead of re-encoded; and
+it attends a prefix that all rows of a call share once for all of them. Three modules, one idea
+each, and this one composes them:
 
-Staleness is detected on a best-effort basis: the runner records each source parameter's
-identity, storage pointer and autograd version counter; every in-place update through the
-parameter itself (optimizer steps, `load_state_dict`, `copy_`) bumps it. `is_stale()` reports
-it, and with `check_weights=True` (the default) `forward` raises instead of decoding with stale
-weights. Writes through `param.data` bypass the version counter and are not detected.
+- fast_weights.py: the copies (q/k/v and gate/up fused, RMSNorm scales folded, RoPE pairs
+  permuted, cast, LoRA merged, laid out for torch.mm or oneDNN) and their staleness check;
+- fast_kv_cache.py: the slots, `fork`, lazy zeroing, and the shared-prefix store;
+- fast_attention.py: packing ragged chunks into one token batch, the masks, and the
+  shared-prefix attention (two partial softmaxes merged on their log-sum-exps).
 
-LoRA (peft): adapted `nn.Linear` layers (peft `lora.Linear`) are merged into the copies:
-W + sum over active adapters of (alpha/r)·B·A (peft's own `get_delta_weight`), dropout ignored.
-LoRA variants (DoRA, ...) and LoRA on embeddings raise NotImplementedError.
+One layer is these ops, in this order (x: the (T, H) residual stream):
 
-KV cache
---------
-One preallocated tensor (layers, max_slots, 2, kv_heads, max_len, head_dim) in the compute
-dtype: about `2·layers·kv_heads·head_dim·bytes` per token per slot (46 KB for SmolLM2-135M
-fp32, so 32 slots × 2048 tokens = 3 GB). It is allocated with `torch.empty` and zeroed lazily in
-blocks as rows grow, so on CPU untouched memory is never committed. A slot's id is its cache
-row. The rows named in one call are attended as a range view of the cache when the sorted slot
-ids span at most 2·n rows (rows in the range that are not named are computed as masked dummies
-and discarded), else they are gathered (a copy per layer). `alloc` hands out the lowest free id,
-which keeps decoding sets compact.
+    rms_norm → one fused QKV projection → [Qwen3: per-head rms_norm · q/k scales]
+    → RoPE on q and k together, one in-place complex multiply → one index_put of K/V into the cache
+    → one SDPA call (GQA by reshape, no K/V repeat; or the shared-prefix pair)
+    → o_proj added into x → rms_norm → one fused gate/up projection → silu(gate) · up in place
+    → down_proj added into x
 
-Performance (CPU, 2 cores): decoding small models is bound by per-op overhead and weight
-reads. The weight reads are fixed by the precision (fp32 SmolLM2-135M streams ~540 MB per step,
-so on a machine whose memory bandwidth is shared this floor dominates and the speed-up over
-`generate` shrinks); what is left to cut is the op count. Each layer is ~11 compute ops
-(about half of transformers' per-step aten calls): rms_norm, one fused QKV matmul, one in-place complex multiply
-for RoPE on q and k together, one index_put of k and v into the cache, one SDPA call (GQA via a
-reshape: the g query heads of a KV head become g query rows, no KV repeat), one addmm for o_proj
-fused with the residual, rms_norm, one fused gate/up matmul, in-place silu and multiply, and one
-addmm for down_proj fused with the residual. The LM head runs on the last token of each chunk.
+The LM head runs on the last token of each chunk only.
 
-Shared-prefix attention (`shared_prefix=`): the engine prefills the prompt prefix its episodes
-share (system prompt, tool schemas: ~380 of ~430 arith prompt tokens) once and `fork`s it into
-every slot, so each decode step would read those K/V rows once per slot. Instead, `fork` also keeps
-one copy of the forked prefix (the store; each slot keeps its own copy too, so nothing depends on
-the store staying put), and a call whose named slots all share the store's first k0 >= `shared_prefix`
-tokens runs attention in two parts: every query of every row against the k0 prefix keys in one
-call (T·g query rows per KV head instead of g), and each row's queries against its own keys
-[k0, len). The CPU flash kernel returns each part's log-sum-exp, and the exact softmax over the
-union is their mix o_row + (o_pre − o_row)·σ(lse_pre − lse_row). A later fork from a slot whose
-cache starts with the store's K/V joins it (episodes admitted while others run); a fork of
-another prefix replaces the store. Calls that mix slots of different prefixes (or unforked
-slots) attend each row's whole cache, as before.
+Invariants (tests/test_fast_runner.py proves them):
+- The logits equal a plain forward of the HF model over each slot's whole history, within 1e-4
+  in fp32, over random schedules of ragged calls, forks, frees and reused slots. bf16 copies of
+  an fp32 model are a separate, approximate mode.
+- Weights contract: the runner does not see weight updates by itself. Call `refresh_weights()`
+  after every optimizer step, checkpoint load or LoRA adapter change; it returns a counter,
+  `weights_version`, that the engine can stamp on trajectories. With `check_weights=True` (the
+  default) `forward` raises instead of decoding from stale copies (see fast_weights.py for what
+  is detected). Live slots keep the K/V computed with the old weights.
+- A call that fails validation changes nothing.
 
-Projections (`linear=`): on a CPU with oneDNN the default reorders every projection weight once
-per `refresh_weights()` into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
-the kernel inductor uses for frozen CPU linears) and runs `mkldnn._linear_pointwise` on it. The
-copies are opaque tensors (no `data_ptr`), the tied LM head included. Same arithmetic, no repacking
-per call: `benchmarks/decode_probe.py --linears mm mkldnn` measured batch-8 decoding 1.20x faster
-in bf16 and 1.24x in fp32, and batch 32 1.08x and 0.98x (BENCHMARKS.md). Reordering all
-SmolLM2-135M projections takes about 0.06 s per refresh.
+Shape legend (see also fast_attention.py for the packing symbols):
+    n    slots named in a call;  B  cache rows it attends;  T  tokens it packs
+    Lq   the longest chunk (queries per row);  Lk  keys per row
+    P    shared-prefix keys attended once for all rows (0: none)
+    H    hidden size;  I  MLP intermediate size;  V  vocabulary
+    nh   query heads;  nkv  key/value heads;  g = nh / nkv;  hd  head dim
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ o_proj and down_proj matrices, each in the form the decode loop multiplies by. T
 - LoRA-merged: W + Σ over active adapters of (alpha/r)·B·A, computed by peft's own
   `get_delta_weight` (dropout does not apply at inference).
 
-Tensors that need no change (the embedding, the final norm, an untied or tied LM head in the
-"n" layout) are used as they are, not copied.
+Tensors that need no change are used as they are, not copied: the embedding and the final norm
+when they already have the compute dtype and device, and under "mm" with the "n" layout a plain
+LM head (tied or not).
 
 Why copies. Fewer, wider ops per layer: on CPU, decoding a small model is bound by weight reads
 and per-op dispatch, not arithmetic (BENCHMARKS.md, "Where a decode step goes").
