@@ -8,10 +8,10 @@ compiled extension, not part of the product.
 
 Both sides compute the same thing for one decode step of SmolLM2-135M's attention shapes (3 KV
 heads, 3 query heads per KV head, head_dim 64, fp32) over 30 layers' worth of K/V:
-  * "torch": FastRunner's own `_attend_with_shared_prefix` (fast_runner.py), called as a decode
-    step calls it, on a stand-in holding just the attributes it reads: one CPU flash-attention call
-    with every row's queries against the prefix keys, one per-row call against each row's own keys
-    under a padding mask, and the log-sum-exp merge (sigmoid, lerp).
+  * "torch": FastRunner's own `attend_with_shared_prefix` (fast_attention.py), called as a decode
+    step calls it: one CPU flash-attention call with every row's queries against the prefix keys,
+    one per-row call against each row's own keys under a padding mask, and the log-sum-exp merge
+    (sigmoid, lerp).
   * "compiled": one C++ call: for each (KV head, row), in parallel over both cores, the scores of
     the row's query heads against the prefix and its own valid keys, a softmax, and the weighted
     sum of values; plain loops that the compiler vectorises (-O3 -march=native, `omp simd`).
@@ -27,11 +27,10 @@ import json
 import statistics
 import tempfile
 import time
-from types import SimpleNamespace
 
 import torch
 
-from agentic_rl.rollout.fast_runner import FastRunner
+from agentic_rl.rollout.fast_attention import attend_with_shared_prefix
 
 KERNEL = r"""
 #include <torch/extension.h>
@@ -121,15 +120,14 @@ def main() -> None:
     mask = torch.zeros(B, 1, 1, own).masked_fill_(torch.arange(own)[None, None, None, :] >= nvalid[:, None, None, None],
                                                   float("-inf"))
     scale = D**-0.5
-    runner = SimpleNamespace(n_kv=H, group=G, head_dim=D, scale=scale, dtype=torch.float32,
-                             _prefix_views=[(layer[0], layer[1]) for layer in store.unbind(0)])
 
     def to_tokens(t: torch.Tensor) -> torch.Tensor:  # forward's layout map on the plain decode path
         return t.view(B, H, G, *t.shape[3:])
 
     def torch_path(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]
-        return FastRunner._attend_with_shared_prefix(runner, li, k0, q, q.view(B, H, G, D), k, v, mask, to_tokens)
+        return attend_with_shared_prefix(q, q.view(B, H, G, D), k, v, mask, store[li, 0, :, :k0], store[li, 1, :, :k0],
+                                         scale, to_tokens)
 
     def compiled(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]

@@ -127,9 +127,9 @@ def test_default_linear_backend():
 
 
 def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
-    from agentic_rl.rollout import fast_runner
+    from agentic_rl.rollout import fast_weights
 
-    monkeypatch.setattr(fast_runner, "_mkldnn_linear_works", lambda dtype: False)
+    monkeypatch.setattr(fast_weights, "mkldnn_linear_works", lambda dtype: False)
     model = tiny_llama()
     runner = FastRunner(model, max_slots=8, max_len=96)
     assert runner.linear == "mm"
@@ -139,7 +139,7 @@ def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
 def test_llama_tied_embeddings_and_n_layout():
     model = tiny_llama(seed=3, tie_word_embeddings=True)
     runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n", linear="mm")
-    assert runner._lm.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
+    assert runner.weights.lm_head.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
     assert run_schedule(model, runner, seed=3) < TOL
 
 

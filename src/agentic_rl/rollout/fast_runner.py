@@ -12,149 +12,70 @@ Prefill of a prompt, of an observation, and a batched one-token decode step are 
     optimizer.step()
     runner.refresh_weights()                                       # REQUIRED after every update
 
-Weights contract
-----------------
-The runner computes from *copies* of most projection weights: q/k/v fused into one matrix,
-gate/up fused into one matrix, the RMSNorm scales folded into the following projection, the
-q/k rows permuted for RoPE-as-complex-multiply, transposed (`weight_layout="t"`) or reordered for oneDNN,
-cast in bf16 mode, and LoRA deltas merged. So the runner does not see weight updates by itself:
-**call `refresh_weights()` after every optimizer step** (and after loading a checkpoint or
-switching/enabling/disabling LoRA adapters: the adapter state is captured at refresh time).
-`refresh_weights()` returns a counter, `weights_version`, that the engine can stamp on
-trajectories.
+The design. On CPU, decoding a small model is bound by weight reads and by
+per-op dispatch, not by arithmetic (BENCHMARKS.md). The weight reads are fixed by the precision;
+what is left to cut is the op count and every byte read twice. So the runner computes from its
+own copies of the weights, fused and folded so that a layer is few, wide ops; it keeps every
+sequence's K/V in one preallocated cache, so that prefixes are forked instead of re-encoded; and
+it attends a prefix that all rows of a call share once for all of them. Three modules, one idea
+each, and this one composes them:
 
-Staleness is detected on a best-effort basis: the runner records each source parameter's
-identity, storage pointer and autograd version counter; every in-place update through the
-parameter itself (optimizer steps, `load_state_dict`, `copy_`) bumps it. `is_stale()` reports
-it, and with `check_weights=True` (the default) `forward` raises instead of decoding with stale
-weights. Writes through `param.data` bypass the version counter and are not detected.
+- fast_weights.py: the copies (q/k/v and gate/up fused, RMSNorm scales folded, RoPE pairs
+  permuted, cast, LoRA merged, laid out for torch.mm or oneDNN) and their staleness check;
+- fast_kv_cache.py: the slots, `fork`, lazy zeroing, and the shared-prefix store;
+- fast_attention.py: packing ragged chunks into one token batch, the masks, and the
+  shared-prefix attention (two partial softmaxes merged on their log-sum-exps).
 
-LoRA (peft): adapted `nn.Linear` layers (peft `lora.Linear`) are merged into the copies:
-W + sum over active adapters of (alpha/r)·B·A (peft's own `get_delta_weight`), dropout ignored.
-LoRA variants (DoRA, ...) and LoRA on embeddings raise NotImplementedError.
+One layer is these ops, in this order (x: the (T, H) residual stream):
 
-KV cache
---------
-One preallocated tensor (layers, max_slots, 2, kv_heads, max_len, head_dim) in the compute
-dtype: about `2·layers·kv_heads·head_dim·bytes` per token per slot (46 KB for SmolLM2-135M
-fp32, so 32 slots × 2048 tokens = 3 GB). It is allocated with `torch.empty` and zeroed lazily in
-blocks as rows grow, so on CPU untouched memory is never committed. A slot's id is its cache
-row. The rows named in one call are attended as a range view of the cache when the sorted slot
-ids span at most 2·n rows (rows in the range that are not named are computed as masked dummies
-and discarded), else they are gathered (a copy per layer). `alloc` hands out the lowest free id,
-which keeps decoding sets compact.
+    rms_norm → one fused QKV projection → [Qwen3: per-head rms_norm · q/k scales]
+    → RoPE on q and k together, one in-place complex multiply → one index_put of K/V into the cache
+    → one SDPA call (GQA by reshape, no K/V repeat; or the shared-prefix pair)
+    → o_proj added into x → rms_norm → one fused gate/up projection → silu(gate) · up in place
+    → down_proj added into x
 
-Performance (CPU, 2 cores): decoding small models is bound by per-op overhead and weight
-reads. The weight reads are fixed by the precision (fp32 SmolLM2-135M streams ~540 MB per step,
-so on a machine whose memory bandwidth is shared this floor dominates and the speed-up over
-`generate` shrinks); what is left to cut is the op count. Each layer is ~11 compute ops
-(about half of transformers' per-step aten calls): rms_norm, one fused QKV matmul, one in-place complex multiply
-for RoPE on q and k together, one index_put of k and v into the cache, one SDPA call (GQA via a
-reshape: the g query heads of a KV head become g query rows, no KV repeat), one addmm for o_proj
-fused with the residual, rms_norm, one fused gate/up matmul, in-place silu and multiply, and one
-addmm for down_proj fused with the residual. The LM head runs on the last token of each chunk.
+The LM head runs on the last token of each chunk only.
 
-Shared-prefix attention (`shared_prefix=`): the engine prefills the prompt prefix its episodes
-share (system prompt, tool schemas: ~380 of ~430 arith prompt tokens) once and `fork`s it into
-every slot, so each decode step would read those K/V rows once per slot. Instead, `fork` also keeps
-one copy of the forked prefix (the store; each slot keeps its own copy too, so nothing depends on
-the store staying put), and a call whose named slots all share the store's first k0 >= `shared_prefix`
-tokens runs attention in two parts: every query of every row against the k0 prefix keys in one
-call (T·g query rows per KV head instead of g), and each row's queries against its own keys
-[k0, len). The CPU flash kernel returns each part's log-sum-exp, and the exact softmax over the
-union is their mix o_row + (o_pre − o_row)·σ(lse_pre − lse_row). A later fork from a slot whose
-cache starts with the store's K/V joins it (episodes admitted while others run); a fork of
-another prefix replaces the store. Calls that mix slots of different prefixes (or unforked
-slots) attend each row's whole cache, as before.
+Invariants (tests/test_fast_runner.py proves them):
+- The logits equal a plain forward of the HF model over each slot's whole history, within 1e-4
+  in fp32, over random schedules of ragged calls, forks, frees and reused slots. bf16 copies of
+  an fp32 model are a separate, approximate mode.
+- Weights contract: the runner does not see weight updates by itself. Call `refresh_weights()`
+  after every optimizer step, checkpoint load or LoRA adapter change; it returns a counter,
+  `weights_version`, that the engine can stamp on trajectories. With `check_weights=True` (the
+  default) `forward` raises instead of decoding from stale copies (see fast_weights.py for what
+  is detected). Live slots keep the K/V computed with the old weights.
+- A call that fails validation changes nothing.
 
-Projections (`linear=`): on a CPU with oneDNN the default reorders every projection weight once
-per `refresh_weights()` into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`,
-the kernel inductor uses for frozen CPU linears) and runs `mkldnn._linear_pointwise` on it. The
-copies are opaque tensors (no `data_ptr`), the tied LM head included. Same arithmetic, no repacking
-per call: `benchmarks/decode_probe.py --linears mm mkldnn` measured batch-8 decoding 1.20x faster
-in bf16 and 1.24x in fp32, and batch 32 1.08x and 0.98x (BENCHMARKS.md). Reordering all
-SmolLM2-135M projections takes about 0.06 s per refresh.
+Shape legend (see also fast_attention.py for the packing symbols):
+    n    slots named in a call;  B  cache rows it attends;  T  tokens it packs
+    Lq   the longest chunk (queries per row);  Lk  keys per row
+    P    shared-prefix keys attended once for all rows (0: none)
+    H    hidden size;  I  MLP intermediate size;  V  vocabulary
+    nh   query heads;  nkv  key/value heads;  g = nh / nkv;  hd  head dim
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from agentic_rl.rollout.fast_attention import PackedChunks, attend_with_shared_prefix, attention_mask, pack_chunks
+from agentic_rl.rollout.fast_kv_cache import SlotKVCache
+from agentic_rl.rollout.fast_weights import (
+    PROJECTIONS,
+    CopyFormat,
+    SourceParameters,
+    build_decode_weights,
+    choose_linear,
+    unwrap,
+)
 from agentic_rl.rollout.runner import Runner
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
-_ZERO_BLOCK = 256  # cache rows are zeroed lazily in blocks of this many positions
-# the CPU flash kernel that also returns each query's log-sum-exp (shared-prefix attention merges on it)
-_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-
-
-@dataclass
-class _Layer:
-    wqkv: torch.Tensor  # (H, Nqkv) operand for torch.mm (a transposed view or a (K, N) copy)
-    bqkv: torch.Tensor | None
-    qk_w: torch.Tensor | None  # Qwen3: (nh + nkv, hd) q_norm/k_norm weights (rope-permuted)
-    wo: torch.Tensor
-    bo: torch.Tensor | None
-    wgu: torch.Tensor
-    bgu: torch.Tensor | None
-    wdown: torch.Tensor
-    bdown: torch.Tensor | None
-
-
-def _mm_proj(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.mm(h, w) if b is None else torch.addmm(b, h, w)
-
-
-def _mm_proj_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
-    x.addmm_(h, w)
-    if b is not None:
-        x.add_(b)
-
-
-def _packed_proj(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], "")
-
-
-def _packed_proj_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
-    x.add_(torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], ""))
-
-
-@functools.cache
-def _mkldnn_linear_works(dtype: torch.dtype) -> bool:
-    """Whether this torch build runs a oneDNN linear on prepacked weights in `dtype` (CPU).
-
-    Probed once on an 8x8 weight, so that "auto" falls back to torch.mm wherever oneDNN is
-    missing or lacks the kernel (e.g. bf16 on some non-x86 CPUs) instead of failing mid-run.
-    """
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.eye(8, dtype=dtype), 1)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=dtype), w, None, "none", [], "")
-        return bool(torch.equal(out.float(), torch.ones(1, 8)))
-    except Exception:  # noqa: BLE001 - any failure means: use torch.mm
-        return False
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers *ForCausalLM inside a peft PeftModel (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    if callable(get_base):
-        model = get_base()
-    return model
-
-
-def _lora_layer_cls():
-    try:
-        from peft.tuners.lora import LoraLayer
-    except Exception:  # peft not installed: nothing can be LoRA-wrapped
-        return None
-    return LoraLayer
 
 
 class FastRunner(Runner):
@@ -184,12 +105,12 @@ class FastRunner(Runner):
         oneDNN, else "mm".
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
-        "Shared-prefix attention" in the module docstring.
+        "Shared prefix" in fast_attention.py.
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
         self.model = model
-        hf = _unwrap(model)
+        hf = unwrap(model)
         cfg = hf.config
         self._check_config(cfg)
         self.max_slots = int(max_slots)
@@ -206,18 +127,8 @@ class FastRunner(Runner):
             raise ValueError(f"weight_layout must be 'auto', 't' or 'n', got {weight_layout!r}")
         self.weight_layout = weight_layout
         self.check_weights = check_weights
-        if linear == "auto":
-            # prepacked weights: faster or equal at every measured batch and dtype (module docstring)
-            mkldnn_ok = self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)
-            linear = "mkldnn" if mkldnn_ok else "mm"
-        if linear not in ("mm", "mkldnn"):
-            raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
-        if linear == "mkldnn" and not (self.device.type == "cpu" and _mkldnn_linear_works(self.dtype)):
-            raise ValueError(
-                f"linear='mkldnn' needs a CPU device whose oneDNN runs {self.dtype} linears; this runner is on "
-                f"{self.device}: use linear='mm'"
-            )
-        self.linear = linear
+        self.linear = choose_linear(linear, self.device, self.dtype)
+        self._project, self._project_add = PROJECTIONS[self.linear]
         if shared_prefix < 0:
             raise ValueError(f"shared_prefix must be >= 0 tokens (0 = off), got {shared_prefix}")
         self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
@@ -239,38 +150,25 @@ class FastRunner(Runner):
         self.scale = self.head_dim**-0.5
         self.qk_norm = cfg.model_type == "qwen3"
         self.vocab_size = hf.lm_head.out_features if hasattr(hf, "lm_head") else cfg.vocab_size
-
-        # RoPE as a complex multiply on (d, d + hd/2) pairs made adjacent by a row permutation.
-        half = self.head_dim // 2
-        self._perm = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
-        inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
-        if inv_freq is None:
-            base = cfg.rope_parameters["rope_theta"]
-            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
-        pos = torch.arange(self.max_len, dtype=torch.float32, device=self.device)
-        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]
-        self._rope = torch.polar(torch.ones_like(freqs), freqs)  # (max_len, hd/2) complex64
-
-        self._kv = torch.empty(
-            (self.n_layers, self.max_slots, 2, self.n_kv, self.max_len, self.head_dim),
+        self._rope = self._rope_table(hf, cfg)
+        self.cache = SlotKVCache(
+            self.n_layers, self.max_slots, self.max_len, self.n_kv, self.head_dim, self.dtype, self.device,
+            shared_prefix=self.shared_prefix,
+        )
+        self._copy_format = CopyFormat(
             dtype=self.dtype,
             device=self.device,
+            linear=self.linear,
+            weight_layout=self.weight_layout,
+            batch_hint=self.max_slots,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv,
+            head_dim=self.head_dim,
+            qk_norm=self.qk_norm,
         )
-        self._caches = list(self._kv.unbind(0))  # per-layer views, hoisted out of forward
-        self._kviews = [(c[:, 0], c[:, 1]) for c in self._caches]
-        self._zeroed = [0] * self.max_slots  # positions [0, z) of each cache row hold finite values
-        self._lengths: list[int | None] = [None] * self.max_slots  # None: free
-        self._free = list(range(self.max_slots))  # kept sorted: alloc hands out the lowest id
-        # shared-prefix store: K/V of the last forked prefix, (layers, 2, kv_heads, length, head_dim)
-        self._prefix_kv: torch.Tensor | None = None
-        self._prefix_views: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer (K, V), hoisted out of forward
-        self._prefix_gen = 0  # bumped whenever the store is rewritten
-        self._shared: list[tuple[int, int] | None] = [None] * self.max_slots  # slot -> (gen, tokens shared)
         self.weights_version = 0
-        self._sources: list[tuple[torch.Tensor, int, int, int]] = []
+        self._sources = SourceParameters()
         self.refresh_weights()
-
-    # ------------------------------------------------------------------ configuration
 
     @staticmethod
     def _check_config(cfg) -> None:
@@ -291,6 +189,18 @@ class FastRunner(Runner):
         if any(t != "full_attention" for t in layer_types):
             raise NotImplementedError("FastRunner does not implement sliding-window attention layers")
 
+    def _rope_table(self, hf: torch.nn.Module, cfg) -> torch.Tensor:
+        """(max_len, hd/2) complex64: the unit rotation of each position and frequency. The q/k rows
+        are permuted at refresh (fast_weights.rope_pair_order) so that RoPE's pairs (d, d + hd/2)
+        are adjacent: rotating them is one complex multiply."""
+        inv_freq = getattr(getattr(hf.model, "rotary_emb", None), "inv_freq", None)
+        if inv_freq is None:
+            base = cfg.rope_parameters["rope_theta"]
+            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        pos = torch.arange(self.max_len, dtype=torch.float32, device=self.device)
+        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]  # (max_len, hd/2)
+        return torch.polar(torch.ones_like(freqs), freqs)
+
     # ------------------------------------------------------------------ weights
 
     def refresh_weights(self) -> int:
@@ -300,213 +210,61 @@ class FastRunner(Runner):
         live slots are kept (they were computed with the old weights). Returns the new
         `weights_version`.
         """
-        hf = _unwrap(self.model)
-        self._lora_cls = _lora_layer_cls()
-        self._sources = []
-        dt, dev = self.dtype, self.device
-        perm = self._perm.to(dev)
-        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-
-        def mat(w: torch.Tensor) -> torch.Tensor:
-            """(out, in) fp32 weight -> the operand `_proj` takes: oneDNN-packed, or torch.mm's
-            right-hand operand in our layout."""
-            w = w.to(device=dev, dtype=dt)
-            if self.linear == "mkldnn":
-                return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), self.max_slots)
-            return w.t().contiguous() if self.weight_layout == "t" else w.contiguous().t()
-
-        layers = []
-        with torch.no_grad():
-            embed = hf.model.embed_tokens
-            if self._lora_cls is not None and isinstance(embed, self._lora_cls):
-                raise NotImplementedError("FastRunner does not merge LoRA on embeddings")
-            self._track(embed.weight)
-            self._embed = self._as_is(embed.weight)
-            for layer in hf.model.layers:
-                att, mlp = layer.self_attn, layer.mlp
-                w_in = self._param(layer.input_layernorm.weight).float()
-                w_post = self._param(layer.post_attention_layernorm.weight).float()
-                wq, bq = self._linear(att.q_proj)
-                wk, bk = self._linear(att.k_proj)
-                wv, bv = self._linear(att.v_proj)
-                wo, bo = self._linear(att.o_proj)
-                wg, bg = self._linear(mlp.gate_proj)
-                wu, bu = self._linear(mlp.up_proj)
-                wd, bd = self._linear(mlp.down_proj)
-                wq = wq.view(nh, hd, -1)[:, perm].reshape(nh * hd, -1)
-                wk = wk.view(nkv, hd, -1)[:, perm].reshape(nkv * hd, -1)
-                wqkv = torch.cat([wq, wk, wv], dim=0) * w_in[None, :]
-                bqkv = None
-                if bq is not None:
-                    bq = bq.view(nh, hd)[:, perm].reshape(-1)
-                    bk = bk.view(nkv, hd)[:, perm].reshape(-1)
-                    bqkv = torch.cat([bq, bk, bv]).to(device=dev, dtype=dt)
-                qk_w = None
-                if self.qk_norm:
-                    qn = self._param(att.q_norm.weight).float()[perm]
-                    kn = self._param(att.k_norm.weight).float()[perm]
-                    qk_w = torch.cat([qn.expand(nh, hd), kn.expand(nkv, hd)]).to(device=dev, dtype=dt).contiguous()
-                wgu = torch.cat([wg, wu], dim=0) * w_post[None, :]
-                bgu = torch.cat([bg, bu]).to(device=dev, dtype=dt) if bg is not None else None
-                layers.append(
-                    _Layer(
-                        wqkv=mat(wqkv),
-                        bqkv=bqkv,
-                        qk_w=qk_w,
-                        wo=mat(wo),
-                        bo=None if bo is None else bo.to(device=dev, dtype=dt),
-                        wgu=mat(wgu),
-                        bgu=bgu,
-                        wdown=mat(wd),
-                        bdown=None if bd is None else bd.to(device=dev, dtype=dt),
-                    )
-                )
-            self._norm_w = self._as_is(self._param(hf.model.norm.weight))
-            head = hf.lm_head
-            head_is_lora = self._lora_cls is not None and isinstance(head, self._lora_cls)
-            copy_head = head_is_lora or self.weight_layout == "t" or self.linear == "mkldnn"
-            if copy_head or getattr(head, "bias", None) is not None:
-                w, b = self._linear(head)
-                self._lm = mat(w)
-                self._lm_b = None if b is None else b.to(device=dev, dtype=dt)
-            else:
-                self._track(head.weight)
-                self._lm = self._as_is(head.weight).t()  # tied or not: no copy needed
-                self._lm_b = None
-        self._layers = layers
+        self.weights, self._sources = build_decode_weights(self.model, self._copy_format)
         self.weights_version += 1
         return self.weights_version
 
-    def _track(self, p: torch.Tensor) -> None:
-        self._sources.append((p, id(p), p.data_ptr(), p._version))
-
-    def _param(self, p: torch.Tensor) -> torch.Tensor:
-        self._track(p)
-        return p.detach()
-
-    def _as_is(self, p: torch.Tensor) -> torch.Tensor:
-        """The parameter itself when it already has our dtype/device, else a cast copy."""
-        p = p.detach()
-        return p if (p.dtype == self.dtype and p.device == self.device) else p.to(device=self.device, dtype=self.dtype)
-
-    def _linear(self, mod: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Effective (out, in) fp32 weight and bias of an nn.Linear or a peft lora.Linear."""
-        lora_cls = self._lora_cls
-        if lora_cls is not None and isinstance(mod, lora_cls):
-            base = mod.get_base_layer()
-            if not isinstance(base, torch.nn.Linear):
-                raise NotImplementedError(f"FastRunner merges LoRA on nn.Linear only, not {type(base).__name__}")
-            w = self._param(base.weight).float().clone()
-            bias = None if base.bias is None else self._param(base.bias).float()
-            merged = list(getattr(mod, "merged_adapters", []))
-            if mod.disable_adapters:
-                # base weight holds the merged adapters' deltas; peft unmerges them when disabled
-                adapters, sign = merged, -1.0
-            else:
-                adapters = [a for a in mod.active_adapters if a in mod.lora_A and a not in merged]
-                sign = 1.0
-            for name in adapters:
-                if name in getattr(mod, "lora_variant", {}) or getattr(mod, "use_dora", {}).get(name, False):
-                    raise NotImplementedError(f"FastRunner does not merge LoRA variants (adapter {name!r}, e.g. DoRA)")
-                if getattr(mod, "lora_bias", {}).get(name, False):
-                    raise NotImplementedError("FastRunner does not merge LoRA biases")
-                self._track(mod.lora_A[name].weight)
-                self._track(mod.lora_B[name].weight)
-                w.add_(mod.get_delta_weight(name).detach().float(), alpha=sign)
-            return w, bias
-        if not isinstance(mod, torch.nn.Linear):
-            raise NotImplementedError(f"FastRunner expects nn.Linear projections, got {type(mod).__name__}")
-        w = self._param(mod.weight).float()
-        bias = None if mod.bias is None else self._param(mod.bias).float()
-        return w, bias
-
     def is_stale(self) -> bool:
         """True when a source parameter changed in place (or was replaced) since refresh_weights()."""
-        for p, pid, ptr, ver in self._sources:
-            if p._version != ver or p.data_ptr() != ptr:
-                return True
-        return False
+        return self._sources.changed()
 
     # ------------------------------------------------------------------ slots
 
     def alloc(self) -> int:
-        if not self._free:
-            raise RuntimeError(f"all {self.max_slots} slots are in use (max_slots={self.max_slots}); free one first")
-        slot = self._free.pop(0)
-        self._lengths[slot] = 0
-        self._shared[slot] = None
-        return slot
+        return self.cache.alloc()
 
     def free(self, slot: int) -> None:
-        self._check_slot(slot)
-        self._lengths[slot] = None
-        self._shared[slot] = None
-        self._free.append(slot)
-        self._free.sort()
+        self.cache.free(slot)
 
     def fork(self, source: int, target: int, length: int) -> None:
         """Copy the first `length` cached positions of `source` into the empty slot `target`."""
-        self._check_slot(source)
-        self._check_slot(target)
-        if self._lengths[target] != 0:
-            raise ValueError(f"fork target slot {target} must be empty, it holds {self._lengths[target]} tokens")
-        if not 0 < length <= self._lengths[source]:  # type: ignore[operator]
-            raise ValueError(f"fork length {length} must be in [1, {self._lengths[source]}] for slot {source}")
-        self._ensure_zeroed([target], length)
-        self._kv[:, target, :, :, :length].copy_(self._kv[:, source, :, :, :length])
-        self._lengths[target] = length
-        if self.shared_prefix:
-            src = self._shared[source]
-            if src is None or src[0] != self._prefix_gen:
-                src = self._shared[source] = self._join_or_replace_store(source, length)
-            self._shared[target] = (src[0], min(src[1], length))
-
-    def _join_or_replace_store(self, source: int, length: int) -> tuple[int, int]:
-        """`source` shares the store's first c positions if they hold exactly its own K/V (episodes
-        admitted later with the same prompt prefix join the running ones), else its first `length`
-        positions become the store. Returns (store generation, c)."""
-        store = self._prefix_kv
-        if store is not None:
-            m = min(store.shape[3], length)
-            same = (store[:, :, :, :m] == self._kv[:, source, :, :, :m]).transpose(0, 3).reshape(m, -1).all(1)
-            c = int(same.int().cumprod(0).sum())
-            if c >= max(1, self.shared_prefix):
-                return self._prefix_gen, c
-        self._prefix_kv = self._kv[:, source, :, :, :length].clone()
-        self._prefix_views = [(layer[0], layer[1]) for layer in self._prefix_kv.unbind(0)]
-        self._prefix_gen += 1
-        return self._prefix_gen, length
-
-    def _common_prefix(self, slots: Sequence[int]) -> int:
-        """Tokens at the start of every slot's cache that equal the store's (0: none shared)."""
-        common = self.max_len
-        for s in slots:
-            shared = self._shared[s]
-            if shared is None or shared[0] != self._prefix_gen:
-                return 0
-            common = min(common, shared[1])
-        return common if common >= self.shared_prefix else 0
+        self.cache.fork(source, target, length)
 
     def length(self, slot: int) -> int:
-        self._check_slot(slot)
-        return self._lengths[slot]  # type: ignore[return-value]
-
-    def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not (0 <= slot < self.max_slots) or self._lengths[slot] is None:
-            raise KeyError(f"slot {slot!r} is not allocated")
+        return self.cache.length(slot)
 
     # ------------------------------------------------------------------ forward
 
     @torch.no_grad()  # not inference_mode: the returned logits may be used next to autograd tensors
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._check_call(slots, chunks)
+        lengths = self.cache.lengths
+        packed = pack_chunks(slots, chunks, lengths, self.device)
+        self.cache.ensure_zeroed(packed.rows, packed.key_end)
+        # keys [0, P) are a prefix every named slot shares: attended once for all queries (P > 0)
+        shared_len = self.cache.shared_prefix_length(packed.sorted_slots)
+        mask = attention_mask(packed, shared_len, self.group, self.dtype, self.device)
+        if shared_len:
+            self.shared_prefix_calls += 1
+        rope = self._rope.index_select(0, packed.token_positions)[:, None, :]  # (T, 1, hd/2) complex64
+        x = self.weights.embed.index_select(0, packed.token_ids)  # (T, H), a new tensor: updated in place below
+        self._decoder_layers(x, packed, rope, mask, shared_len)
+        last = F.rms_norm(x.index_select(0, packed.last_tokens), (self.hidden,), self.weights.final_norm, self.eps)
+        logits = self._project(last, self.weights.lm_head, self.weights.lm_head_bias)  # (n, V)
+        for s, c in zip(slots, chunks):
+            lengths[s] += len(c)  # type: ignore[operator]
+        return logits.float()
+
+    def _check_call(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> None:
+        """Reject a call before it touches anything: a failed call changes no cache."""
         n = len(slots)
         if n == 0 or n != len(chunks):
             raise ValueError("forward needs one non-empty chunk per slot")
         if len(set(slots)) != n:
             raise ValueError(f"duplicate slots in {list(slots)}")
-        lengths = self._lengths
+        lengths = self.cache.lengths
         for s, c in zip(slots, chunks):
-            self._check_slot(s)
+            self.cache.check_slot(s)
             if len(c) == 0:
                 raise ValueError(f"empty chunk for slot {s}")
             if lengths[s] + len(c) > self.max_len:  # type: ignore[operator]
@@ -519,161 +277,53 @@ class FastRunner(Runner):
                 "after each optimizer step (or pass check_weights=False)"
             )
 
-        order = sorted(range(n), key=slots.__getitem__)
-        ss = [slots[i] for i in order]
-        lo, hi = ss[0], ss[-1]
-        span = hi - lo + 1
-        cover = span <= 2 * n
-        rows = list(range(lo, hi + 1)) if cover else ss
-        B = len(rows)
-        row_of = {s: (s - lo if cover else b) for b, s in enumerate(ss)}
-        lq = max(len(c) for c in chunks)
-        starts = [0] * B
-        qlens = [0] * B
-        ids: list[int] = []
-        slot_t: list[int] = []
-        pos_t: list[int] = []
-        qrow_t: list[int] = []
-        offset: dict[int, int] = {}
-        lk = 1
-        chunk_of = dict(zip(slots, chunks))
-        for s in ss:  # tokens are packed in slot order; `last` maps back to the caller's order
-            c = chunk_of[s]
-            L = len(c)
-            st = lengths[s]
-            b = row_of[s]
-            starts[b], qlens[b] = st, L
-            offset[s] = len(ids)
-            ids.extend(int(t) for t in c)
-            slot_t.extend([s] * L)
-            pos_t.extend(range(st, st + L))
-            qrow_t.extend(range(b * lq, b * lq + L))
-            lk = max(lk, st + L)  # type: ignore[operator]
-        T = len(ids)
-        last = [offset[s] + len(chunk_of[s]) - 1 for s in slots]
-        packed = torch.tensor(ids + slot_t + pos_t + qrow_t + last + starts + qlens, dtype=torch.long)
-        packed = packed.to(self.device, non_blocking=True)
-        ids_d, slot_d, pos_d, qrow_d = packed[:T], packed[T : 2 * T], packed[2 * T : 3 * T], packed[3 * T : 4 * T]
-        last_d = packed[4 * T : 4 * T + n]
-        starts_d = packed[4 * T + n : 4 * T + n + B]
-        qlens_d = packed[4 * T + n + B :]
-
-        self._ensure_zeroed(rows, lk)
-
-        # Keys [0, k0) are a prefix every named slot shares: attended once for all queries (k0 > 0).
-        # The per-row attention covers keys [k0, lk) under the mask (B, 1, lq or g*lq, lk - k0): key j
-        # is visible to query (b, i) iff j <= start_b + i; padding / dummy queries see key k0 only
-        # (their outputs are discarded)
-        k0 = self._common_prefix(ss)
-        g = self.group
-        ar_q = torch.arange(lq, device=self.device)
-        keys = torch.arange(k0, lk, device=self.device)
-        qpos = starts_d[:, None] + ar_q[None, :]  # (B, lq)
-        mask = keys[None, None, :] <= qpos[:, :, None]  # (B, lq, lk - k0)
-        fast = lq == 1 and B == n  # plain batched decode over a contiguous range of slots
-        exact = B == n and T == B * lq
-        if not exact:
-            invalid = ar_q[None, :] >= qlens_d[:, None]
-            mask = torch.where(invalid[:, :, None], keys[None, None, :] == k0, mask)
-        if lq == 1:
-            mask = mask[:, None]  # (B, 1, 1, lk - k0), broadcast over the g query rows of a KV head
-        else:
-            mask = mask[:, None, None].expand(B, 1, g, lq, lk - k0).reshape(B, 1, g * lq, lk - k0)
-        if k0:
-            self.shared_prefix_calls += 1
-            # the kernel that returns log-sum-exps takes an additive mask in the compute dtype
-            mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
-
-        def to_tokens(t: torch.Tensor) -> torch.Tensor:
-            """(B, nkv, g·lq, *rest) per-row attention results -> (T, nkv, g, *rest) in packed token order."""
-            rest = t.shape[3:]
-            if fast:
-                return t.view(B, self.n_kv, g, *rest)
-            t = t.view(B, self.n_kv, g, lq, *rest).movedim(3, 1).reshape(B * lq, self.n_kv, g, *rest)
-            return t if exact else t.index_select(0, qrow_d)
-
-        fc = self._rope.index_select(0, pos_d)[:, None, :]  # (T, 1, hd/2) complex64
-        x = self._embed.index_select(0, ids_d)  # (T, H), a new tensor: updated in place below
-        rows_d = None if cover else torch.tensor(rows, device=self.device)
-        H, nh, nkv, hd, I = self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate
-        nq, nqk = nh * hd, (nh + nkv) * hd
+    def _decoder_layers(
+        self, x: torch.Tensor, packed: PackedChunks, rope: torch.Tensor, mask: torch.Tensor, shared_len: int
+    ) -> None:
+        """Run every decoder layer on the (T, H) residual stream `x`, in place; write each layer's
+        K/V of the packed tokens into the cache."""
+        T, H, I = packed.num_tokens, self.hidden, self.intermediate
+        nh, nkv, hd, g = self.n_heads, self.n_kv, self.head_dim, self.group
+        n_q, n_qk = nh * hd, (nh + nkv) * hd
         eps, scale = self.eps, self.scale
-        complex_ok = self.dtype == torch.float32
-        caches, kviews = self._caches, self._kviews
-        proj, proj_add = (_packed_proj, _packed_proj_add) if self.linear == "mkldnn" else (_mm_proj, _mm_proj_add)
-        for li, lw in enumerate(self._layers):
+        rope_in_compute_dtype = self.dtype == torch.float32  # the complex multiply needs fp32 pairs
+        first, last = packed.first_row, packed.last_row
+        key_start, key_end = shared_len, packed.key_end
+        project, project_add = self._project, self._project_add
+        to_tokens = functools.partial(packed.to_tokens, n_kv=nkv, group=g)
+        for li, layer in enumerate(self.weights.layers):
             h = F.rms_norm(x, (H,), None, eps)
-            qkv = proj(h, lw.wqkv, lw.bqkv)
-            qk = qkv[:, :nqk].view(T, nh + nkv, hd)
-            if lw.qk_w is not None:
-                torch.mul(F.rms_norm(qk, (hd,), None, eps), lw.qk_w, out=qk)
-            if complex_ok:
-                torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
+            qkv = project(h, layer.qkv_proj, layer.qkv_bias)  # (T, (nh + 2·nkv)·hd)
+            qk = qkv[:, :n_qk].view(T, nh + nkv, hd)
+            if layer.qk_norm is not None:
+                torch.mul(F.rms_norm(qk, (hd,), None, eps), layer.qk_norm, out=qk)
+            if rope_in_compute_dtype:
+                torch.view_as_complex(qk.view(T, nh + nkv, hd // 2, 2)).mul_(rope)
             else:
-                qkf = qk.float()
-                torch.view_as_complex(qkf.view(T, nh + nkv, hd // 2, 2)).mul_(fc)
-                qk.copy_(qkf)
-            cache = caches[li]
-            cache[slot_d, :, :, pos_d] = qkv[:, nq:].view(T, 2, nkv, hd)
-            if cover:
-                k, v = kviews[li]
-                k, v = k[lo : hi + 1, :, k0:lk], v[lo : hi + 1, :, k0:lk]
+                qk_fp32 = qk.float()
+                torch.view_as_complex(qk_fp32.view(T, nh + nkv, hd // 2, 2)).mul_(rope)
+                qk.copy_(qk_fp32)
+            cache = self.cache.layers[li]  # (slots, 2, nkv, max_len, hd)
+            cache[packed.token_slots, :, :, packed.token_positions] = qkv[:, n_q:].view(T, 2, nkv, hd)
+            if packed.rows_are_range:
+                k, v = self.cache.layer_keys_values[li]
+                k, v = k[first : last + 1, :, key_start:key_end], v[first : last + 1, :, key_start:key_end]
             else:
-                kv = cache[rows_d, :, :, k0:lk]
-                k, v = kv[:, 0], kv[:, 1]
-            q = qkv[:, :nq]
-            if fast:
-                qq = q.view(B, nkv, g, hd)
+                kv = cache[packed.gathered_rows, :, :, key_start:key_end]
+                k, v = kv[:, 0], kv[:, 1]  # (B, nkv, Lk - P, hd)
+            q = qkv[:, :n_q]  # (T, nh·hd)
+            grid_queries = packed.to_grid(q, nkv, g, hd)  # (B, nkv, g·Lq, hd)
+            if shared_len:
+                prefix_k, prefix_v = self.cache.prefix_store.layer_keys_values[li]  # type: ignore[union-attr]
+                prefix_k, prefix_v = prefix_k[:, :shared_len], prefix_v[:, :shared_len]  # (nkv, P, hd)
+                attn = attend_with_shared_prefix(q, grid_queries, k, v, mask, prefix_k, prefix_v, scale, to_tokens)
             else:
-                qp = q if exact else q.new_zeros(B * lq, nq).index_copy_(0, qrow_d, q)
-                qq = qp.view(B, lq, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * lq, hd)
-            if k0:
-                a = self._attend_with_shared_prefix(li, k0, q, qq, k, v, mask, to_tokens)
-            else:
-                a = to_tokens(F.scaled_dot_product_attention(qq, k, v, attn_mask=mask, scale=scale)).reshape(T, nq)
-            proj_add(x, a, lw.wo, lw.bo)
+                attn = F.scaled_dot_product_attention(grid_queries, k, v, attn_mask=mask, scale=scale)
+                attn = to_tokens(attn).reshape(T, n_q)  # (T, nh·hd)
+            project_add(x, attn, layer.o_proj, layer.o_bias)
             h = F.rms_norm(x, (H,), None, eps)
-            gu = proj(h, lw.wgu, lw.bgu)
-            gate = gu[:, :I]
+            gate_up = project(h, layer.gate_up_proj, layer.gate_up_bias)  # (T, 2·I)
+            gate = gate_up[:, :I]
             F.silu(gate, inplace=True)
-            gate.mul_(gu[:, I:])
-            proj_add(x, gate, lw.wdown, lw.bdown)
-
-        xl = F.rms_norm(x.index_select(0, last_d), (H,), self._norm_w, eps)
-        logits = proj(xl, self._lm, self._lm_b)
-        for s, c in zip(slots, chunks):
-            lengths[s] += len(c)  # type: ignore[operator]
-        return logits.float()
-
-    def _attend_with_shared_prefix(self, li, k0, q, qq, k, v, mask, to_tokens) -> torch.Tensor:
-        """Attention output (T, nh·hd) of the packed queries `q` over a shared prefix plus each row's keys.
-
-        The prefix keys [0, k0) are the same for every row, so all T·g queries of a KV head
-        attend them in one call; each row's queries `qq` (B, nkv, g·lq, hd) attend its own keys
-        [k0, lk) (`k`, `v` under `mask`). Softmax over the union is the two partial outputs
-        weighted by their shares of the total mass: o = o_row + (o_pre − o_row)·σ(lse_pre − lse_row).
-        `to_tokens` maps per-row results to packed token order (see forward).
-        """
-        T, (nkv, g, hd) = q.shape[0], (self.n_kv, self.group, self.head_dim)
-        flash = _FLASH_CPU
-        pk, pv = self._prefix_views[li]
-        pk, pv = pk[:, :k0], pv[:, :k0]  # (nkv, k0, hd)
-        qs = q.view(T, nkv, g, hd).transpose(0, 1).reshape(1, nkv, T * g, hd)
-        o_pre, lse_pre = flash(qs, pk[None], pv[None], 0.0, False, scale=self.scale)
-        o_pre = o_pre.view(nkv, T, g, hd).transpose(0, 1)  # (T, nkv, g, hd)
-        lse_pre = lse_pre.view(nkv, T, g).transpose(0, 1)
-        o_row, lse_row = flash(qq, k, v, 0.0, False, attn_mask=mask, scale=self.scale)
-        o_row, lse_row = to_tokens(o_row), to_tokens(lse_row)
-        share = torch.sigmoid(lse_pre - lse_row).unsqueeze(-1)  # float32
-        if self.dtype != torch.float32:
-            o_pre, o_row = o_pre.float(), o_row.float()
-        return torch.lerp(o_row, o_pre, share).to(self.dtype).reshape(T, nkv * g * hd)
-
-    def _ensure_zeroed(self, rows: Sequence[int], lk: int) -> None:
-        """Make positions [0, lk) of the given cache rows finite (masked keys must not be NaN)."""
-        for r in rows:
-            z = self._zeroed[r]
-            if z < lk:
-                new = min(self.max_len, -(-max(lk, z + _ZERO_BLOCK) // _ZERO_BLOCK) * _ZERO_BLOCK)
-                self._kv[:, r, :, :, z:new].zero_()
-                self._zeroed[r] = new
+            gate.mul_(gate_up[:, I:])
+            project_add(x, gate, layer.down_proj, layer.down_bias)
