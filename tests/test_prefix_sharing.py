@@ -5,7 +5,8 @@ import torch
 from agentic_rl.envs.base import Task
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
-from agentic_rl.rollout.engine import HFBackend, RolloutEngine, RolloutLimits
+from agentic_rl.rollout.backend import RunnerBackend
+from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
 from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
 from test_rollout_engine import ToolLoopEnv
@@ -30,7 +31,7 @@ def test_fork_copies_exactly_the_cache_a_prefill_would_build():
         assert "must be empty" in str(exc)
 
 
-class _Counting(HFBackend):
+class _Counting(RunnerBackend):
 
     def __init__(self, *args, share: bool, **kwargs):
         super().__init__(*args, **kwargs)
@@ -43,17 +44,11 @@ def _run(share: bool):
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     runner = FastRunner(model, max_slots=8, max_len=512)
     sampling = SamplingParams(temperature=0.9, seed=5)
-    backends = []
-
-    def factory(seed):
-        backend = _Counting(runner, chat_format, sampling, seed, share=share)
-        backends.append(backend)
-        return backend
-
-    engine = RolloutEngine(runner, chat_format, tokenizer, RolloutLimits(4, 512, 8), sampling, backend_factory=factory)
+    backend = _Counting(runner, chat_format, share=share)
+    engine = RolloutEngine(backend, chat_format, tokenizer, RolloutLimits(4, 512, 8), sampling)
     questions = ["What is 6*7?", "Add 2 and 3."]
     tasks = [Task(f"t{i}", questions[i // 3], "42") for i in range(6)]  # G = 3 episodes per question
-    return engine.run([ToolLoopEnv(tool_turns=2, question=t.question) for t in tasks], tasks), backends[0]
+    return engine.run([ToolLoopEnv(tool_turns=2, question=t.question) for t in tasks], tasks), backend
 
 
 def test_prefix_sharing_changes_no_trajectory_and_saves_prefill():

@@ -18,6 +18,7 @@ from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
 from agentic_rl.models.loader import load_tokenizer as _load_tokenizer
+from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
 from agentic_rl.rollout.hf_runner import HFRunner
 from agentic_rl.rollout.runner import Runner
@@ -107,6 +108,9 @@ class ScriptedRunner(Runner):
     def length(self, slot: int) -> int:
         return len(self.fed[slot])
 
+    def sync_weights(self) -> None:
+        pass
+
     def forward(self, slots, chunks):
         logits = torch.full((len(slots), self.vocab_size), -1e4)
         for row, (slot, chunk) in enumerate(zip(slots, chunks)):
@@ -144,7 +148,7 @@ def _scripted_engine(tokenizer, chat_format, turn_texts_per_episode, limits=None
     scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turn_texts_per_episode]
     runner = ScriptedRunner(scripts, len(tokenizer))
     limits = limits or RolloutLimits(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
-    return RolloutEngine(runner, chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
+    return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
 
 
 TURNS = [
@@ -294,7 +298,7 @@ def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=8, max_len=1024)
     limits = RolloutLimits(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
-    engine = RolloutEngine(runner, chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
+    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
     questions = ["What is 6*7?", "Add 2 and 3, then multiply by a hundred and twelve.", "Hi", "Compute 1+1 please, step by step."]
     envs = [ToolLoopEnv(tool_turns=2, question=questions[i % 4]) for i in range(n_episodes)]
     tasks = [_task(i, questions[i % 4]) for i in range(n_episodes)]
@@ -360,9 +364,9 @@ def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
     """Guards against rollouts that cannot be traced to the weights that sampled them (invariant 3)."""
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=2, max_len=512)
-    engine = RolloutEngine(runner, chat_format, tokenizer, RolloutLimits(4, 512, 2), SamplingParams(seed=1))
+    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutLimits(4, 512, 2), SamplingParams(seed=1))
     (before,) = engine.run([ToolLoopEnv()], [_task()])
-    assert engine.bump_weights_version() == 1
+    assert engine.sync_weights() == 1
     (after,) = engine.run([ToolLoopEnv()], [_task()])
     assert (before.weights_version, after.weights_version) == (0, 1)
     assert before.input_ids != after.input_ids, "the second run must use a fresh seed (sampling.seed + run_count)"
@@ -535,7 +539,7 @@ def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
     """Guards against a runner cache overflowing mid-episode."""
     model, tokenizer, chat_format = tiny
     with pytest.raises(ValueError, match="max_len"):
-        RolloutEngine(HFRunner(model, max_slots=1, max_len=64), chat_format, tokenizer, RolloutLimits(8, 128, 2), SamplingParams())
+        RolloutEngine(RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format), chat_format, tokenizer, RolloutLimits(8, 128, 2), SamplingParams())
 
 
 def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
@@ -543,7 +547,7 @@ def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
     tokenizer = _QWEN3_TOKENIZER
     script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
     runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
-    engine = RolloutEngine(runner, _QWEN3_FORMAT, tokenizer, RolloutLimits(128, 2048, 8), SamplingParams(temperature=0))
+    engine = RolloutEngine(RunnerBackend(runner, _QWEN3_FORMAT), _QWEN3_FORMAT, tokenizer, RolloutLimits(128, 2048, 8), SamplingParams(temperature=0))
     trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]

@@ -1,11 +1,12 @@
 """`RolloutEngine`: run many agent episodes at once and return token-exact `Trajectory`s.
 
-    runner = HFRunner(model, max_slots=32, max_len=2048)
-    engine = RolloutEngine(runner, ChatFormat.for_tokenizer(tok), tok,
+    chat_format = ChatFormat.for_tokenizer(tok)
+    backend = RunnerBackend(HFRunner(model, max_slots=32, max_len=2048), chat_format)
+    engine = RolloutEngine(backend, chat_format, tok,
                            RolloutLimits(max_turn_tokens=256, max_episode_tokens=2048, max_turns=8),
                            SamplingParams(temperature=1.0, seed=0), tool_workers=4)
     trajectories = engine.run(envs, tasks)        # one env instance per episode: prompts x G
-    ...optimizer.step(); engine.bump_weights_version()
+    ...optimizer.step(); engine.sync_weights()     # the backend reads the new weights; version + 1
 
 How one episode flows (P prompt, A policy turn, O observation; mask 1 only on A):
 
@@ -42,18 +43,8 @@ threads but are joined in episode order before the next forward), so the same se
 same trajectories. `run(seed=None)` uses `sampling.seed + run_count`, so successive GRPO steps
 draw fresh samples; checkpoint `run_count` to resume exactly.
 
-Backend seam (for vLLM later). The engine depends only on `Backend`: submit the new tokens of an
-episode's context (prompt or observation) with a token budget, and `step()` until turns come
-back. `HFBackend` implements it with a per-token `Runner` (HFRunner or FastRunner) plus
-`sample`. A vLLM backend would implement the same three calls with vLLM's async engine:
-`submit` sends the episode's whole token prompt (`prompt_token_ids`, so no re-tokenization;
-vLLM's prefix caching makes the repeated prefix nearly free) with SamplingParams(max_tokens=
-budget, stop_token_ids=..., stop=["</tool_call>"], include_stop_str_in_output=True, logprobs=0,
-seed=...); `step` polls finished requests and returns their `token_ids` and the chosen tokens'
-logprobs (vLLM returns the processed/truncated ones by default, so ask for raw logprobs to keep
-the convention of sampling.py); weights_version is bumped when new weights are loaded into it.
-The seam is a "generate a turn" API rather than per-token forward because a server owns its own
-batching, cache and sampling; per-token round trips would be hopeless there.
+The engine depends only on `Backend` (rollout/backend.py: the contract every backend passes);
+`build_engine` (rollout/factory.py) picks one from `RolloutConfig.backend`.
 """
 
 from __future__ import annotations
@@ -61,14 +52,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-from typing import Any, Protocol, Sequence
-
-import torch
+from typing import Any, Sequence
 
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.rollout.runner import Runner
-from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
+from agentic_rl.rollout.backend import Backend, TurnOutput, TurnRequest
+from agentic_rl.rollout.sampling import SamplingParams
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.base import ToolUnavailable
 
@@ -89,157 +78,6 @@ class RolloutLimits:
         for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutLimits.{name} must be >= 1, got {getattr(self, name)}")
-
-
-# ---------------------------------------------------------------------- backend seam
-
-
-@dataclasses.dataclass
-class TurnRequest:
-    """Extend episode `key`'s context by `new_tokens`, then generate one turn of at most `max_new_tokens`."""
-
-    key: int
-    new_tokens: list[int]
-    max_new_tokens: int
-
-
-@dataclasses.dataclass
-class TurnOutput:
-    """One generated turn: its tokens (stop token included), their sampling log-probs, and why it stopped."""
-
-    key: int
-    token_ids: list[int]
-    logprobs: list[float]
-    stop: str
-    """"stop_token" (end-of-turn/eos), "tool_call" (</tool_call> completed) or "length" (budget hit)."""
-
-
-class Backend(Protocol):
-    """What the engine needs from a generator (see the module docstring for vLLM)."""
-
-    def capacity(self) -> int:
-        """How many more episodes can be submitted for the first time now."""
-
-    def submit(self, request: TurnRequest) -> None:
-        """Queue new context tokens and a turn to generate for an episode (new or continuing)."""
-
-    def step(self) -> list[TurnOutput]:
-        """Advance generation; return the turns that finished (maybe none)."""
-
-    def has_work(self) -> bool:
-        """True while some submitted turn has not come back."""
-
-    def release(self, key: int) -> None:
-        """The episode is over; free its context."""
-
-
-@dataclasses.dataclass
-class _RowState:
-    slot: int
-    generator: torch.Generator
-    pending: list[int] | None = None  # tokens to append at the next forward
-    last_token: int | None = None  # last token of a finished turn: not yet in the cache
-    max_new_tokens: int = 0
-    turn_ids: list[int] = dataclasses.field(default_factory=list)
-    turn_logprobs: list[float] = dataclasses.field(default_factory=list)
-
-
-class HFBackend:
-    """`Backend` over a per-token `Runner` and `sample`: one forward + one sample per step.
-
-    The last token of a finished turn is fed to the model together with the next observation
-    (one prefill chunk), so a turn that ends the episode never costs an extra forward.
-    """
-
-    def __init__(self, runner: Runner, chat_format: ChatFormat, sampling: SamplingParams, seed: int = 0) -> None:
-        self.runner = runner
-        self.chat_format = chat_format
-        self.sampling = sampling
-        self.seed = seed
-        self._rows: dict[int, _RowState] = {}
-        self.forward_calls = 0
-        self.min_shared_prefix = 16
-        """Shortest common prompt prefix worth a separate prefill (see `_share_prompt_prefix`)."""
-
-    def capacity(self) -> int:
-        return self.runner.max_slots - len(self._rows)
-
-    def submit(self, request: TurnRequest) -> None:
-        if request.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
-        row = self._rows.get(request.key)
-        if row is None:
-            row = _RowState(self.runner.alloc(), make_generator(self.seed, request.key))
-            self._rows[request.key] = row
-        assert row.pending is None and not row.turn_ids, f"episode {request.key} already has a turn in flight"
-        chunk = ([row.last_token] if row.last_token is not None else []) + list(request.new_tokens)
-        assert chunk, f"episode {request.key}: nothing to feed the model"
-        row.pending, row.last_token, row.max_new_tokens = chunk, None, request.max_new_tokens
-
-    def has_work(self) -> bool:
-        return any(row.pending is not None for row in self._rows.values())
-
-    def release(self, key: int) -> None:
-        row = self._rows.pop(key, None)
-        if row is not None:
-            self.runner.free(row.slot)
-
-    def step(self) -> list[TurnOutput]:
-        keys = sorted(key for key, row in self._rows.items() if row.pending is not None)
-        if not keys:
-            return []
-        rows = [self._rows[key] for key in keys]
-        self._share_prompt_prefix(rows)
-        logits = self.runner.forward([row.slot for row in rows], [row.pending for row in rows])  # (B, V)
-        self.forward_calls += 1
-        tokens, logprobs = sample(logits, self.sampling, [row.generator for row in rows])  # (B,), (B,)
-        finished = []
-        for key, row, token, logprob in zip(keys, rows, tokens.tolist(), logprobs.tolist()):
-            row.pending = None
-            row.turn_ids.append(token)
-            row.turn_logprobs.append(logprob)
-            if self.chat_format.ends_turn(row.turn_ids):
-                stop = "stop_token" if token in self.chat_format.stop_token_ids else "tool_call"
-            elif len(row.turn_ids) >= row.max_new_tokens:
-                stop = "length"
-            else:
-                row.pending = [token]
-                continue
-            finished.append(TurnOutput(key, row.turn_ids, row.turn_logprobs, stop))
-            row.last_token, row.turn_ids, row.turn_logprobs = token, [], []
-        return finished
-
-    def _share_prompt_prefix(self, rows: list[_RowState]) -> None:
-        """Prefill the longest prefix shared by the new episodes' prompts once, then fork it.
-
-        The G episodes of a prompt have identical prompts, and all episodes of an env share its
-        system prompt and tool schemas, so most prompt tokens are common. The shared prefix is
-        computed once in the first new slot and copied into the others (its KV cache is exactly
-        what each would have computed); only the differing suffixes are prefilled per episode.
-        At least one token of every prompt stays in its own chunk, to produce its logits.
-        """
-        if type(self.runner).fork is Runner.fork:  # this runner cannot copy caches
-            return
-        new = [row for row in rows if self.runner.length(row.slot) == 0 and row.pending]
-        if len(new) < 2:
-            return
-        prefix = min(len(row.pending) for row in new) - 1  # type: ignore[arg-type]
-        first = new[0].pending
-        for row in new[1:]:
-            same = 0
-            for a, b in zip(first[:prefix], row.pending[:prefix]):  # type: ignore[index]
-                if a != b:
-                    break
-                same += 1
-            prefix = same
-        if prefix < self.min_shared_prefix:
-            return
-        self.runner.forward([new[0].slot], [first[:prefix]])  # type: ignore[index]
-        self.forward_calls += 1
-        for row in new[1:]:
-            self.runner.fork(new[0].slot, row.slot, prefix)
-        for row in new:
-            row.pending = row.pending[prefix:]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------- episodes
@@ -280,42 +118,39 @@ class RolloutEngine:
 
     def __init__(
         self,
-        runner: Runner | None,
+        backend: Backend,
         chat_format: ChatFormat,
         tokenizer: Any,
         limits: RolloutLimits,
         sampling: SamplingParams,
         tool_workers: int = 4,
-        backend_factory: Any = None,
     ) -> None:
-        """runner: the model runner (HFRunner/FastRunner), wrapped in an HFBackend per run.
-        backend_factory: optional `seed -> Backend` replacing the runner (e.g. a vLLM backend).
-        """
-        if runner is None and backend_factory is None:
-            raise ValueError("RolloutEngine needs a runner or a backend_factory")
-        if runner is not None and limits.max_episode_tokens > runner.max_len:
+        if limits.max_episode_tokens > backend.max_len:
             raise ValueError(
-                f"max_episode_tokens ({limits.max_episode_tokens}) exceeds the runner's max_len ({runner.max_len}); "
-                "lower the limit or build the runner with a larger max_len"
+                f"max_episode_tokens ({limits.max_episode_tokens}) exceeds the backend's max_len ({backend.max_len}); "
+                "lower the limit or build the backend with a larger max_len"
             )
         if tool_workers < 1:
             raise ValueError(f"tool_workers must be >= 1, got {tool_workers}")
-        self.runner = runner
+        self.backend = backend
         self.chat_format = chat_format
         self.tokenizer = tokenizer
         self.limits = limits
         self.sampling = sampling
         self.tool_workers = tool_workers
-        self.backend_factory = backend_factory or (lambda seed: HFBackend(runner, chat_format, sampling, seed))
-        self.weights_version = 0
-        """Incremented by the trainer after each optimizer step; stamped on every trajectory (invariant 3)."""
         self.run_count = 0
         """Completed `run` calls; the default seed of a run is sampling.seed + run_count."""
         self.last_stats: dict[str, float] = {}
 
-    def bump_weights_version(self) -> int:
-        self.weights_version += 1
-        return self.weights_version
+    @property
+    def weights_version(self) -> int:
+        """The backend's weights version, stamped on every trajectory (invariant 3)."""
+        return self.backend.weights_version
+
+    def sync_weights(self, version: int | None = None) -> int:
+        """After an optimizer step (version + 1) or a checkpoint load (`version`: the restored
+        one): the backend samples from the model's current weights from now on. Returns the version."""
+        return self.backend.sync_weights(version)
 
     def run(self, envs: Sequence[Env], tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
         """One episode per (env, task) pair, all concurrently. Returns trajectories in input order."""
@@ -324,8 +159,9 @@ class RolloutEngine:
         if len({id(env) for env in envs}) != len(envs):
             raise ValueError("each episode needs its own Env instance (envs are stateful); got a repeated instance")
         seed = self.sampling.seed + self.run_count if seed is None else seed
-        backend = self.backend_factory(seed)
-        version = self.weights_version
+        backend = self.backend
+        backend.begin(seed, self.sampling)
+        version = backend.weights_version
         episodes = [self._start(index, env, task) for index, (env, task) in enumerate(zip(envs, tasks))]
         waiting = collections.deque(ep for ep in episodes if not ep.finish_reason)
         generated = 0
@@ -339,10 +175,10 @@ class RolloutEngine:
                     generated += sum(len(o.token_ids) for o in outputs)
                     self._after_turns([episodes[o.key] for o in outputs], outputs, backend, pool)
         finally:
-            for episode in episodes:  # frees runner slots even if something above raised
+            for episode in episodes:  # frees the backend's slots even if something above raised
                 backend.release(episode.index)
         self.run_count += 1
-        self.last_stats = {"generated_tokens": generated, "forward_calls": getattr(backend, "forward_calls", 0)}
+        self.last_stats = {"generated_tokens": generated, "forward_calls": backend.forward_calls}
         return [self._trajectory(ep, version) for ep in episodes]
 
     # ------------------------------------------------------------------ episode state machine

@@ -3,8 +3,8 @@
     engine = build_engine(model, tokenizer, RolloutConfig(max_turn_tokens=128), seed=0)
     trajectories = engine.run(envs, tasks)
 
-`backend="auto"` picks FastRunner for Llama/Qwen3 models (it must be refreshed after each weight
-update: `refresh_engine_weights`), and HFRunner, the reference, for anything else.
+`backend="auto"` picks FastRunner for Llama/Qwen3 models and HFRunner, the reference, for anything
+else, each behind `RunnerBackend`. After every weight update the trainer calls `engine.sync_weights()`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import BackendKind, RolloutConfig, RolloutDtype
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
@@ -47,14 +48,5 @@ def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, m
     model.eval()
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
-    return RolloutEngine(runner, chat_format, tokenizer, cfg.limits(), cfg.sampling(seed, temperature),
-                         tool_workers=cfg.tool_workers)
-
-
-def refresh_engine_weights(engine: RolloutEngine) -> int:
-    """After an optimizer step: re-read weights into the runner (FastRunner copies them) and
-    bump the engine's weights version. Returns the new version."""
-    refresh = getattr(engine.runner, "refresh_weights", None)
-    if refresh is not None:
-        refresh()
-    return engine.bump_weights_version()
+    return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, cfg.limits(),
+                         cfg.sampling(seed, temperature), tool_workers=cfg.tool_workers)

@@ -214,6 +214,10 @@ class FastRunner(Runner):
         self.weights_version += 1
         return self.weights_version
 
+    def sync_weights(self) -> None:
+        """`Runner.sync_weights`: rebuild the weight copies (see `refresh_weights`)."""
+        self.refresh_weights()
+
     def is_stale(self) -> bool:
         """True when a source parameter changed in place (or was replaced) since refresh_weights()."""
         return self._sources.changed()

@@ -83,6 +83,9 @@ class HFRunner(Runner):
         return self._lengths[slot]
 
     @torch.no_grad()
+    def sync_weights(self) -> None:
+        """Nothing to do: every forward reads the model's live parameters."""
+
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         slots = list(slots)
         if len(slots) != len(chunks) or not slots:

@@ -14,7 +14,8 @@ costs only its own tokens, never a re-encode of the prefix.
 
 Implementations: `HFRunner` (reference: the transformers model with its own cache) and
 `FastRunner` (a lean decode path for Llama/Qwen3 families). Both must give the logits a plain
-forward pass over the whole sequence gives, within 1e-4 in fp32.
+forward pass over the whole sequence gives, within 1e-4 in fp32. The engine reaches a runner
+through `RunnerBackend` (rollout/backend.py), which adds sampling and turn boundaries.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Runner(abc.ABC):
         caller prefills normally.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot fork slots")
+
+    @abc.abstractmethod
+    def sync_weights(self) -> None:
+        """Compute with the model's current parameters from the next `forward` on. Called after every
+        optimizer step and checkpoint load. A runner that reads the live parameters has nothing to
+        do; one that computes from copies of them (FastRunner) must re-read them."""
 
     @abc.abstractmethod
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:

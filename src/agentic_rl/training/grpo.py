@@ -450,11 +450,9 @@ class GRPOObjective:
         return loss, out
 
     def after_step(self, step: int) -> dict[str, float]:
-        from agentic_rl.rollout.factory import refresh_engine_weights
-
         metrics = dict(self.cached["metrics"]) if self.cached else {}
         metrics["rollout/staleness"] = float(self.cached["staleness"]) if self.cached else 0.0
-        metrics["rollout/weights_version"] = float(refresh_engine_weights(self.engine))
+        metrics["rollout/weights_version"] = float(self.engine.sync_weights())
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
@@ -464,12 +462,9 @@ class GRPOObjective:
         return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.selector.outcomes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from agentic_rl.rollout.factory import refresh_engine_weights
-
         self.cached = state.get("cached")
         self.selector.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
-        refresh_engine_weights(self.engine)  # the runner must read the restored weights
-        self.engine.weights_version = int(state.get("weights_version", 0))
+        self.engine.sync_weights(int(state.get("weights_version", 0)))  # the backend reads the restored weights
 
 
 def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:

@@ -1,0 +1,229 @@
+"""The backend seam: what the rollout engine needs from whatever generates tokens.
+
+The engine (rollout/engine.py) runs episodes; a backend generates their turns. The seam is "extend
+this episode's context by these tokens, then generate one turn", not a per-token forward, because
+a generation server (vLLM, llama.cpp, a remote endpoint) owns its batching, cache and sampling, and
+per-token round trips to it would be hopeless.
+
+    backend.begin(seed, sampling)                                   # a run: seeds, temperature
+    backend.submit(TurnRequest(key=0, new_tokens=prompt_ids, max_new_tokens=128))
+    while backend.has_work():
+        for turn in backend.step():                                 # TurnOutputs, maybe none
+            ...env.step(decode(turn.token_ids)) -> observation ids
+            backend.submit(TurnRequest(turn.key, observation_ids, 128))   # or backend.release(turn.key)
+    ...optimizer.step(); backend.sync_weights()                     # version + 1
+
+The contract (tests/test_backend_contract.py runs it over every backend present):
+  * Token in, token out. `submit` takes token ids, never text; a continuing episode's context
+    is everything submitted for its key so far plus the turns it generated (so an observation
+    costs only its own tokens). `TurnOutput.token_ids` are the sampled ids, the stop token
+    included; nothing is decoded and re-encoded.
+  * Raw sampling log-probs. `TurnOutput.logprobs[i]` is log_softmax(logits / T) of
+    token_ids[i] under the weights that sampled it, before top-p/top-k filtering (the convention
+    of rollout/sampling.py; with greedy decoding, T = 1). Trainers use them as π_old.
+  * Finish reasons. `stop` is "stop_token" (end-of-turn or eos: the last id is a stop id),
+    "tool_call" (the turn ends with `</tool_call>`, as ChatFormat.ends_turn decides) or "length"
+    (max_new_tokens generated). A turn never runs past its first stop.
+  * Determinism. Episode `key`'s samples depend only on (seed, key) and its context, not on the
+    other episodes or the batch schedule: the same run gives the same turns.
+  * Weights. `weights_version` names the weights turns are sampled from; `sync_weights()` makes
+    later turns use the model's current parameters and returns the new version (or sets a
+    restored checkpoint's). The engine
+    stamps the version of the run's start on every trajectory.
+  * Capacity. `capacity()` is how many new episodes may be submitted now (continuing episodes
+    never need capacity); `release(key)` frees an episode's context; `max_len` bounds a context.
+
+Backends here: `RunnerBackend` over a per-token `Runner` (rollout/runner.py: HFRunner, the
+transformers reference; FastRunner, our decode path), chosen by `RolloutConfig.backend`.
+A vLLM backend would send `prompt_token_ids` with SamplingParams(max_tokens=budget,
+stop_token_ids=..., stop=["</tool_call>"], include_stop_str_in_output=True, logprobs=0, seed=...)
+and ask for raw (unprocessed) log-probs; its prefix caching makes the repeated prompt nearly free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import torch
+
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.runner import Runner
+from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
+
+
+@dataclasses.dataclass
+class TurnRequest:
+    """Extend episode `key`'s context by `new_tokens`, then generate one turn of at most `max_new_tokens`."""
+
+    key: int
+    new_tokens: list[int]
+    max_new_tokens: int
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    """One generated turn: its tokens (stop token included), their sampling log-probs, and why it stopped."""
+
+    key: int
+    token_ids: list[int]
+    logprobs: list[float]
+    stop: str
+    """"stop_token" (end-of-turn/eos), "tool_call" (</tool_call> completed) or "length" (budget hit)."""
+
+
+class Backend(Protocol):
+    """What the engine needs from a generator (the contract is in the module docstring)."""
+
+    max_len: int
+    """Most tokens one episode's context may hold."""
+    weights_version: int
+    """The version of the weights turns are sampled from."""
+    forward_calls: int
+    """Model calls so far (a statistic; 0 where the backend cannot tell)."""
+
+    def begin(self, seed: int, sampling: SamplingParams) -> None:
+        """Start a run: episode `key` samples with a generator derived from (seed, key)."""
+
+    def capacity(self) -> int:
+        """How many more episodes can be submitted for the first time now."""
+
+    def submit(self, request: TurnRequest) -> None:
+        """Queue new context tokens and a turn to generate for an episode (new or continuing)."""
+
+    def step(self) -> list[TurnOutput]:
+        """Advance generation; return the turns that finished (maybe none)."""
+
+    def has_work(self) -> bool:
+        """True while some submitted turn has not come back."""
+
+    def release(self, key: int) -> None:
+        """The episode is over; free its context."""
+
+    def sync_weights(self, version: int | None = None) -> int:
+        """Sample later turns from the model's current parameters; the version becomes `version`
+        (a restored checkpoint's) or the next one. Returns it."""
+
+
+@dataclasses.dataclass
+class _RowState:
+    slot: int
+    generator: torch.Generator
+    pending: list[int] | None = None  # tokens to append at the next forward
+    last_token: int | None = None  # last token of a finished turn: not yet in the cache
+    max_new_tokens: int = 0
+    turn_ids: list[int] = dataclasses.field(default_factory=list)
+    turn_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class RunnerBackend:
+    """`Backend` over a per-token `Runner` (HFRunner, FastRunner) and `sample`: one forward and
+    one sample per step, for every episode with something to compute.
+
+    The last token of a finished turn is fed to the model together with the next observation
+    (one prefill chunk), so a turn that ends the episode never costs an extra forward.
+    """
+
+    def __init__(self, runner: Runner, chat_format: ChatFormat) -> None:
+        self.runner = runner
+        self.chat_format = chat_format
+        self.max_len = runner.max_len
+        self.sampling = SamplingParams()
+        self.seed = 0
+        self.weights_version = 0
+        self.forward_calls = 0
+        self._rows: dict[int, _RowState] = {}
+        self.min_shared_prefix = 16
+        """Shortest common prompt prefix worth a separate prefill (see `_share_prompt_prefix`)."""
+
+    def begin(self, seed: int, sampling: SamplingParams) -> None:
+        if self._rows:
+            raise RuntimeError(f"begin() with {len(self._rows)} episode(s) of the last run not released")
+        self.seed, self.sampling = seed, sampling
+
+    def sync_weights(self, version: int | None = None) -> int:
+        if self._rows:
+            raise RuntimeError("sync_weights() during a run: the episodes in flight would mix two weight versions")
+        self.runner.sync_weights()
+        self.weights_version = self.weights_version + 1 if version is None else version
+        return self.weights_version
+
+    def capacity(self) -> int:
+        return self.runner.max_slots - len(self._rows)
+
+    def submit(self, request: TurnRequest) -> None:
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
+        row = self._rows.get(request.key)
+        if row is None:
+            row = _RowState(self.runner.alloc(), make_generator(self.seed, request.key))
+            self._rows[request.key] = row
+        assert row.pending is None and not row.turn_ids, f"episode {request.key} already has a turn in flight"
+        chunk = ([row.last_token] if row.last_token is not None else []) + list(request.new_tokens)
+        assert chunk, f"episode {request.key}: nothing to feed the model"
+        row.pending, row.last_token, row.max_new_tokens = chunk, None, request.max_new_tokens
+
+    def has_work(self) -> bool:
+        return any(row.pending is not None for row in self._rows.values())
+
+    def release(self, key: int) -> None:
+        row = self._rows.pop(key, None)
+        if row is not None:
+            self.runner.free(row.slot)
+
+    def step(self) -> list[TurnOutput]:
+        keys = sorted(key for key, row in self._rows.items() if row.pending is not None)
+        if not keys:
+            return []
+        rows = [self._rows[key] for key in keys]
+        self._share_prompt_prefix(rows)
+        logits = self.runner.forward([row.slot for row in rows], [row.pending for row in rows])  # (B, V)
+        self.forward_calls += 1
+        tokens, logprobs = sample(logits, self.sampling, [row.generator for row in rows])  # (B,), (B,)
+        finished = []
+        for key, row, token, logprob in zip(keys, rows, tokens.tolist(), logprobs.tolist()):
+            row.pending = None
+            row.turn_ids.append(token)
+            row.turn_logprobs.append(logprob)
+            if self.chat_format.ends_turn(row.turn_ids):
+                stop = "stop_token" if token in self.chat_format.stop_token_ids else "tool_call"
+            elif len(row.turn_ids) >= row.max_new_tokens:
+                stop = "length"
+            else:
+                row.pending = [token]
+                continue
+            finished.append(TurnOutput(key, row.turn_ids, row.turn_logprobs, stop))
+            row.last_token, row.turn_ids, row.turn_logprobs = token, [], []
+        return finished
+
+    def _share_prompt_prefix(self, rows: list[_RowState]) -> None:
+        """Prefill the longest prefix shared by the new episodes' prompts once, then fork it.
+
+        The G episodes of a prompt have identical prompts, and all episodes of an env share its
+        system prompt and tool schemas, so most prompt tokens are common. The shared prefix is
+        computed once in the first new slot and copied into the others (its KV cache is exactly
+        what each would have computed); only the differing suffixes are prefilled per episode.
+        At least one token of every prompt stays in its own chunk, to produce its logits.
+        """
+        if type(self.runner).fork is Runner.fork:  # this runner cannot copy caches
+            return
+        new = [row for row in rows if self.runner.length(row.slot) == 0 and row.pending]
+        if len(new) < 2:
+            return
+        prefix = min(len(row.pending) for row in new) - 1  # type: ignore[arg-type]
+        first = new[0].pending
+        for row in new[1:]:
+            same = 0
+            for a, b in zip(first[:prefix], row.pending[:prefix]):  # type: ignore[index]
+                if a != b:
+                    break
+                same += 1
+            prefix = same
+        if prefix < self.min_shared_prefix:
+            return
+        self.runner.forward([new[0].slot], [first[:prefix]])  # type: ignore[index]
+        self.forward_calls += 1
+        for row in new[1:]:
+            self.runner.fork(new[0].slot, row.slot, prefix)
+        for row in new:
+            row.pending = row.pending[prefix:]  # type: ignore[index]
