@@ -40,7 +40,8 @@ from agentic_rl.algorithms.grpo import GRPOLossConfig  # noqa: E402
 from agentic_rl.models.lora import LoraConfig  # noqa: E402
 from agentic_rl.rewards.base import RewardSpec  # noqa: E402
 from agentic_rl.models.policy import ModelConfig  # noqa: E402
-from agentic_rl.training.grpo import EnvConfig, GRPOConfig, GRPORolloutConfig, train_grpo  # noqa: E402
+from agentic_rl.training.grpo import train_grpo  # noqa: E402
+from agentic_rl.training.grpo_config import EnvConfig, GRPOConfig, GRPORolloutConfig  # noqa: E402
 from agentic_rl.training.loop import LoopConfig, OptimConfig  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

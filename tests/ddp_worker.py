@@ -40,7 +40,7 @@ def main(out: Path) -> None:
         digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in params)).hexdigest()
         logged = {k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k}
         records[-1].update({"step": step, "param_digest": digest, "metrics": logged,
-                            "policy_tokens": [len([m for m in t.loss_mask if m]) for t in self.cached["trajectories"]], "param_abs_sum": float(sum(p.abs().sum() for p in params)),
+                            "policy_tokens": [len([m for m in t.loss_mask if m]) for t in self.cached.trajectories], "param_abs_sum": float(sum(p.abs().sum() for p in params)),
                             "rank": self.accelerator.process_index, "world": self.accelerator.num_processes})
         return metrics
 

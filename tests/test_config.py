@@ -122,7 +122,7 @@ def test_yaml_no_is_the_literal_string_when_the_choices_say_so():
 def test_sampling_logprobs_are_pi_old_only_when_rollout_decodes_in_the_models_dtype():
     """old_logprobs=sampling needs the rollout to sample from the trained weights themselves: a
     bf16 decode of a float32 model is refused with what to set; bf16 with bf16 is allowed."""
-    from agentic_rl.training.grpo import GRPOConfig
+    from agentic_rl.training.grpo_config import GRPOConfig
 
     with pytest.raises(ValueError, match=r"rollout\.dtype=bfloat16.*float32 model.*old_logprobs: detach"):
         load_config(GRPOConfig, None, overrides=["rollout.dtype=bfloat16"])

@@ -32,22 +32,22 @@ def _task_index(traj) -> int:
 def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_path):
     common = ["rewards=[{name: parity_on_even_tasks}]", "rollout.batch_size=8", "rollout.group_size=2", "env.task_pool=16"]
     _, plain, batch = _first_batch(_cfg(tmp_path / "plain", *common))
-    odd = {_task_index(t) % 2 for t in batch["trajectories"]}
+    odd = {_task_index(t) % 2 for t in batch.trajectories}
     assert odd == {0, 1}, "the test needs a first draw with odd (zero-variance) tasks"
-    assert batch["metrics"]["rollout/rounds"] == 1.0
-    first_share = batch["metrics"]["rollout/groups_with_variance"]
-    assert first_share < 1.0 and batch["metrics"]["train/groups_with_variance"] == first_share
+    assert batch.metrics["rollout/rounds"] == 1.0
+    first_share = batch.metrics["rollout/groups_with_variance"]
+    assert first_share < 1.0 and batch.metrics["train/groups_with_variance"] == first_share
 
     _, dynamic, batch = _first_batch(_cfg(tmp_path / "dynamic", *common, "selection.dynamic_sampling=true", "selection.max_rounds=4"))
-    metrics = batch["metrics"]
+    metrics = batch.metrics
     assert metrics["rollout/groups_with_variance"] < 1.0  # the same first draw (odd tasks), measured before replacing
     assert metrics["rollout/rounds"] > 1.0
     assert metrics["train/groups_with_variance"] == 1.0
-    trajs = batch["trajectories"]
+    trajs = batch.trajectories
     assert len(trajs) == 8 and all(_task_index(t) % 2 == 0 for t in trajs)
     tasks = [t.task_id for t in trajs[::2]]
     assert len(set(tasks)) == 4 and all(trajs[2 * g].task_id == trajs[2 * g + 1].task_id for g in range(4))
-    assert all(float(a) != 0.0 for a in batch["advantages"])  # every episode now carries a gradient
+    assert all(float(a) != 0.0 for a in batch.advantages)  # every episode now carries a gradient
 
 
 def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_path):
@@ -55,9 +55,9 @@ def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_pa
     is capped at max_rounds extra rounds and the batch still holds every group."""
     cfg = _cfg(tmp_path, "rewards=[{name: format}]", "selection.dynamic_sampling=true", "selection.max_rounds=2")
     _, _, batch = _first_batch(cfg)
-    assert batch["metrics"]["rollout/rounds"] == 3.0
-    assert batch["metrics"]["train/groups_with_variance"] == 0.0
-    assert len(batch["trajectories"]) == cfg.rollout.batch_size
+    assert batch.metrics["rollout/rounds"] == 3.0
+    assert batch.metrics["train/groups_with_variance"] == 0.0
+    assert len(batch.trajectories) == cfg.rollout.batch_size
 
 
 def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path):
@@ -82,17 +82,17 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
 
     model, objective, batch = _first_batch(_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true"))
     G = objective.cfg.rollout.group_size
-    trajs = batch["trajectories"]
+    trajs = batch.trajectories
     assert not any(t.info.get("correct") for i, t in enumerate(trajs) if i % G != G - 1)  # the sampled members all fail
-    assert batch["off_policy"].tolist() == [i % G == G - 1 for i in range(len(trajs))]
-    assert batch["metrics"]["train/guided_groups"] == len(trajs) // G
+    assert batch.off_policy.tolist() == [i % G == G - 1 for i in range(len(trajs))]
+    assert batch.metrics["train/guided_groups"] == len(trajs) // G
     chat_format = ChatFormat.for_tokenizer(objective.tokenizer)
     for row in range(G - 1, len(trajs), G):
         demo = trajs[row]
         task = next(t for t in objective.task_pool if t.id == demo.task_id)
         assert demo.input_ids == oracle_demos(objective.make_env(), [task], chat_format)[0].input_ids
         assert demo.info["correct"] and demo.reward == 1.0
-        assert float(batch["advantages"][row]) > 0 > float(batch["advantages"][row - 1])
+        assert float(batch.advantages[row]) > 0 > float(batch.advantages[row - 1])
         assert demo.task_id == trajs[row - 1].task_id  # it joined its own prompt's group
     grads, micros = _accumulated_gradient(model, objective, batch)
     assert any(float(g.abs().max()) > 0 for g in grads.values())
@@ -105,14 +105,14 @@ def test_entropy_bonus_gives_a_gradient_where_every_advantage_is_zero(tmp_path):
     still move the adapters toward more entropy; and zero-advantage rows must not be skipped."""
     cfg = _cfg(tmp_path, "rewards=[{name: format}]", "loss.beta=0")
     model, objective, batch = _first_batch(cfg)
-    assert float(batch["advantages"].abs().max()) == 0.0
+    assert float(batch.advantages.abs().max()) == 0.0
     assert objective.micro_batches(batch) == []  # without the bonus: nothing to train, every row skipped
     objective.cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, entropy_coef=0.01))
     grads, micros = _accumulated_gradient(model, objective, batch)
-    assert sum(len(m["rows"]) for m in micros) == cfg.rollout.batch_size
+    assert sum(len(m.rows) for m in micros) == cfg.rollout.batch_size
     assert any(float(g.abs().max()) > 0 for g in grads.values())
     # Every advantage is 0, so the loss is the bonus alone: -c_H times the mean entropy (the
     # episodes all fill the same turn budget, so the per-sequence and the token mean agree).
     for micro in micros:
         loss, metrics = objective.loss(model, micro)
-        assert float(loss) == pytest.approx(-0.01 * metrics["loss/entropy"] * micro["share"], rel=1e-5)
+        assert float(loss) == pytest.approx(-0.01 * metrics["loss/entropy"] * micro.share, rel=1e-5)

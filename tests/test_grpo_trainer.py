@@ -24,7 +24,8 @@ from agentic_rl.config import ConfigError, load_config
 from agentic_rl.envs.arith import ArithEnv
 from agentic_rl.envs.base import list_envs, register_env
 from agentic_rl.rewards.base import list_rewards, register_reward
-from agentic_rl.training.grpo import GRPOConfig, GRPOObjective, train_grpo
+from agentic_rl.training.grpo import GRPOObjective, train_grpo
+from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -274,8 +275,8 @@ def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     cfg = _cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
                "rollout.max_turn_tokens=6", "micro_batch_size=8")
     model, objective, batch = _first_batch(cfg)
-    assert float(batch["advantages"].abs().sum()) > 0
-    assert len({len(t) for t in batch["trajectories"]}) >= 1
+    assert float(batch.advantages.abs().sum()) > 0
+    assert len({len(t) for t in batch.trajectories}) >= 1
 
     def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
         objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
@@ -296,22 +297,22 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
     cfg = _cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
                "micro_batch_size=2")
     model, objective, batch = _first_batch(cfg)
-    batch["advantages"][:4] = 0.0  # the first group earned equal rewards
-    assert float(batch["advantages"][4:].abs().min()) > 0
+    batch.advantages[:4] = 0.0  # the first group earned equal rewards
+    assert float(batch.advantages[4:].abs().min()) > 0
 
     def gradient(skip: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
         objective.cfg = dataclasses.replace(cfg, skip_zero_advantage=skip)
         grads, micros = _accumulated_gradient(model, objective, batch)
-        return grads, sorted(i for micro in micros for i in micro["rows"])
+        return grads, sorted(i for micro in micros for i in micro.rows)
 
     (skipped, trained), (full, everything) = gradient(True), gradient(False)
     assert trained == [4, 5, 6, 7] and everything == list(range(8))
-    assert batch["metrics"]["train/episodes_trained"] == 8.0  # the last call's count
+    assert batch.metrics["train/episodes_trained"] == 8.0  # the last call's count
     for name in full:
         torch.testing.assert_close(skipped[name], full[name], atol=1e-7, rtol=1e-5, msg=name)
 
     objective.cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.04))
-    batch["ref"] = batch["tensors"].logprobs.clone()
+    batch.ref_logprobs = batch.tensors.logprobs.clone()
     assert len(objective.micro_batches(batch)) == 4  # beta > 0: the KL term has a gradient everywhere
 
 

@@ -294,10 +294,10 @@ def test_metrics_done_results_and_manifest_files_are_strict_json(tmp_path):
     from agentic_rl.pipeline import _write_atomic
 
     run = RunDir(tmp_path / "run", tensorboard=False)
-    run.log(1, {"loss": float("nan"), "optim/grad_norm": float("inf"), "reward/total/mean": 0.5})
+    run.log(1, {"loss/total": float("nan"), "optim/grad_norm": float("inf"), "reward/total/mean": 0.5})
     line = (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert loads_strict(line) == {"step": 1, "loss": None, "optim/grad_norm": None, "reward/total/mean": 0.5}
-    assert math.isnan(read_metrics(tmp_path / "run" / "metrics.jsonl")[0]["loss"])  # null reads back as NaN
+    assert loads_strict(line) == {"step": 1, "loss/total": None, "optim/grad_norm": None, "reward/total/mean": 0.5}
+    assert math.isnan(read_metrics(tmp_path / "run" / "metrics.jsonl")[0]["loss/total"])  # null reads back as NaN
 
     evals = {"arith": {"pass@1": 0.0, "tool_success_rate": float("nan"), "failures": []}}
     _write_atomic(tmp_path / "eval_base" / "DONE.json", {"model": "m", "evals": evals, "seconds": float("inf")})

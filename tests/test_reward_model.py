@@ -86,7 +86,7 @@ def test_train_rm_end_to_end_on_corrupted_pairs(tmp_path):
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows[:3]] == [1, 2, 3]
     for row in rows[:3]:
-        assert math.isfinite(row["loss"]) and math.isfinite(row["rm/margin"]) and row["optim/grad_norm"] > 0
+        assert math.isfinite(row["loss/total"]) and math.isfinite(row["rm/margin"]) and row["optim/grad_norm"] > 0
     assert rows[-1]["rm/heldout_accuracy"] == result["heldout_accuracy"]
     saved = load_file(out / "final" / "adapter_model.safetensors")
     lora_b = [v for k, v in saved.items() if "lora_B" in k]

@@ -124,8 +124,8 @@ def test_sft_end_to_end_changes_adapters_and_writes_the_run_directory(sft_run):
     assert len(history) == 3
     for row in history:
         assert all(torch.isfinite(torch.tensor(v)) for k, v in row.items() if k != "optim/grad_norm"), row
-        assert row["loss"] > 0 and row["sft/tokens"] > 0
-    assert history[-1]["loss"] < history[0]["loss"], "3 steps at lr 1e-2 should lower the loss on the same tiny demo set"
+        assert row["loss/total"] > 0 and row["sft/tokens"] > 0
+    assert history[-1]["loss/total"] < history[0]["loss/total"], "3 steps at lr 1e-2 should lower the loss on the same tiny demo set"
     adapters = load_file(out / "final" / "adapter_model.safetensors")
     lora_b = [v for k, v in adapters.items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at zero; it must have moved"
@@ -190,7 +190,7 @@ def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path, monkeyp
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert [r["step"] for r in read_metrics(split / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert read_metrics(split / "metrics.jsonl")[-1]["loss"] == read_metrics(straight / "metrics.jsonl")[-1]["loss"]
+    assert read_metrics(split / "metrics.jsonl")[-1]["loss/total"] == read_metrics(straight / "metrics.jsonl")[-1]["loss/total"]
 
 
 def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_path):

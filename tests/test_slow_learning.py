@@ -46,7 +46,7 @@ def test_sft_on_oracle_demos_lifts_heldout_two_step_accuracy(tmp_path):
     base, tokenizer, _ = load_base_and_tokenizer(SMOLLM2, "float32")
     before = _greedy_accuracy(base, tokenizer, tasks, 2)
     result = train_sft(cfg)
-    assert result["history"][-1]["loss"] < 0.5 * result["history"][0]["loss"]
+    assert result["history"][-1]["loss/total"] < 0.5 * result["history"][0]["loss/total"]
     trained, tokenizer, _ = load_base_and_tokenizer(result["final"], "float32")
     after = _greedy_accuracy(trained, tokenizer, tasks, 2)
     assert before <= 0.125, f"base accuracy {before}: the held-out check needs a base that fails"
@@ -79,7 +79,8 @@ def test_grpo_raises_the_training_reward_on_one_step_arith(tmp_path):
     costs 1.12, an answer that stops after 60 tokens 0.44, so a policy that learns to answer
     briefly and stop earns more (the base model's answers run 80–130 tokens, so groups differ).
     The direction of that change is exactly what a sign or mask error would reverse."""
-    from agentic_rl.training.grpo import GRPOConfig, train_grpo
+    from agentic_rl.training.grpo import train_grpo
+    from agentic_rl.training.grpo_config import GRPOConfig
 
     cfg = load_config(GRPOConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=3e-4", "loss.beta=0",

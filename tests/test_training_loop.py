@@ -35,7 +35,7 @@ class ToyObjective(StatelessObjective):
     def loss(self, model, micro):
         x, y, total = micro
         loss = ((model(x).squeeze(-1) - y) ** 2).sum() / total  # this micro-batch's share of the batch mean
-        return loss, {"toy/rows": float(len(x))}
+        return loss, {"sft/tokens": float(len(x))}  # rows stand in for tokens: a per-micro-batch count
 
 
 
@@ -56,7 +56,7 @@ def test_accumulated_micro_batches_give_the_full_batch_update(tmp_path):
     split, history = _train(tmp_path / "b", steps=3, micro=2)
     for p, q in zip(full.parameters(), split.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
-    assert history[0]["toy/rows"] == 2.0  # metrics are averaged over micro-batches
+    assert history[0]["sft/tokens"] == 2.0  # metrics are averaged over micro-batches
 
 
 def test_resume_restores_rng_optimizer_and_schedule_exactly(tmp_path):
@@ -84,7 +84,7 @@ def test_resume_restores_rng_optimizer_and_schedule_exactly(tmp_path):
         assert torch.equal(p, q)
     a, b = read_metrics(tmp_path / "straight" / "metrics.jsonl"), read_metrics(tmp_path / "split" / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6], "steps logged before the kill but after the checkpoint are dropped"
-    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["loss/total"] for r in a] == [r["loss/total"] for r in b]
     assert [r["optim/lr"] for r in a] == [r["optim/lr"] for r in b]
 
 

@@ -7,12 +7,13 @@
     agentic-rl rewards list
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
     agentic-rl compare sft.json grpo.json              (paired difference, 95% CI, McNemar)
-    agentic-rl sft      --config configs/sft.yaml  [--set key=value ...]
-    agentic-rl rm       --config configs/rm.yaml   [--set key=value ...]
-    agentic-rl grpo     --config configs/grpo.yaml [--set key=value ...]
+    agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
+    agentic-rl rm       [--config F] [--set key=value ...]   (keys: agentic-rl config rm)
+    agentic-rl grpo     [--config F] [--set key=value ...]   (keys: agentic-rl config grpo; backend: agentic_rl | trl)
     agentic-rl merge    --adapters runs/sft/final --out merged/
     agentic-rl pipeline --config configs/demo.yaml
     agentic-rl config   eval|sft|rm|grpo|pipeline  (every key, its type, default and meaning)
+    agentic-rl metrics                             (every metric key in metrics.jsonl, defined)
 
 Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
 """
@@ -143,7 +144,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 _CONFIG_COMMANDS = {
     "sft": ("agentic_rl.training.sft", "SFTConfig", "train_sft", "supervised fine-tuning (LoRA or full) on demonstrations"),
     "rm": ("agentic_rl.training.reward_model", "RMConfig", "train_rm", "train a Bradley-Terry reward model"),
-    "grpo": ("agentic_rl.training.grpo", "GRPOConfig", "agentic_rl.pipeline:run_grpo", "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
+    "grpo": ("agentic_rl.training.grpo_config", "GRPOConfig", "agentic_rl.pipeline:run_grpo", "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
     "pipeline": ("agentic_rl.pipeline", "PipelineConfig", "run_pipeline", "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
 }
 
@@ -176,6 +177,14 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     for line in describe(_config_class(args.which)):
         print(line)
+    return 0
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    from agentic_rl.training.metric_keys import GLOSSARY
+
+    for key, meaning in GLOSSARY.items():
+        print(f"{key:34s} {meaning}")
     return 0
 
 
@@ -253,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapters", required=True, help="a stage's final/ folder with LoRA adapters")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("metrics", help="list every metric key the trainers log, with its definition")
+    p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
     p.add_argument("which", choices=sorted(_DESCRIBED), help="the command")

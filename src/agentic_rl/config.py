@@ -10,7 +10,7 @@ for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the stri
 `inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0; both are plain int and
 float to the rest of the code.
 
-    cfg = load_config(GRPOConfig, "configs/demo.yaml", overrides=["train.lr=1e-5"])
+    cfg = load_config(PipelineConfig, "configs/demo.yaml", overrides=["grpo.optim.lr=1e-5"])
 """
 
 from __future__ import annotations
@@ -252,11 +252,6 @@ def _reject_non_finite(value: Any, key: str, source: str) -> None:
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             _reject_non_finite(item, f"{key}[{index}]", source)
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as plain data (what the run directory records)."""
-    return dataclasses.asdict(cfg)
 
 
 def field_docs(cls: type) -> dict[str, str]:

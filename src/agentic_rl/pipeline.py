@@ -34,7 +34,7 @@ from typing import Any, Callable
 from agentic_rl.config import ConfigError
 from agentic_rl.evaluation.runner import EvalConfig
 from agentic_rl.strict_json import dumps, write_json
-from agentic_rl.training.grpo import GRPOConfig
+from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.reward_model import RMConfig
 from agentic_rl.training.sft import SFTConfig
 
@@ -224,7 +224,7 @@ def _sft(cfg: PipelineConfig, root: Path, log) -> dict[str, Any]:
                               train=dataclasses.replace(cfg.sft.train, output_dir=str(root / "sft")))
     out = train_sft(sft)
     return {"final": out["final"], "num_demos": out["num_demos"], "steps": cfg.sft.train.steps,
-            "final_loss": out["history"][-1]["loss"] if out["history"] else None,
+            "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
             "train_seconds": training_seconds(root / "sft", cfg.sft.train.steps)}
 
 
@@ -253,7 +253,7 @@ def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, 
                                   train=dataclasses.replace(cfg.sft.train, steps=steps, seed=cfg.sft.train.seed + 1,
                                                             output_dir=str(root / "control")))
     out = train_sft(control)
-    return {"final": out["final"], "steps": steps, "final_loss": out["history"][-1]["loss"] if out["history"] else None,
+    return {"final": out["final"], "steps": steps, "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
             "train_seconds": training_seconds(root / "control", steps)}
 
 
@@ -280,7 +280,7 @@ def run_grpo(cfg: GRPOConfig) -> dict[str, Any]:
 
 
 def _grpo(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
-    from agentic_rl.training.grpo import RewardModelTerm
+    from agentic_rl.training.grpo_config import RewardModelTerm
 
     start = sft_model if "sft" not in cfg.skip else cfg.model
     term = RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model) if cfg.use_reward_model else RewardModelTerm()

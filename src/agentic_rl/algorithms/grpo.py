@@ -107,6 +107,17 @@ class GRPOLossConfig:
     """The constant denominator of "dr_grpo" (per sequence): the most policy tokens one episode
     may hold. Required for "dr_grpo", ignored (and rejected if set) otherwise."""
 
+    @property
+    def needs_reference(self) -> bool:
+        """True iff the loss has a KL term, so π_ref log-probs must be computed (β > 0)."""
+        return self.beta != 0.0
+
+    @property
+    def zero_advantage_rows_are_inert(self) -> bool:
+        """True iff a row whose advantages are all 0 adds exactly 0 to this loss and its gradient
+        (no KL or entropy term; bnpo's normaliser depends on the micro-batch's rows)."""
+        return not self.needs_reference and self.entropy_coef == 0 and self.loss_type != "bnpo"
+
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is not one of {LOSS_TYPES}; pick one of them")
@@ -337,7 +348,7 @@ def grpo_loss(
     per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)  # (B, T) or (B, 1)
     per_token_loss = per_token_loss.expand_as(logps)  # (B, T): a sequence ratio applies to all its tokens
     metrics: dict[str, torch.Tensor] = {}
-    if cfg.beta != 0.0:
+    if cfg.needs_reference:
         ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
         per_token_kl = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T), k3 >= 0
         if cfg.kl_importance_correction:
@@ -396,7 +407,7 @@ def _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_i
         raise ValueError(f"logps {shape}, old_logps {tuple(old_logps.shape)} and mask {tuple(mask.shape)} must match")
     if tuple(advantages.shape) not in ((shape[0],), shape):
         raise ValueError(f"advantages must be (B,) = ({shape[0]},) or (B, T) = {shape}; got {tuple(advantages.shape)}")
-    if cfg.beta != 0.0 and (ref_logps is None or tuple(ref_logps.shape) != shape):
+    if cfg.needs_reference and (ref_logps is None or tuple(ref_logps.shape) != shape):
         raise ValueError(
             f"beta={cfg.beta} > 0 needs ref_logps of shape {shape} for the KL penalty; pass the reference "
             "log-probs, or set beta=0 to train without a reference"

@@ -18,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from agentic_rl.strict_json import write_json
+from agentic_rl.training.metric_keys import describe_metric
 
 _STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_control": "SFT control"}
 _COLUMNS = ("format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
 COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_control"), ("eval_control", "eval_grpo"))
 """(A, B) stage pairs the report compares, B − A: each stage against the one it started from,
 and GRPO against the compute-matched control."""
+PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/mean", "rollout/groups_with_variance",
+                   "train/groups_with_variance")
+"""The GRPO metrics the plots show; the report defines each under the plots (training/metric_keys.py)."""
 
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
@@ -45,7 +49,8 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
         rows = read_metrics(grpo_metrics)
         _plot_rewards(rows, plots / "reward_components.png")
         _plot_kl_length(rows, plots / "kl_and_length.png")
-        lines += ["", "![reward components](plots/reward_components.png)", "![KL and length](plots/kl_and_length.png)"]
+        lines += ["", "![reward components](plots/reward_components.png)", "![KL and length](plots/kl_and_length.png)", ""]
+        lines += [f"- `{key}`: {describe_metric(key)}" for key in PLOTTED_METRICS]
     if _plot_accuracy(results, plots / "accuracy_by_stage.png"):
         lines += ["![accuracy by stage](plots/accuracy_by_stage.png)"]
     failures = _failures(results)

@@ -36,7 +36,7 @@ The env class is built per env name (`TRLToolEnv`): one method per tool of our e
 function's own signature and docstring, whose body sends the call through OUR env's `step()` as a
 `<tool_call>` block. So the env's own bookkeeping (tool_calls, tool_errors, turn limit, tool error
 messages "Error: ...") is what runs. At reward time the final assistant message is stepped into the env
-(`finalize`), which grades it (info: correct, format_ok, final_answer, tool_calls, tool_errors, turns).
+(`_finalize`), which grades it (info: correct, format_ok, final_answer, tool_calls, tool_errors, turns).
 
 Known differences from our engine (documented, not hidden):
   * TRL calls one method per tool call, so a turn with k parallel calls counts k env steps (our
@@ -102,8 +102,9 @@ class TRLToolEnv:
     """Base of the generated TRL environment classes: one of our envs, driven by TRL's tool loop.
 
     Public methods of subclasses are the tools (TRL's rule); everything else starts with `_` or is
-    `reset` (TRL's reserved name). Use `finalize(messages)` -> (StepResult, info) after the rollout;
-    it is named with a leading underscore alias `_finalize` so TRL does not expose it as a tool.
+    `reset` (TRL's reserved name). After the rollout, `_finalize(completion)` steps the final
+    assistant text into the env once and returns its info (the leading underscore keeps TRL from
+    exposing it as a tool).
     """
 
     _env_name: str = ""

@@ -1,6 +1,6 @@
 """`backend: trl`: the same GRPOConfig, environments and reward terms, trained by TRL 1.16's GRPOTrainer.
 
-    agentic-rl grpo --config configs/grpo-arith.yaml --set backend=trl
+    agentic-rl grpo [--config F] --set backend=trl          (every key: agentic-rl config grpo)
 
 Two paths, chosen by the effective turn limit T = min(rollout.max_turns, the env's max_turns):
 

@@ -39,7 +39,7 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0: off)."""
     backend: BackendKind = "auto"
-    """Decode backend (rollout/engine.py's `Runner` contract): fast (our decode path for Llama and
+    """Decode backend (the contract: rollout/backend.py): fast (our decode path for Llama and
     Qwen3 models), hf (transformers' forward, the reference; any causal LM), auto (fast when the
     model is supported, else hf)."""
     dtype: RolloutDtype = "float32"

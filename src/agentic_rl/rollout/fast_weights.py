@@ -1,6 +1,6 @@
 """FastRunner's weights: fused, folded, cast, LoRA-merged copies of a model, and how to tell they are stale.
 
-What. `build_decode_weights(model, copy_format)` reads a Llama/Qwen3 model (optionally
+What. `build_decode_weights(model, fmt)` reads a Llama/Qwen3 model (optionally
 peft-wrapped) and returns `DecodeWeights`: per layer one q/k/v matrix, one gate/up matrix, the
 o_proj and down_proj matrices, each in the form the decode loop multiplies by. The copies are:
 

@@ -52,11 +52,6 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature == 0
 
-    @property
-    def logprob_temperature(self) -> float:
-        """The T of the recorded log-probs: the sampling temperature, or 1 for greedy."""
-        return 1.0 if self.is_greedy else self.temperature
-
 
 def make_generator(seed: int, stream: int) -> torch.Generator:
     """A CPU generator for one episode: a fixed function of (seed, stream)."""

@@ -2,8 +2,8 @@
 
 Token-in-token-out (DESIGN.md invariant 1): `input_ids` are exactly the ids the policy
 sampled plus the ids the chat format rendered for the prompt and observations. Nothing here
-is ever decoded and re-tokenized for training; `messages` and `turn_texts` exist for rewards,
-logs and reports only.
+is ever decoded and re-tokenized for training; `messages` exists for rewards, logs and
+reports only.
 
 Layout of one two-turn episode (P prompt, A policy, O observation):
 

@@ -1,6 +1,6 @@
 """GRPO over multi-turn agent episodes, on the shared training loop.
 
-    agentic-rl grpo --config configs/grpo-arith.yaml [--set loss.beta=0 ...]
+    agentic-rl grpo --config configs/experiments/demo-grpo.yaml [--set loss.beta=0.04 ...]     (keys: grpo_config.py)
 
 Per optimizer step (the "seed" GRPO, DESIGN.md §3):
   1. draw P prompts from the env's train split (a pure function of (seed, step));
@@ -29,16 +29,14 @@ rank's loss is scaled so that average equals the full-batch loss.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import random
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from agentic_rl.algorithms.grpo import (
-    GRPOLossConfig,
     discounted_turn_returns,
     group_advantages,
     grpo_loss,
@@ -46,131 +44,17 @@ from agentic_rl.algorithms.grpo import (
     turn_advantages,
 )
 from agentic_rl.algorithms.logprobs import sequence_logprobs
-from agentic_rl.config import PositiveInt
-from agentic_rl.envs.base import EnvSpec
-from agentic_rl.rewards.base import RewardComposer, RewardSpec
-from agentic_rl.rollout.config import RolloutConfig
-from agentic_rl.rollout.trajectory import Trajectory, collate
-from agentic_rl.models.policy import ModelConfig, load_policy
+from agentic_rl.models.policy import load_policy
 from agentic_rl.models.stage_output import save_final
+from agentic_rl.rewards.base import RewardComposer
+from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.groups import GuidanceConfig, Group, PromptSelector, SelectionConfig, guide
-from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.grpo_batch import MicroBatch, RolloutBatch
+from agentic_rl.training.grpo_config import GRPOConfig
+from agentic_rl.training.groups import Group, PromptSelector, guide
+from agentic_rl.training.loop import run_training
 from agentic_rl.training.run_dir import RunDir
 from agentic_rl.training.scoring import TokenScorer, unwrap_policy
-
-
-@dataclasses.dataclass
-class EnvConfig(EnvSpec):
-    """The environment episodes run in, and the train-split tasks prompts are drawn from."""
-
-    task_pool: PositiveInt = 2000
-    """Train-split tasks to draw prompts from."""
-
-
-@dataclasses.dataclass
-class GRPORolloutConfig(RolloutConfig):
-    """How episodes are sampled (every RolloutConfig key) and the batch shape."""
-
-    batch_size: PositiveInt = 8
-    """Episodes per rollout batch, over all processes: prompts × group_size."""
-    group_size: int = 4
-    """G: episodes per prompt. Must divide batch_size."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.group_size < 2:
-            raise ValueError(f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})")
-        if self.batch_size % self.group_size:
-            raise ValueError(
-                f"rollout.batch_size={self.batch_size} is not a multiple of rollout.group_size={self.group_size}. "
-                "GRPO compares the G episodes of the same prompt with each other (advantage = reward − group mean), "
-                "so a batch is P whole groups: batch_size = prompts × G. "
-                f"Use batch_size={self.group_size * max(1, self.batch_size // self.group_size)} "
-                f"or {self.group_size * (self.batch_size // self.group_size + 1)}."
-            )
-        if self.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0 for GRPO: the group needs diverse samples")
-
-
-@dataclasses.dataclass
-class AdvantageConfig:
-    """What the advantage is computed from."""
-
-    mode: Literal["episode", "turn"] = "episode"
-    """episode: one advantage per episode from its total reward; turn: per-turn discounted returns
-    of the env's per-step rewards, with the episode reward added at the last turn."""
-    gamma: float = 1.0
-    """Discount per policy turn for mode=turn."""
-
-
-@dataclasses.dataclass
-class RewardModelTerm:
-    """An optional learned reward term."""
-
-    path: str = ""
-    """A reward model folder from `agentic-rl rm` (empty: no reward-model term)."""
-    weight: float = 0.0
-    """Its weight in the total reward."""
-
-
-@dataclasses.dataclass
-class GRPOConfig:
-    """`agentic-rl grpo`: Group Relative Policy Optimization on agent episodes."""
-
-    backend: Literal["agentic_rl", "trl"] = "agentic_rl"
-    """agentic_rl: this trainer; trl: the same envs and rewards through TRL's GRPOTrainer."""
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    """The policy and its adapters."""
-    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
-    """The environment."""
-    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("accuracy")])
-    """Reward terms (see `agentic-rl rewards list`)."""
-    reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
-    """Optional reward-model term."""
-    rollout: GRPORolloutConfig = dataclasses.field(default_factory=GRPORolloutConfig)
-    """Sampling."""
-    loss: GRPOLossConfig = dataclasses.field(default_factory=GRPOLossConfig)
-    """The GRPO objective and its variants."""
-    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
-    """Advantage source."""
-    selection: SelectionConfig = dataclasses.field(default_factory=SelectionConfig)
-    """Which prompts and groups a batch trains on (dynamic sampling, success-rate band)."""
-    guidance: GuidanceConfig = dataclasses.field(default_factory=GuidanceConfig)
-    """Off-policy oracle demonstrations in groups that all fail (off by default)."""
-    updates_per_batch: PositiveInt = 1
-    """μ: optimizer steps per rollout batch."""
-    old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
-    """π_old: "sampling" uses the engine's log-probs (free, exact when rollout and training share
-    precision); "recompute" re-scores the batch once before the first update; "detach" uses
-    π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
-    micro_batch_size: PositiveInt = 8
-    """Episodes per forward/backward on each process."""
-    skip_zero_advantage: bool = True
-    """With beta = 0, leave out of the forward/backward every episode whose advantages are all 0
-    (e.g. a group whose G episodes earned the same reward): its loss and gradient are exactly 0,
-    and the normalisers still count it, so the update is unchanged. No effect when beta > 0 or
-    loss.entropy_coef > 0 (those terms have a gradient) or for loss_type bnpo (its normaliser
-    depends on the micro-batch)."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
-    """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
-    """Loop, output and checkpoints."""
-
-    def __post_init__(self) -> None:
-        if self.updates_per_batch < 1 or self.micro_batch_size < 1:
-            raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
-        if self.advantage.mode == "turn" and any(r.name == "env_steps" for r in self.rewards):
-            raise ValueError("advantage.mode=turn already uses the env's per-step rewards; remove the env_steps reward term")
-        if self.old_logprobs == "detach" and self.updates_per_batch > 1:
-            raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
-                             "with updates_per_batch > 1 use sampling or recompute")
-        if self.rollout.dtype != self.model.dtype and self.old_logprobs == "sampling":
-            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
-                             f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
-                             f"or recompute, or rollout.dtype: {self.model.dtype}")
-        if self.reward_model.weight and not self.reward_model.path:
-            raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
 
 
 class GRPOObjective:
@@ -188,7 +72,7 @@ class GRPOObjective:
 
             extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
         self.composer = RewardComposer(cfg.rewards, extra)
-        self.cached: dict[str, Any] | None = None
+        self.cached: RolloutBatch | None = None
         self.selector = PromptSelector(self.task_pool, cfg.selection)
 
     def bind(self, model, accelerator) -> None:
@@ -205,13 +89,13 @@ class GRPOObjective:
 
     # ---------------------------------------------------------------- batch: rollouts -> advantages
 
-    def next_batch(self, step: int) -> dict[str, Any]:
+    def next_batch(self, step: int) -> RolloutBatch:
         if step % self.cfg.updates_per_batch == 0 or self.cached is None:
             self.cached = self._rollout_batch(step)
-        self.cached["staleness"] = self.engine.weights_version - self.cached["weights_version"]
+        self.cached.staleness = self.engine.weights_version - self.cached.weights_version
         return self.cached
 
-    def _rollout_batch(self, step: int) -> dict[str, Any]:
+    def _rollout_batch(self, step: int) -> RolloutBatch:
         r, sel = self.cfg.rollout, self.cfg.selection
         prompts = r.batch_size // r.group_size
         rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
@@ -251,7 +135,7 @@ class GRPOObjective:
         started = time.perf_counter()
         old = {"recompute": lambda: self._score(tensors, reference=False), "sampling": lambda: tensors.logprobs,
                "detach": lambda: None}[self.cfg.old_logprobs]()
-        ref = self._score(tensors, reference=True) if self.cfg.loss.beta > 0 else None
+        ref = self._score(tensors, reference=True) if self.cfg.loss.needs_reference else None
         reference_seconds = time.perf_counter() - started
         metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
         metrics.update({
@@ -264,8 +148,8 @@ class GRPOObjective:
             "train/guided_groups": float(guided),
             "rollout/band_fallbacks": float(self.selector.band_fallbacks),
         })
-        return {"trajectories": trajs, "tensors": tensors, "advantages": advantages, "old": old, "ref": ref,
-                "off_policy": off_policy, "weights_version": trajs[0].weights_version if trajs else 0, "metrics": metrics}
+        return RolloutBatch(trajs, tensors, advantages, old, ref, off_policy,
+                            weights_version=trajs[0].weights_version if trajs else 0, metrics=metrics)
 
     def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list[Group]:
         """Roll out G episodes of each task; rows are split across processes by stride (module doc)."""
@@ -384,27 +268,27 @@ class GRPOObjective:
 
     # ---------------------------------------------------------------- micro-batches: the loss
 
-    def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        n = len(batch["trajectories"])
+    def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
+        n = len(batch.trajectories)
         size = self.cfg.micro_batch_size
-        tokens_local = float(batch["tensors"].loss_mask.sum())
+        tokens_local = float(batch.tensors.loss_mask.sum())
         rows = self._rows_to_train(batch)
-        batch["metrics"]["train/episodes_trained"] = float(len(rows))
-        return [{"batch": batch, "rows": rows[start : start + size], "share": len(rows[start : start + size]) / n,
-                 "tokens": tokens_local} for start in range(0, len(rows), size)]
+        batch.metrics["train/episodes_trained"] = float(len(rows))
+        return [MicroBatch(batch, rows[start : start + size], len(rows[start : start + size]) / n, tokens_local)
+                for start in range(0, len(rows), size)]
 
-    def _rows_to_train(self, batch: dict[str, Any]) -> list[int]:
+    def _rows_to_train(self, batch: RolloutBatch) -> list[int]:
         """The local rows to run forward/backward on, in batch order.
 
         Every term of the clipped loss is A·f(ratio), so with beta = 0 a row whose advantages are
         all 0, or that has no trained token, adds exactly 0 to the loss and to the gradient; the
         normalisers ("share" and the token count) still count it. Under DDP each rank must run the
         same number of micro-batches, so a rank with fewer live rows tops up with skipped ones."""
-        cfg, tensors = self.cfg, batch["tensors"]
+        cfg, tensors = self.cfg, batch.tensors
         n = tensors.input_ids.shape[0]
         rows = list(range(n))
-        if cfg.skip_zero_advantage and cfg.loss.beta == 0 and cfg.loss.entropy_coef == 0 and cfg.loss.loss_type != "bnpo":
-            advantages = batch["advantages"]
+        if cfg.skip_zero_advantage and cfg.loss.zero_advantage_rows_are_inert:
+            advantages = batch.advantages
             has_tokens = tensors.loss_mask.sum(-1) > 0  # (B_local,)
             if isinstance(advantages, torch.Tensor):
                 live = (advantages != 0) & has_tokens
@@ -419,39 +303,39 @@ class GRPOObjective:
             rows = kept
         return sorted(rows)  # group order: a micro-batch of one group shares its whole prompt (see sequence_logprobs)
 
-    def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
-        batch, rows, device = micro["batch"], micro["rows"], self.accelerator.device
-        t, index = batch["tensors"], torch.tensor(rows, dtype=torch.long)
+    def loss(self, model, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        batch, rows, device = micro.batch, micro.rows, self.accelerator.device
+        t, index = batch.tensors, torch.tensor(rows, dtype=torch.long)
         ids, attention, mask = t.input_ids[index], t.attention_mask[index], t.loss_mask[index]
         # Trim right padding shared by the whole micro-batch: no compute on it.
         length = int(attention.sum(-1).max())
         ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
         bonus = self.cfg.loss.entropy_coef > 0
         logps, entropy = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T), (b, T)
-        advantages = batch["advantages"]
+        advantages = batch.advantages
         if isinstance(advantages, torch.Tensor):
             adv = advantages[index].to(device)  # (b,)
         else:
-            spans = [batch["trajectories"][i].policy_spans for i in rows]
+            spans = [batch.trajectories[i].policy_spans for i in rows]
             adv = token_advantages_from_turns([advantages[i] for i in rows], spans, length).to(device)  # (b, T)
-        old = logps.detach() if batch["old"] is None else batch["old"][index][:, :length].to(device)
-        off_policy = batch["off_policy"][index].to(device)  # (b,): oracle demonstrations (guidance)
+        old = logps.detach() if batch.old_logprobs is None else batch.old_logprobs[index][:, :length].to(device)
+        off_policy = batch.off_policy[index].to(device)  # (b,): oracle demonstrations (guidance)
         if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
             old = torch.where(off_policy[:, None], logps.detach(), old)
-        ref = batch["ref"][index][:, :length].to(device) if batch["ref"] is not None else None
-        num_items = micro["tokens"] if self.cfg.loss.loss_type in ("dapo", "token") else None
+        ref = batch.ref_logprobs[index][:, :length].to(device) if batch.ref_logprobs is not None else None
+        num_items = micro.tokens if self.cfg.loss.loss_type in ("dapo", "token") else None
         loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items,
                                   entropy=entropy if bonus else None)
         if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
-            loss = loss * micro["share"]  # per-sequence means: weight this micro-batch by its share of rows
+            loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of rows
         trained = mask.sum().clamp(min=1)
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / trained)
         return loss, out
 
     def after_step(self, step: int) -> dict[str, float]:
-        metrics = dict(self.cached["metrics"]) if self.cached else {}
-        metrics["rollout/staleness"] = float(self.cached["staleness"]) if self.cached else 0.0
+        metrics = dict(self.cached.metrics) if self.cached else {}
+        metrics["rollout/staleness"] = float(self.cached.staleness) if self.cached else 0.0
         metrics["rollout/weights_version"] = float(self.engine.sync_weights())
         return metrics
 
@@ -479,7 +363,7 @@ def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
     if cfg.rollout.batch_size % accelerator.num_processes:
         raise ValueError(f"rollout.batch_size={cfg.rollout.batch_size} must be a multiple of the {accelerator.num_processes} processes")
     reference = None
-    if cfg.loss.beta > 0 and not cfg.model.lora.enabled:
+    if cfg.loss.needs_reference and not cfg.model.lora.enabled:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
     objective = GRPOObjective(cfg, tokenizer, reference)
     history = run_training(objective, TokenScorer(policy), cfg.train, cfg.optim, accelerator, run_dir, description="grpo")

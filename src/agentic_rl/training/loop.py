@@ -188,7 +188,7 @@ def run_training(
         history.append(row)
         if (step + 1) % loop.log_every == 0 or step + 1 == loop.steps:
             run_dir.log(step + 1, row)
-        bar.set_postfix({k: f"{row[k]:.3g}" for k in ("loss", "reward/total/mean") if k in row})
+        bar.set_postfix({k: f"{row[k]:.3g}" for k in ("loss/total", "reward/total/mean") if k in row})
         if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0 and step + 1 < loop.steps:
             _save(objective, accelerator, run_dir, step + 1, loop.keep_checkpoints)
     if loop.steps > start:
@@ -243,7 +243,7 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     row = {key: value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
     row.update(after)
     row.update({
-        "loss": loss_total,
+        "loss/total": loss_total,
         "optim/lr": scheduler.get_last_lr()[0],
         "optim/grad_norm": grad_norm,
         "time/data": data_seconds,

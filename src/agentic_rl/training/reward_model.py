@@ -1,6 +1,6 @@
 """Bradley-Terry reward model on the same trajectories, from the same base model.
 
-    agentic-rl rm --config configs/rm.yaml
+    agentic-rl rm [--config F] [--set pairs.tasks=128]      (every key: agentic-rl config rm)
 
 The model is `AutoModelForSequenceClassification(num_labels=1)` built from the policy's base
 (LoRA or full; with LoRA the score head is trained in full). The score r(x, y) is the head

@@ -2,7 +2,8 @@
 
     runs/<name>/
       config.yaml        the config object actually used (never a hand-made copy)
-      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/policy": ..., ...};
+      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/total": ..., ...}, every key
+                         defined in training/metric_keys.py;
                          a non-finite value is written as null (strict JSON)
       tb/                TensorBoard events of the same metrics
       checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from agentic_rl.strict_json import dumps, loads_strict
+from agentic_rl.training.metric_keys import glossary_key
 
 
 class RunDir:
@@ -45,6 +47,10 @@ class RunDir:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append `metrics` for `step` to metrics.jsonl and TensorBoard."""
+        undefined = sorted(key for key in metrics if glossary_key(key) is None)
+        if undefined:
+            raise KeyError(f"metric(s) {undefined} are not defined in agentic_rl/training/metric_keys.py; add each to "
+                           "GLOSSARY with its meaning")
         if not self.enabled:
             return
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}

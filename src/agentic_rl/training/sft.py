@@ -1,6 +1,6 @@
 """SFT with LoRA (or full fine-tuning) on demonstration Trajectories.
 
-    agentic-rl sft --config configs/sft.yaml [--set train.steps=50]
+    agentic-rl sft [--config F] [--set train.steps=50]      (every key: agentic-rl config sft)
 
 The loss is −Σ log P(y|x) over policy tokens only (algorithms/sft.py), divided by the number of
 trained tokens in the optimizer step. Batches are drawn by length bucketing: demonstrations are

@@ -1,0 +1,84 @@
+"""Every metric key a trainer writes to metrics.jsonl (and TensorBoard), defined once.
+
+`RunDir.log` refuses a key that is not here, so a new metric arrives with its definition. The
+report and `agentic-rl metrics` read the definitions from here. Keys are namespaced:
+`loss/` the objective, `optim/` the optimizer, `reward/` the reward terms, `rollout/` the
+sampled episodes, `train/` what a step trained on, `time/` seconds, `memory/` GPU memory,
+`sft/` and `rm/` their trainers. `{term}` and `{reason}` stand for one path segment.
+All values are floats; rollout and reward statistics are over the whole batch (every process).
+"""
+
+from __future__ import annotations
+
+import re
+
+GLOSSARY: dict[str, str] = {
+    # the training loop (every trainer)
+    "loss/total": "The step's loss: the sum of its micro-batch losses, each weighted by its share, so the full-batch objective.",
+    "optim/lr": "Learning rate after the step's scheduler update.",
+    "optim/grad_norm": "Gradient norm before clipping (over all trainable parameters, all processes).",
+    "time/data": "Seconds to build the step's batch (GRPO: rollouts, rewards, advantages, π_old/π_ref passes).",
+    "time/forward_backward": "Seconds in forward and backward passes over the step's micro-batches.",
+    "time/optimizer": "Seconds in the optimizer step and the trainer's after-step work (GRPO: weight sync).",
+    "memory/max_allocated_gb": "Peak GPU memory allocated so far, GiB (CUDA only).",
+    # the GRPO objective (algorithms/grpo.py): per micro-batch, averaged over the step's micro-batches
+    "loss/ratio_mean": "Mean importance ratio π_θ/π_old over trained tokens (1 on-policy).",
+    "loss/clip_ratio_low": "Share of trained tokens with A < 0 whose ratio is clipped at 1 − ε.",
+    "loss/clip_ratio_high": "Share of trained tokens with A > 0 whose ratio is clipped at 1 + ε_high.",
+    "loss/clip_ratio_region": "Share of trained tokens whose ratio lies outside [1 − ε, 1 + ε_high].",
+    "loss/kl": "Mean k3 estimate of KL(π_θ ‖ π_ref) per trained token (only with β > 0).",
+    "loss/entropy": "Mean entropy (nats) of the policy's next-token distribution at trained tokens, at the rollout temperature.",
+    # GRPO rewards
+    "reward/total/mean": "Mean composed reward (the weighted sum of the terms) over the batch's episodes.",
+    "reward/total/std": "Standard deviation of the composed reward over the batch's episodes.",
+    "reward/{term}/mean": "Mean of one reward term (unweighted) over the batch's episodes.",
+    "reward/{term}/std": "Standard deviation of one reward term over the batch's episodes.",
+    # GRPO rollouts
+    "rollout/accuracy": "Share of the batch's episodes graded correct by the environment.",
+    "rollout/completion_tokens/mean": "Policy (generated) tokens per episode, mean.",
+    "rollout/completion_tokens/max": "Policy tokens of the longest episode.",
+    "rollout/turns/mean": "Policy turns per episode, mean.",
+    "rollout/tool_calls/mean": "Tool calls per episode, mean.",
+    "rollout/tool_errors/mean": "Failed tool calls per episode, mean.",
+    "rollout/failed": "Episodes that ended in an error (env or rendering); logged, never trained on.",
+    "rollout/finish/{reason}": "Share of episodes that ended for this reason (answered, env_done, max_turns, max_turn_tokens, max_episode_tokens, error).",
+    "rollout/tokens_per_second": "Generated tokens of the batch over the rollout's wall time.",
+    "rollout/groups_with_variance": "Share of the first draw's groups whose G rewards differ (the groups that carry a gradient), before dynamic sampling replaced any.",
+    "rollout/rounds": "Rollout rounds of the step (1, plus dynamic sampling's extra rounds).",
+    "rollout/band_fallbacks": "Prompts drawn outside the success-rate band because too few qualified (cumulative).",
+    "rollout/staleness": "Optimizer steps between the weights that sampled the batch and the weights it trains (0 on-policy; up to μ − 1).",
+    "rollout/weights_version": "Weights version after the step's sync (the version the next rollouts sample from).",
+    "time/rollout": "Seconds spent generating the step's episodes (all rounds).",
+    "time/reference": "Seconds spent on π_old re-scoring and π_ref passes (0 when neither runs).",
+    # what a GRPO step trained on
+    "train/groups_with_variance": "Share of the trained batch's groups whose rewards differ, after dynamic sampling and guidance.",
+    "train/guided_groups": "Groups in which an oracle demonstration replaced an episode (guidance).",
+    "train/episodes_trained": "Episodes of this process that ran forward/backward (the rest had zero advantage and no gradient).",
+    # SFT
+    "sft/tokens": "Trained (assistant) tokens per micro-batch, averaged over the step's micro-batches.",
+    "sft/padding_fraction": "Share of a micro-batch's token positions that are padding, averaged over the step's micro-batches.",
+    "sft/epoch": "Epochs over the demonstrations completed at this step (fractional).",
+    # reward model
+    "rm/train_accuracy": "Share of the step's pairs where the chosen trajectory scores higher.",
+    "rm/margin": "Mean score(chosen) − score(rejected) over the step's pairs.",
+    "rm/heldout_accuracy": "Pairwise accuracy on held-out (test-split) pairs after training.",
+    "rm/heldout_accuracy_before": "Pairwise accuracy on the same held-out pairs before training.",
+}
+
+_PATTERNS = [(re.compile("^" + re.escape(key).replace(r"\{term\}", "[^/]+").replace(r"\{reason\}", "[^/]+") + "$"), key)
+             for key in GLOSSARY if "{" in key]
+
+
+def glossary_key(key: str) -> str | None:
+    """The glossary entry that defines `key` (itself, or a pattern such as reward/{term}/mean), or None."""
+    if key in GLOSSARY:
+        return key
+    return next((pattern for regex, pattern in _PATTERNS if regex.match(key)), None)
+
+
+def describe_metric(key: str) -> str:
+    """The definition of `key`; KeyError naming the glossary when there is none."""
+    entry = glossary_key(key)
+    if entry is None:
+        raise KeyError(f"metric {key!r} is not defined in agentic_rl/training/metric_keys.py; add it to GLOSSARY with its meaning")
+    return GLOSSARY[entry]
