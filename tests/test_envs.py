@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from fractions import Fraction
 
 import pytest
@@ -122,7 +121,6 @@ def test_gsm8k_oracle_packs_long_solutions_into_max_turns() -> None:
     assert summary["accuracy"] == 1.0 and summary["mean_turns"] == 3
 
 
-@pytest.mark.skipif(importlib.util.find_spec("agentic_rl.tools.python_sandbox") is None, reason="python tool missing")
 def test_gsm8k_offers_the_python_tool() -> None:
     env = make_env("gsm8k", tools=["python"], n=1)
     assert [s["function"]["name"] for s in env.tool_schemas] == ["python"]
