@@ -27,7 +27,7 @@ and GRPO against the compute-matched control."""
 
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
-    """Write report.md, results.json and plots/ under `root`; returns the report path."""
+    """Write report.md, results.json, summary.json and plots/ under `root`; returns the report path."""
     import matplotlib
 
     matplotlib.use("Agg")
