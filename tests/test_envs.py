@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from fractions import Fraction
 
 import pytest
 
 from agentic_rl.envs.arith import HELD_OUT_TEMPLATES, SEEN_TEMPLATES, TEMPLATES
 from agentic_rl.envs.base import list_envs, make_env
-from agentic_rl.envs.oracle import run_oracle, run_oracle_episodes
+from agentic_rl.envs.oracle import play_oracle, run_oracle, run_oracle_episodes
 from agentic_rl.envs.self_correction import RETRY_MESSAGE
 from agentic_rl.tools.calculator import evaluate
 
@@ -122,7 +121,6 @@ def test_gsm8k_oracle_packs_long_solutions_into_max_turns() -> None:
     assert summary["accuracy"] == 1.0 and summary["mean_turns"] == 3
 
 
-@pytest.mark.skipif(importlib.util.find_spec("agentic_rl.tools.python_sandbox") is None, reason="python tool missing")
 def test_gsm8k_offers_the_python_tool() -> None:
     env = make_env("gsm8k", tools=["python"], n=1)
     assert [s["function"]["name"] for s in env.tool_schemas] == ["python"]
@@ -162,3 +160,43 @@ def test_oracle_runner_summarizes_through_the_env_api() -> None:
     assert summary["env"] == "self_correct" and summary["n"] == 20
     assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0 and summary["failures"] == []
     assert set(summary) >= {"accuracy", "n", "tool_calls", "tool_errors", "mean_turns"}
+
+
+def _arith_with_oracle(edit):
+    """A difficulty-2 arith env and task whose oracle turns are `edit(true oracle turns)`."""
+    env = make_env("arith", difficulty=2)
+    task = env.tasks("train", n=1, seed=0)[0]
+    turns = env.oracle_actions(task)
+    env.oracle_actions = lambda _task: edit(turns)
+    return env, task
+
+
+def test_play_oracle_returns_the_conversation_final_result_and_tool_results() -> None:
+    """Guards the one oracle loop shared by `envs oracle` and SFT demos: every turn goes through
+    env.step, observations follow their turn, and nothing follows the turn that ended it."""
+    env = make_env("arith", difficulty=2)
+    task = env.tasks("train", n=1, seed=0)[0]
+    episode = play_oracle(env, task)
+    roles = [message["role"] for message in episode.conversation]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["content"] for m in episode.conversation if m["role"] == "assistant"] == env.oracle_actions(task)
+    assert episode.tool_results == [value for _expression, value in task.meta["steps"]]
+    assert episode.result is not None and episode.result.done and episode.result.info["correct"]
+    assert episode.turns_played == episode.turns_planned == 3
+
+
+@pytest.mark.parametrize(
+    ("edit", "correct", "turns", "failure"),
+    [
+        (lambda turns: turns + ["Final Answer: 0"], True, 3, "episode ended after 3 of 4 oracle turns"),
+        (lambda turns: turns[:-1], False, 2, "oracle turns ran out before the episode ended"),
+        (lambda turns: turns[:-1] + ["Final Answer: -1"], False, 3, "graded wrong: answered '-1'"),
+    ],
+)
+def test_oracle_episode_names_why_the_oracle_failed(edit, correct: bool, turns: int, failure: str) -> None:
+    """Guards the failure reasons `agentic-rl envs oracle` lists: an oracle that outlives the
+    episode, runs out of turns, or answers wrong is reported, not counted as solved."""
+    env, task = _arith_with_oracle(edit)
+    summary = run_oracle_episodes(env, [task])
+    assert summary["accuracy"] == float(correct) and summary["mean_turns"] == turns
+    assert summary["failures"] and summary["failures"][0]["reason"].startswith(failure), summary

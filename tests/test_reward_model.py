@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.config import load_config
 from agentic_rl.envs.base import make_env
+from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.training.reward_model import RMConfig, corrupt_messages, train_rm
 from agentic_rl.training.run_dir import read_metrics
 
@@ -50,14 +51,7 @@ def test_corrupted_demonstration_has_a_wrong_final_answer():
     tasks = env.tasks("train", n=40, seed=3)
     wrong_tools = 0
     for task in tasks:
-        messages = env.reset(task)
-        conversation = list(messages)
-        for action in env.oracle_actions(task):
-            result = env.step(action)
-            conversation.append({"role": "assistant", "content": action})
-            if result.done:
-                break
-            conversation.extend(result.observation or [])
+        conversation = play_oracle(env, task).conversation
         corrupted = corrupt_messages(conversation, rng)
         assert corrupted is not None
         final = re.search(r"Final Answer:\s*(-?[\d,]*\.?\d+)", corrupted[-1]["content"])

@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.config import load_config
 from agentic_rl.envs.base import make_env
+from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import build_tiny_qwen3, load_tokenizer
 from agentic_rl.models.lora import LoraConfig, apply_lora, count_parameters
-from agentic_rl.rollout.demos import oracle_demos
+from agentic_rl.rollout.demos import DemoError, oracle_demos
 from agentic_rl.rollout.trajectory import collate
 from agentic_rl.training.run_dir import read_metrics
 from agentic_rl.training.scoring import TokenScorer
@@ -36,6 +37,23 @@ def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
         f"train.output_dir={output_dir}", "train.progress=false", *extra,
     ])
+
+
+def test_oracle_demo_is_the_oracle_conversation_and_an_unsolved_task_is_refused():
+    """Guards SFT against training on a demonstration the env did not grade correct: the demo
+    is exactly the conversation `play_oracle` played, and an oracle that runs out of turns or
+    answers wrong raises DemoError instead of becoming training data."""
+    tokenizer = load_tokenizer("tiny-qwen3")
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    env = make_env("arith", difficulty=2)
+    task = env.tasks("train", n=1, seed=0)[0]
+    (demo,) = oracle_demos(env, [task], chat_format)
+    assert demo.messages == play_oracle(env, task).conversation and demo.info["correct"]
+    turns = env.oracle_actions(task)
+    for broken in (turns[:-1], turns[:-1] + ["Final Answer: -1"]):
+        env.oracle_actions = lambda _task, broken=broken: broken
+        with pytest.raises(DemoError, match=f"the oracle of env 'arith' did not solve task {task.id}"):
+            oracle_demos(env, [task], chat_format)
 
 
 def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only():

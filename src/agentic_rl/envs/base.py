@@ -70,8 +70,8 @@ class Env:
     def oracle_actions(self, task: Task) -> list[str]:
         """A scripted policy: the turns that solve `task`, for tests, SFT demos and `envs oracle`.
 
-        The oracle may need the observations, so envs whose oracle is reactive override
-        `oracle_policy` instead; the default replays this fixed list.
+        The list is fixed before the episode starts (the oracle does not read observations);
+        `envs.oracle.play_oracle` replays it through `reset` and `step`.
         """
         raise NotImplementedError(f"env '{self.name}' has no oracle")
 

@@ -6,15 +6,19 @@
 Every oracle turn goes through `env.step`, so this checks the env as much as the oracle: tool
 parsing, tool execution, answer extraction and grading. When a task lists its solution steps
 (`meta["steps"]` in arith, `meta["annotations"]` in gsm8k) each tool result is also compared with the expected value.
-The CLI wires this to `agentic-rl envs oracle ENV --n N [--split test] [--seed S]`.
+The CLI wires this to `agentic-rl envs oracle ENV [--n N] [--split train|test] [--seed S] [--option KEY=VALUE]`.
+
+`play_oracle(env, task)` is the one loop that plays an oracle episode; SFT's `oracle_demos`
+(rollout/demos.py) turns its conversation into a demonstration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from agentic_rl.envs.answer import answers_match
-from agentic_rl.envs.base import Env, Task, make_env
+from agentic_rl.envs.base import Env, StepResult, Task, make_env
 from agentic_rl.envs.tool_env import reference_step_values
 
 MAX_FAILURES_LISTED = 10
@@ -53,30 +57,62 @@ def run_oracle_episodes(env: Env, tasks: list[Task]) -> dict[str, Any]:
     }
 
 
-def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
-    """One episode of the oracle on `task`: correct, counts, and why it failed (or None)."""
-    env.reset(task)
-    expected = reference_step_values(task)
-    results: list[str] = []
+@dataclasses.dataclass
+class OracleEpisode:
+    """One episode of an env's scripted oracle, played through `env.reset` and `env.step`."""
+
+    conversation: list[dict[str, Any]]
+    """The reset messages, then each oracle turn as an assistant message followed by the
+    observation it got (none after the turn that ended the episode)."""
+    result: StepResult | None
+    """The last `env.step` result; None when the oracle had no turns."""
+    tool_results: list[str]
+    """The content of every tool message the env returned, in order."""
+    turns_played: int
+    """How many oracle turns went through `env.step`."""
+    turns_planned: int
+    """How many turns the oracle had; more than `turns_played` when the episode ended early."""
+
+
+def play_oracle(env: Env, task: Task) -> OracleEpisode:
+    """Run `env.oracle_actions(task)` through `env.reset(task)` and `env.step` until done.
+
+    The one oracle loop: `run_oracle_episode` grades it here, and SFT's `oracle_demos`
+    (rollout/demos.py) turns its conversation into a trajectory."""
+    conversation = list(env.reset(task))
     actions = env.oracle_actions(task)
     result = None
-    for position, action in enumerate(actions):
+    tool_results: list[str] = []
+    played = 0
+    for action in actions:
         result = env.step(action)
+        played += 1
+        conversation.append({"role": "assistant", "content": action})
         if result.done:
-            if position != len(actions) - 1:
-                return _episode(result.info, f"episode ended after {position + 1} of {len(actions)} oracle turns")
             break
-        results += [message["content"] for message in result.observation or [] if message["role"] == "tool"]
+        observation = result.observation or []
+        conversation.extend(observation)
+        tool_results += [message["content"] for message in observation if message["role"] == "tool"]
+    return OracleEpisode(conversation, result, tool_results, played, len(actions))
+
+
+def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
+    """One episode of the oracle on `task`: correct, counts, and why it failed (or None)."""
+    episode = play_oracle(env, task)
+    result = episode.result
     if result is None or not result.done:
-        return {"correct": False, "tool_calls": 0, "tool_errors": 0, "turns": len(actions),
+        return {"correct": False, "tool_calls": 0, "tool_errors": 0, "turns": episode.turns_planned,
                 "step_mismatches": 0, "failure": "oracle turns ran out before the episode ended"}
-    mismatches = sum(1 for got, want in zip(results, expected) if not answers_match(got, want))
-    episode = _episode(result.info, None if result.info["correct"] else
+    if episode.turns_played < episode.turns_planned:
+        return _episode(result.info, f"episode ended after {episode.turns_played} of {episode.turns_planned} oracle turns")
+    expected = reference_step_values(task)
+    mismatches = sum(1 for got, want in zip(episode.tool_results, expected) if not answers_match(got, want))
+    summary = _episode(result.info, None if result.info["correct"] else
                        f"graded wrong: answered {result.info['final_answer']!r}, reference {task.answer!r}")
-    episode["step_mismatches"] = mismatches
-    if result.info["tool_errors"] and episode["failure"] is None:
-        episode["failure"] = f"{result.info['tool_errors']} tool error(s)"
-    return episode
+    summary["step_mismatches"] = mismatches
+    if result.info["tool_errors"] and summary["failure"] is None:
+        summary["failure"] = f"{result.info['tool_errors']} tool error(s)"
+    return summary
 
 
 def _episode(info: dict[str, Any], failure: str | None) -> dict[str, Any]:

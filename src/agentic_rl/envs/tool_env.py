@@ -40,7 +40,7 @@ from typing import Any
 
 from agentic_rl.envs.answer import answers_match, extract_final_answer
 from agentic_rl.envs.base import Env, StepResult, Task
-from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, get_tool
+from agentic_rl.tools.base import ToolError, ToolUnavailable, get_tool
 from agentic_rl.tools.parse import ToolCall, parse_tool_calls
 
 MAX_CALLS_PER_TURN = 8
@@ -56,22 +56,6 @@ SYSTEM_PROMPT = (
 )
 
 
-def resolve_tool(name: str) -> Tool:
-    """The registered tool `name` (ValueError listing the known tools if there is none).
-
-    `get_tool` imports every built-in tool module first; while `tools/python_sandbox.py` is
-    missing, that import fails, so the calculator is then built from its function directly.
-    """
-    try:
-        return get_tool(name)
-    except ModuleNotFoundError as exc:
-        if name != "calculator":
-            raise ValueError(f"tool {name!r} is unavailable: its module is missing ({exc})") from exc
-        from agentic_rl.tools.calculator import calculator
-
-        return Tool.from_function(calculator, name="calculator")
-
-
 class ToolEnv(Env):
     """A final-answer task solved in turns, with tools. Stateful: one episode at a time."""
 
@@ -80,7 +64,7 @@ class ToolEnv(Env):
             raise ValueError(f"max_turns must be >= 1, got {max_turns}; the answer needs a turn")
         if not tool_names:
             raise ValueError("a ToolEnv needs at least one tool, e.g. ['calculator']")
-        self.tools = [resolve_tool(name) for name in tool_names]
+        self.tools = [get_tool(name) for name in tool_names]
         self._tools_by_name = {tool.name: tool for tool in self.tools}
         self.max_turns = max_turns
         self.tool_success_reward = tool_success_reward

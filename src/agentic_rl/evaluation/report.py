@@ -31,7 +31,7 @@ PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/m
 
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
-    """Write report.md, results.json and plots/ under `root`; returns the report path."""
+    """Write report.md, results.json, summary.json and plots/ under `root`; returns the report path."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -7,7 +7,8 @@ with no end-of-turn token, as the engine stops it; a final turn ends with the en
 token, which is trained (the model must learn to stop).
 
 Three sources:
-  * `oracle_demos(env, tasks)`: the env's scripted oracle, run through the real env API,
+  * `oracle_demos(env, tasks, chat_format)`: the env's scripted oracle, run through the real env API
+    by `envs.oracle.play_oracle`,
     so tool results are real (arith's solver; GSM8K's `<<expr=value>>` annotations).
   * `load_jsonl_demos(path, chat_format)`: a user's file, one conversation per line:
         {"messages": [{"role": "system", "content": "..."},
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from agentic_rl.envs.base import Env, Task
+from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, format_tool_call
@@ -98,18 +100,11 @@ def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> li
     """Run the env's oracle on each task through the env API; every demo must be graded correct."""
     demos = []
     for task in tasks:
-        messages = env.reset(task)
-        conversation = list(messages)
-        result = None
-        for action in env.oracle_actions(task):
-            result = env.step(action)
-            conversation.append({"role": "assistant", "content": action})
-            if result.done:
-                break
-            conversation.extend(result.observation or [])
+        episode = play_oracle(env, task)
+        result = episode.result
         if result is None or not result.done or not result.info.get("correct"):
             raise DemoError(f"the oracle of env '{env.name}' did not solve task {task.id}: {result.info if result else None}")
-        demos.append(trajectory_from_messages(chat_format, conversation, env.tool_schemas, env.name, task.id, result.info))
+        demos.append(trajectory_from_messages(chat_format, episode.conversation, env.tool_schemas, env.name, task.id, result.info))
     return demos
 
 

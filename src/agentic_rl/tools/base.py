@@ -131,11 +131,6 @@ def get_tool(name: str) -> Tool:
     return _REGISTRY[name]()
 
 
-def list_tools() -> list[str]:
-    _ensure_builtin_tools()
-    return sorted(_REGISTRY)
-
-
 def _ensure_builtin_tools() -> None:
     # Importing the modules runs their @register_tool decorators.
     from agentic_rl.tools import calculator, python_sandbox  # noqa: F401

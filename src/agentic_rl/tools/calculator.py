@@ -4,7 +4,7 @@
     calculator("0.1 + 0.2")     -> "0.3"        (exact: every number is a fractions.Fraction)
     calculator("(3 × 4) ÷ 8")   -> "1.5"        (× and ÷ are accepted and mean * and /)
     calculator("1/3")           -> "0.3333333333"
-    calculator("2**200")        -> ToolError: the result would exceed the size limit
+    calculator("2**200")        -> ToolError: exponent 200 is too large; the limit is |exponent| <= 100
 
 The expression is parsed with `ast.parse(mode="eval")` and only a whitelist of node types is
 evaluated (numbers, + - * / // % **, unary +/-, parentheses). There is no eval/exec, no names,
