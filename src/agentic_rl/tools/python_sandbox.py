@@ -78,7 +78,6 @@ calls with decoding needs an asynchronous engine step, which must keep the run d
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -90,6 +89,8 @@ import sys
 import time
 
 from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, register_tool
+from agentic_rl.tools.sandbox_limits import SandboxLimits
+from agentic_rl.tools.sandbox_result import SandboxResult, classify_exit, failed_result
 
 _MAX_CODE_BYTES = 1_000_000  # a model turn is far shorter; this only bounds the stdin write
 _STOP_GRACE_S = 2.0
@@ -100,62 +101,6 @@ _STDERR_KILL_FACTOR = 16  # how long the bootstrap gets to tear the namespace do
 # trained on) are the same on every run and machine: no random temp-dir names.
 _SANDBOX_WORK = "/tmp/work"
 _SANDBOX_PYTHON = "/tmp/python"
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """Resource caps for one sandboxed run. The defaults suit short arithmetic/scripting."""
-
-    timeout_s: float = 5.0
-    """Wall-clock seconds, from process start to the last byte of output."""
-    cpu_seconds: int = 5
-    """RLIMIT_CPU per process, in CPU seconds (SIGXCPU at the soft limit, SIGKILL 1 s later)."""
-    memory_bytes: int = 512 * 2**20
-    """RLIMIT_AS per process (address space, bytes). Below ~64 MB Python cannot start."""
-    max_processes: int = 16
-    """RLIMIT_NPROC: tasks (processes + threads) the sandbox uid may have, the worker included."""
-    max_output_bytes: int = 4096
-    """Bytes kept per stream: stdout's head, stderr's tail. More stdout (or 16x this on stderr)
-    kills the run (exit_reason output_truncated). The tool's observation (stdout plus error
-    text) holds at most this many bytes of output, and says so with a marker when cut."""
-    max_file_bytes: int = 16 * 2**20
-    """RLIMIT_FSIZE for any one file, and the size of the tmpfs work dir (bytes)."""
-    max_open_files: int = 64
-    """RLIMIT_NOFILE."""
-
-    def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.cpu_seconds < 1:
-            raise ValueError(f"cpu_seconds must be >= 1, got {self.cpu_seconds}")
-        if self.memory_bytes < 64 * 2**20:
-            raise ValueError(
-                f"memory_bytes={self.memory_bytes} is below 64 MiB: the interpreter itself "
-                "would fail to start; raise it"
-            )
-        if self.max_processes < 1:
-            raise ValueError(f"max_processes must be >= 1 (the worker), got {self.max_processes}")
-        for name in ("max_output_bytes", "max_file_bytes", "max_open_files"):
-            if getattr(self, name) < 16:
-                raise ValueError(f"{name} must be >= 16, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """What one run produced. `stdout` (head) and `stderr` (tail) hold at most
-    `max_output_bytes` bytes each."""
-
-    ok: bool
-    """True iff the code ran to completion with exit status 0."""
-    stdout: str
-    stderr: str
-    exit_reason: str
-    """One of: ok, error, timeout, memory, output_truncated, sandbox_error."""
-    error: str
-    """Human-readable reason when not ok (e.g. "timed out after 5.0 s"); "" when ok."""
-    returncode: int | None
-    """Worker exit status (128+N when killed by signal N); None when the caller stopped it."""
-    duration_s: float
 
 
 class SandboxUnavailable(ToolUnavailable):
@@ -258,7 +203,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     code_bytes = code.encode("utf-8", errors="replace")
     if len(code_bytes) > _MAX_CODE_BYTES:
         # The model's fault, not the host's: an ordinary error it can learn from.
-        return _result(started, "error", f"code longer than {_MAX_CODE_BYTES} bytes")
+        return failed_result(started, "error", f"code longer than {_MAX_CODE_BYTES} bytes")
     # stdin carries one JSON line of config, then the code: nothing lands on the host disk.
     payload = json.dumps(_sandbox_config(limits)).encode() + b"\n" + code_bytes
     status_read, status_write = os.pipe()
@@ -271,7 +216,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         )
     except OSError as exc:
         os.close(status_read)
-        return _result(started, "sandbox_error", f"cannot start the sandbox: {exc}")
+        return failed_result(started, "sandbox_error", f"cannot start the sandbox: {exc}")
     finally:
         os.close(status_write)
     try:
@@ -340,7 +285,7 @@ def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: S
     stdout = bytes(streams[stdout_fd][: limits.max_output_bytes])
     stderr = bytes(streams[stderr_fd][: limits.max_output_bytes])
     setup_error = bytes(streams[status_fd]).decode("utf-8", errors="replace")
-    return _classify(outcome, proc.returncode, stdout, stderr, setup_error, limits, started)
+    return classify_exit(outcome, proc.returncode, stdout, stderr, setup_error, limits, started)
 
 
 def _read_bounded(streams: dict[int, bytearray], tail_fd: int, deadline: float,
@@ -404,47 +349,6 @@ def _stop(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-
-
-def _classify(outcome: str, returncode: int | None, stdout: bytes, stderr: bytes,
-              setup_error: str, limits: SandboxLimits, started: float) -> SandboxResult:
-    out = stdout.decode("utf-8", errors="replace")
-    err = stderr.decode("utf-8", errors="replace")
-    if setup_error:
-        return _result(started, "sandbox_error", setup_error.strip(), out, err, returncode)
-    if outcome == "timeout":
-        return _result(started, "timeout", f"timed out after {limits.timeout_s:g} s", out, err)
-    if outcome == "overflow":
-        return _result(started, "output_truncated",
-                       f"output truncated after {limits.max_output_bytes} bytes", out, err)
-    if returncode == 0:
-        return SandboxResult(True, out, err, "ok", "", 0, time.monotonic() - started)
-    last_line = err.strip().splitlines()[-1] if err.strip() else ""
-    if last_line.startswith("MemoryError"):
-        message = f"memory limit of {limits.memory_bytes // 2**20} MiB exceeded"
-        return _result(started, "memory", message, out, err, returncode)
-    # SIGXCPU at the soft CPU limit; SIGKILL at the hard one if the code ignored SIGXCPU.
-    # A SIGKILL before cpu_seconds of wall time is the code killing itself: an "error".
-    elapsed = time.monotonic() - started
-    if returncode == 128 + signal.SIGXCPU or (
-        returncode == 128 + signal.SIGKILL and elapsed >= limits.cpu_seconds
-    ):
-        message = f"CPU time limit of {limits.cpu_seconds} s exceeded"
-        return _result(started, "timeout", message, out, err, returncode)
-    if not last_line and returncode is not None and returncode > 128:
-        # 128+N is how init reports death by signal N (a plain exit(130) reads the same).
-        try:
-            last_line = f"killed by {signal.Signals(returncode - 128).name}"
-        except ValueError:
-            pass
-    return _result(started, "error", last_line or f"exit status {returncode}", out, err,
-                   returncode)
-
-
-def _result(started: float, reason: str, error: str, stdout: str = "", stderr: str = "",
-            returncode: int | None = None) -> SandboxResult:
-    return SandboxResult(False, stdout, stderr, reason, error, returncode,
-                         time.monotonic() - started)
 
 
 # The bootstrap runs as `python -I -S -c _BOOTSTRAP STATUS_FD`, stdlib only, so it starts in
