@@ -7,8 +7,8 @@ needs nothing of ours to be importable; and because it is a fresh interpreter ra
 concurrent calls from a thread pool safe.
 
 Protocol with the caller:
-  - stdin: one line of JSON config (built by sandbox_supervisor.sandbox_config), then the code,
-    up to EOF. Nothing is written to the host's disk.
+  - stdin: one line of JSON config (built by `_sandbox_config` in sandbox_supervisor.py),
+    then the code, up to EOF. Nothing is written to the host's disk.
   - STATUS_FD (argv[1]): a setup failure is written there as "sandbox setup failed: ..." and
     the bootstrap exits with 125. The worker's copy is close-on-exec, so EOF on it with no
     bytes means the code started. The code's stderr never carries setup errors.
