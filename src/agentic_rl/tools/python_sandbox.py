@@ -6,23 +6,25 @@
 
 Tests: `.venv/bin/pytest tests/test_python_sandbox.py -q` runs every hostile program for real.
 
-How a call runs (three processes, none of them forked from a thread with Python code in
-between, so calls from a thread pool are safe: no preexec_fn, no shared mutable state):
+How a call runs: `run_python` (sandbox_supervisor.py) starts a fresh interpreter, the
+bootstrap, which unshares namespaces and forks init (pid 1 of a new pid namespace), which
+builds a read-only filesystem view and forks the worker, which drops its privileges and execs
+`python -I -S -u -B main.py`. The caller reads bounded output until exit, the deadline or an
+overflow, then tears the namespace down, so nothing outlives the call. No Python code runs
+between fork and exec in the caller and no state is shared, so threads may call it at once.
 
-    caller ──Popen──► bootstrap (python -I -S -c _BOOTSTRAP, new session, minimal env)
-                        │ unshare(mount, net, pid, ipc, uts [+ user when not root])
-                        └─fork─► init = pid 1 of the new pid namespace (stays privileged)
-                                   │ mounts: / private, every mount read-only, fresh /proc,
-                                   │         tmpfs work dir + /dev/shm, interpreter bound ro
-                                   └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
-                                            exec python -I -S -u -B main.py
+Where each part lives (tools/):
 
-The caller reads stdout/stderr incrementally (stdout's head and stderr's tail, at most
-`max_output_bytes` + one 64 KiB read each are ever held) and stops the sandbox on overflow
-or at the wall-clock deadline. Stopping = SIGTERM
-to the bootstrap, which SIGKILLs init; the kernel then kills everything in the pid namespace
-and init's exit is reported only after they are all gone, so nothing outlives the call. A
-SIGKILL to the bootstrap's process group is the fallback, and init has PDEATHSIG=SIGKILL.
+    python_sandbox.py        the registered tool, its one-time host check, this threat model
+    sandbox_limits.py        SandboxLimits: each cap, and what enforces it
+    sandbox_supervisor.py    run_python: the caller's side (start, feed, bounded reads,
+                             deadline, teardown)
+    sandbox_bootstrap.py     the program that builds the sandbox: three processes, the
+                             worker's rlimits and privilege drop, the protocol with the caller
+    sandbox_namespaces.py    isolation: the namespaces, and the read-only filesystem view
+    sandbox_seccomp.py       isolation: the socket filter
+    sandbox_result.py        SandboxResult, and how the way a run ended becomes exit_reason
+    sandbox_observation.py   the observation text the policy reads
 
 Threat model (what is enforced, and how):
   - Wall clock: `timeout_s`, enforced by the caller. CPU: RLIMIT_CPU per process (SIGXCPU).
@@ -33,20 +35,20 @@ Threat model (what is enforced, and how):
     uid's current task count + `max_processes` (racy with the user's other processes).
   - Output: more than `max_output_bytes` on stdout, or 16x that on stderr, kills the
     sandbox; the cut is reported (exit_reason output_truncated + a marker), never silent.
-  - Files: the whole mount tree is remounted read-only in the private mount namespace; the
-    only writable places are a size-capped tmpfs work dir and a tmpfs /dev/shm, both gone
-    when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this pid namespace's
-    own, mounted read-only. /dev is a fresh read-only tmpfs holding only null, zero, full,
-    random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As root,
-    the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
-  - Network: an empty network namespace (loopback down, no abstract Unix sockets of the host)
-    and a seccomp filter: socket() is refused (EACCES) for every family but AF_INET/AF_INET6,
-    which only reach the empty namespace (ENETUNREACH). So no Unix socket (a socket file on
-    the host, or abstract), no netlink, no vsock to a VM host, no packet socket.
-    socketpair() only makes connected SOCK_STREAM pairs (asyncio needs one); io_uring is
-    refused, since its operations would bypass the filter. The filter is applied last, after
-    no_new_privs, and inherited by every child. x86_64 and aarch64 are supported; on another
-    architecture the sandbox refuses to start.
+  - Files (sandbox_namespaces.py): the whole mount tree is remounted read-only in the private
+    mount namespace; the only writable places are a size-capped tmpfs work dir and a tmpfs
+    /dev/shm, both gone when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this
+    pid namespace's own, mounted read-only. /dev is a fresh read-only tmpfs holding only null,
+    zero, full, random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As
+    root, the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
+  - Network (sandbox_namespaces.py, sandbox_seccomp.py): an empty network namespace (loopback
+    down, no abstract Unix sockets of the host) and a seccomp filter: socket() is refused
+    (EACCES) for every family but AF_INET/AF_INET6, which only reach the empty namespace
+    (ENETUNREACH). So no Unix socket (a socket file on the host, or abstract), no netlink, no
+    vsock to a VM host, no packet socket. socketpair() only makes connected SOCK_STREAM pairs
+    (asyncio needs one); io_uring is refused, since its operations would bypass the filter. The
+    filter is applied last, after no_new_privs, and inherited by every child. x86_64 and aarch64
+    are supported; on another architecture the sandbox refuses to start.
   - Signals: the worker is in its own session and pid namespace, so it cannot name any
     process outside it (its parent is pid 1 = init, which ignores signals from inside), and
     as root its uid could not signal them anyway.
