@@ -24,8 +24,8 @@ The filesystem, as `prepare_filesystem` leaves it:
     /tmp         a 64 KiB tmpfs, read-only once set up, holding only the two mount points
       work       the work dir: tmpfs of max_file_bytes, mode 0700, owned by the worker's uid,
                  holding main.py (the code)
-      python     the interpreter's prefix, bound read-only: it may live where the worker's
-                 uid cannot go (pyenv under /root, mode 0700)
+      python     the interpreter's prefix, bound read-only when the interpreter lives under
+                 it: it may live where the worker's uid cannot go (pyenv under /root, 0700)
     /dev         a read-only tmpfs with only null, zero, full, random and urandom (bound from
                  the host), the fd/stdin/stdout/stderr links, and /dev/shm (tmpfs of
                  max_file_bytes)

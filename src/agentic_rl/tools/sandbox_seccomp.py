@@ -16,8 +16,8 @@ network, not an allow-list that shrinks the kernel's attack surface:
     needs one).
   - io_uring_setup, io_uring_enter, io_uring_register: EACCES, since io_uring's operations
     would bypass the filter.
-  - a syscall through a foreign ABI (32-bit on x86_64, or x32): the process is killed, since
-    the syscall numbers tested here would not mean the same.
+  - a syscall through a foreign ABI (a 32-bit one, or x32 on x86_64): the process is killed,
+    since the syscall numbers tested here would not mean the same there.
 
 The filter is classic BPF, written as (code, jt, jf, k) tuples, packed 8 bytes each. It knows
 the syscall numbers of x86_64 and aarch64; on another architecture `seccomp_filter` raises,
