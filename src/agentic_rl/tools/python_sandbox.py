@@ -6,23 +6,25 @@
 
 Tests: `.venv/bin/pytest tests/test_python_sandbox.py -q` runs every hostile program for real.
 
-How a call runs (three processes, none of them forked from a thread with Python code in
-between, so calls from a thread pool are safe: no preexec_fn, no shared mutable state):
+How a call runs: `run_python` (sandbox_supervisor.py) starts a fresh interpreter, the
+bootstrap, which unshares namespaces and forks init (pid 1 of a new pid namespace), which
+builds a read-only filesystem view and forks the worker, which drops its privileges and execs
+`python -I -S -u -B main.py`. The caller reads bounded output until exit, the deadline or an
+overflow, then tears the namespace down, so nothing outlives the call. No Python code runs
+between fork and exec in the caller and no state is shared, so threads may call it at once.
 
-    caller ──Popen──► bootstrap (python -I -S -c _BOOTSTRAP, new session, minimal env)
-                        │ unshare(mount, net, pid, ipc, uts [+ user when not root])
-                        └─fork─► init = pid 1 of the new pid namespace (stays privileged)
-                                   │ mounts: / private, every mount read-only, fresh /proc,
-                                   │         tmpfs work dir + /dev/shm, interpreter bound ro
-                                   └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
-                                            exec python -I -S -u -B main.py
+Where each part lives (tools/):
 
-The caller reads stdout/stderr incrementally (stdout's head and stderr's tail, at most
-`max_output_bytes` + one 64 KiB read each are ever held) and stops the sandbox on overflow
-or at the wall-clock deadline. Stopping = SIGTERM
-to the bootstrap, which SIGKILLs init; the kernel then kills everything in the pid namespace
-and init's exit is reported only after they are all gone, so nothing outlives the call. A
-SIGKILL to the bootstrap's process group is the fallback, and init has PDEATHSIG=SIGKILL.
+    python_sandbox.py        the registered tool, its one-time host check, this threat model
+    sandbox_limits.py        SandboxLimits: each cap, and what enforces it
+    sandbox_supervisor.py    run_python: the caller's side (start, feed, bounded reads,
+                             deadline, teardown)
+    sandbox_bootstrap.py     the program that builds the sandbox: three processes, the
+                             worker's rlimits and privilege drop, the protocol with the caller
+    sandbox_namespaces.py    isolation: the namespaces, and the read-only filesystem view
+    sandbox_seccomp.py       isolation: the socket filter
+    sandbox_result.py        SandboxResult, and how the way a run ended becomes exit_reason
+    sandbox_observation.py   the observation text the policy reads
 
 Threat model (what is enforced, and how):
   - Wall clock: `timeout_s`, enforced by the caller. CPU: RLIMIT_CPU per process (SIGXCPU).
@@ -33,20 +35,20 @@ Threat model (what is enforced, and how):
     uid's current task count + `max_processes` (racy with the user's other processes).
   - Output: more than `max_output_bytes` on stdout, or 16x that on stderr, kills the
     sandbox; the cut is reported (exit_reason output_truncated + a marker), never silent.
-  - Files: the whole mount tree is remounted read-only in the private mount namespace; the
-    only writable places are a size-capped tmpfs work dir and a tmpfs /dev/shm, both gone
-    when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this pid namespace's
-    own, mounted read-only. /dev is a fresh read-only tmpfs holding only null, zero, full,
-    random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As root,
-    the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
-  - Network: an empty network namespace (loopback down, no abstract Unix sockets of the host)
-    and a seccomp filter: socket() is refused (EACCES) for every family but AF_INET/AF_INET6,
-    which only reach the empty namespace (ENETUNREACH). So no Unix socket (a socket file on
-    the host, or abstract), no netlink, no vsock to a VM host, no packet socket.
-    socketpair() only makes connected SOCK_STREAM pairs (asyncio needs one); io_uring is
-    refused, since its operations would bypass the filter. The filter is applied last, after
-    no_new_privs, and inherited by every child. x86_64 and aarch64 are supported; on another
-    architecture the sandbox refuses to start.
+  - Files (sandbox_namespaces.py): the whole mount tree is remounted read-only in the private
+    mount namespace; the only writable places are a size-capped tmpfs work dir and a tmpfs
+    /dev/shm, both gone when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this
+    pid namespace's own, mounted read-only. /dev is a fresh read-only tmpfs holding only null,
+    zero, full, random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As
+    root, the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
+  - Network (sandbox_namespaces.py, sandbox_seccomp.py): an empty network namespace (loopback
+    down, no abstract Unix sockets of the host) and a seccomp filter: socket() is refused
+    (EACCES) for every family but AF_INET/AF_INET6, which only reach the empty namespace
+    (ENETUNREACH). So no Unix socket (a socket file on the host, or abstract), no netlink, no
+    vsock to a VM host, no packet socket. socketpair() only makes connected SOCK_STREAM pairs
+    (asyncio needs one); io_uring is refused, since its operations would bypass the filter. The
+    filter is applied last, after no_new_privs, and inherited by every child. x86_64 and aarch64
+    are supported; on another architecture the sandbox refuses to start.
   - Signals: the worker is in its own session and pid namespace, so it cannot name any
     process outside it (its parent is pid 1 = init, which ignores signals from inside), and
     as root its uid could not signal them anyway.
@@ -78,84 +80,17 @@ calls with decoding needs an asynchronous engine step, which must keep the run d
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import os
-import secrets
-import selectors
-import signal
-import subprocess
-import sys
-import time
 
 from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, register_tool
+from agentic_rl.tools.sandbox_limits import SandboxLimits
+from agentic_rl.tools.sandbox_observation import format_observation
+from agentic_rl.tools.sandbox_result import SandboxResult
+from agentic_rl.tools.sandbox_supervisor import run_python
 
-_MAX_CODE_BYTES = 1_000_000  # a model turn is far shorter; this only bounds the stdin write
-_STOP_GRACE_S = 2.0
-# stderr is kept as a tail window (tracebacks end with the error) and the run is killed only
-# once it has written this many times max_output_bytes to stderr.
-_STDERR_KILL_FACTOR = 16  # how long the bootstrap gets to tear the namespace down before SIGKILL
-# Fixed paths inside the sandbox's private /tmp, so tracebacks (observations the policy is
-# trained on) are the same on every run and machine: no random temp-dir names.
-_SANDBOX_WORK = "/tmp/work"
-_SANDBOX_PYTHON = "/tmp/python"
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """Resource caps for one sandboxed run. The defaults suit short arithmetic/scripting."""
-
-    timeout_s: float = 5.0
-    """Wall-clock seconds, from process start to the last byte of output."""
-    cpu_seconds: int = 5
-    """RLIMIT_CPU per process, in CPU seconds (SIGXCPU at the soft limit, SIGKILL 1 s later)."""
-    memory_bytes: int = 512 * 2**20
-    """RLIMIT_AS per process (address space, bytes). Below ~64 MB Python cannot start."""
-    max_processes: int = 16
-    """RLIMIT_NPROC: tasks (processes + threads) the sandbox uid may have, the worker included."""
-    max_output_bytes: int = 4096
-    """Bytes kept per stream: stdout's head, stderr's tail. More stdout (or 16x this on stderr)
-    kills the run (exit_reason output_truncated). The tool's observation (stdout plus error
-    text) holds at most this many bytes of output, and says so with a marker when cut."""
-    max_file_bytes: int = 16 * 2**20
-    """RLIMIT_FSIZE for any one file, and the size of the tmpfs work dir (bytes)."""
-    max_open_files: int = 64
-    """RLIMIT_NOFILE."""
-
-    def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.cpu_seconds < 1:
-            raise ValueError(f"cpu_seconds must be >= 1, got {self.cpu_seconds}")
-        if self.memory_bytes < 64 * 2**20:
-            raise ValueError(
-                f"memory_bytes={self.memory_bytes} is below 64 MiB: the interpreter itself "
-                "would fail to start; raise it"
-            )
-        if self.max_processes < 1:
-            raise ValueError(f"max_processes must be >= 1 (the worker), got {self.max_processes}")
-        for name in ("max_output_bytes", "max_file_bytes", "max_open_files"):
-            if getattr(self, name) < 16:
-                raise ValueError(f"{name} must be >= 16, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    """What one run produced. `stdout` (head) and `stderr` (tail) hold at most
-    `max_output_bytes` bytes each."""
-
-    ok: bool
-    """True iff the code ran to completion with exit status 0."""
-    stdout: str
-    stderr: str
-    exit_reason: str
-    """One of: ok, error, timeout, memory, output_truncated, sandbox_error."""
-    error: str
-    """Human-readable reason when not ok (e.g. "timed out after 5.0 s"); "" when ok."""
-    returncode: int | None
-    """Worker exit status (128+N when killed by signal N); None when the caller stopped it."""
-    duration_s: float
+# The sandbox's public names, importable from here as before the split into sandbox_*.py.
+__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "check_sandbox",
+           "format_observation", "python", "python_tool", "run_python"]
 
 
 class SandboxUnavailable(ToolUnavailable):
@@ -204,469 +139,3 @@ def python(code: str) -> str:
     if not result.ok:  # traceback, timeout, MemoryError, non-zero exit, output cut: a failed call
         raise ToolError(observation)
     return observation
-
-
-def format_observation(result: SandboxResult, max_bytes: int) -> str:
-    """One observation string: stdout, then the error, with at most `max_bytes` of program
-    output. Anything cut is announced by a "[output truncated ...]" line, never silent;
-    bracketed notes (the marker, "[timed out after 5 s]") come on top of the budget.
-    """
-    if result.ok:
-        text, cut = _head(result.stdout, max_bytes)
-        if not text:
-            return "[no output; use print() to show values]"
-        return f"{text.rstrip()}\n[output truncated after {max_bytes} bytes]" if cut else text
-    if result.exit_reason == "output_truncated":
-        text, _ = _head(result.stdout or result.stderr, max_bytes)
-        return f"{text.rstrip()}\n[output truncated after {max_bytes} bytes]"
-    traceback_text = result.stderr.strip("\n") if result.exit_reason in ("error", "memory") else ""
-    # The traceback's last lines name the error, so it gets the budget first (its tail),
-    # less up to a quarter kept for stdout (its head), which gets what is left.
-    stdout_share = min(len(result.stdout.encode("utf-8")), max_bytes // 4)
-    traceback_text, traceback_cut = _tail(traceback_text, max_bytes - stdout_share)
-    room = max_bytes - len(traceback_text.encode("utf-8"))
-    stdout_text, stdout_cut = _head(result.stdout.rstrip("\n"), room)
-    parts = [stdout_text] if stdout_text else []
-    if stdout_cut or traceback_cut:
-        parts.append(f"[output truncated: only {max_bytes} bytes of output are shown]")
-    if traceback_text:
-        parts.append(traceback_text)
-    if result.exit_reason != "error" or not traceback_text:
-        parts.append(f"[{result.error}]")
-    return "\n".join(parts)
-
-
-def _head(text: str, max_bytes: int) -> tuple[str, bool]:
-    """The first `max_bytes` bytes of `text` (whole characters only), and whether it was cut."""
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text, False
-    return encoded[: max(0, max_bytes)].decode("utf-8", errors="ignore"), True
-
-
-def _tail(text: str, max_bytes: int) -> tuple[str, bool]:
-    """The last `max_bytes` bytes of `text` (whole characters only), and whether it was cut."""
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text, False
-    return encoded[len(encoded) - max_bytes :].decode("utf-8", errors="ignore"), True
-
-
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` as a program in a fresh sandbox (see the module docstring) and wait for it."""
-    started = time.monotonic()
-    code_bytes = code.encode("utf-8", errors="replace")
-    if len(code_bytes) > _MAX_CODE_BYTES:
-        # The model's fault, not the host's: an ordinary error it can learn from.
-        return _result(started, "error", f"code longer than {_MAX_CODE_BYTES} bytes")
-    # stdin carries one JSON line of config, then the code: nothing lands on the host disk.
-    payload = json.dumps(_sandbox_config(limits)).encode() + b"\n" + code_bytes
-    status_read, status_write = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(status_write)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
-            start_new_session=True, close_fds=True, pass_fds=(status_write,),
-        )
-    except OSError as exc:
-        os.close(status_read)
-        return _result(started, "sandbox_error", f"cannot start the sandbox: {exc}")
-    finally:
-        os.close(status_write)
-    try:
-        return _supervise(proc, status_read, payload, limits, started)
-    finally:
-        os.close(status_read)
-
-
-def _sandbox_config(limits: SandboxLimits) -> dict:
-    """Everything the bootstrap needs, as JSON-able values (it imports nothing of ours)."""
-    is_root = os.geteuid() == 0
-    # A fresh uid per call (as root): RLIMIT_NPROC then counts this sandbox only, and
-    # concurrent sandboxes cannot signal or ptrace each other. 2**31.. is unused by distros.
-    uid = 2**31 + secrets.randbelow(2**30) if is_root else os.getuid()
-    gid = uid if is_root else os.getgid()
-    exe = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
-    # The interpreter may live where the sandbox uid cannot go (pyenv under /root, mode 0700).
-    # Binding its prefix read-only at a fixed path makes it reachable without changing perms.
-    if exe.startswith(prefix + os.sep):
-        bound_prefix = _SANDBOX_PYTHON
-        worker_exe = os.path.join(bound_prefix, os.path.relpath(exe, prefix))
-    else:
-        prefix, bound_prefix, worker_exe = None, None, exe
-    work_dir = _SANDBOX_WORK
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work_dir, "TMPDIR": work_dir}
-    if bound_prefix and os.path.isdir(os.path.join(prefix, "lib")):
-        # libpython may be found through an absolute RPATH that the sandbox cannot reach.
-        env["LD_LIBRARY_PATH"] = os.path.join(bound_prefix, "lib")
-    return {
-        "is_root": is_root, "uid": uid, "gid": gid, "work_dir": work_dir,
-        "prefix": prefix, "bound_prefix": bound_prefix, "exe": worker_exe, "env": env,
-        "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
-        "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes,
-        "max_open_files": limits.max_open_files,
-    }
-
-
-def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: SandboxLimits,
-               started: float) -> SandboxResult:
-    """Feed config and code, collect bounded output until exit or a limit, always tear down."""
-    try:
-        proc.stdin.write(payload)
-    except BrokenPipeError:
-        pass  # the bootstrap died in setup; its status message says why
-    finally:
-        try:
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-    deadline = started + limits.timeout_s
-    stdout_fd, stderr_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    streams = {stdout_fd: bytearray(), stderr_fd: bytearray(), status_fd: bytearray()}
-    outcome = _read_bounded(streams, stderr_fd, deadline, limits.max_output_bytes)
-    if outcome == "eof":
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            outcome = "timeout"
-    if outcome != "eof":
-        _stop(proc)
-    else:
-        proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
-    stdout = bytes(streams[stdout_fd][: limits.max_output_bytes])
-    stderr = bytes(streams[stderr_fd][: limits.max_output_bytes])
-    setup_error = bytes(streams[status_fd]).decode("utf-8", errors="replace")
-    return _classify(outcome, proc.returncode, stdout, stderr, setup_error, limits, started)
-
-
-def _read_bounded(streams: dict[int, bytearray], tail_fd: int, deadline: float,
-                  cap: int) -> str:
-    """Read every fd until EOF on all ("eof"), "timeout", or too much output ("overflow").
-
-    Every fd but `tail_fd` keeps its first cap + 1 bytes; the extra byte is how overflow is
-    seen. `tail_fd` (stderr) keeps its last `cap` bytes, because a traceback's end names the
-    error, and overflows only past _STDERR_KILL_FACTOR * cap bytes. No buffer ever grows past
-    cap + one read.
-    """
-    stderr_total = 0
-    with selectors.DefaultSelector() as selector:
-        for fd in streams:
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    continue
-                buffer = streams[key.fd]
-                if key.fd == tail_fd:
-                    stderr_total += len(chunk)
-                    buffer += chunk
-                    del buffer[: max(0, len(buffer) - cap)]
-                    if stderr_total > _STDERR_KILL_FACTOR * cap:
-                        return "overflow"
-                else:
-                    buffer += chunk[: cap + 1 - len(buffer)]
-                    if len(buffer) > cap:
-                        return "overflow"
-    return "eof"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Tear the sandbox down; on return no process of it is left.
-
-    SIGTERM asks the bootstrap to SIGKILL init and wait until the pid namespace is empty.
-    If it has not exited within the grace period, SIGKILL its whole process group. The
-    bootstrap is not reaped before that killpg, so its pid (= the pgid) cannot be reused.
-    """
-    try:
-        proc.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    grace_end = time.monotonic() + _STOP_GRACE_S
-    while time.monotonic() < grace_end:
-        try:
-            exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # already reaped (e.g. by Popen.poll elsewhere): it has exited
-            break
-        if exited is not None:
-            break
-        time.sleep(0.005)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _classify(outcome: str, returncode: int | None, stdout: bytes, stderr: bytes,
-              setup_error: str, limits: SandboxLimits, started: float) -> SandboxResult:
-    out = stdout.decode("utf-8", errors="replace")
-    err = stderr.decode("utf-8", errors="replace")
-    if setup_error:
-        return _result(started, "sandbox_error", setup_error.strip(), out, err, returncode)
-    if outcome == "timeout":
-        return _result(started, "timeout", f"timed out after {limits.timeout_s:g} s", out, err)
-    if outcome == "overflow":
-        return _result(started, "output_truncated",
-                       f"output truncated after {limits.max_output_bytes} bytes", out, err)
-    if returncode == 0:
-        return SandboxResult(True, out, err, "ok", "", 0, time.monotonic() - started)
-    last_line = err.strip().splitlines()[-1] if err.strip() else ""
-    if last_line.startswith("MemoryError"):
-        message = f"memory limit of {limits.memory_bytes // 2**20} MiB exceeded"
-        return _result(started, "memory", message, out, err, returncode)
-    # SIGXCPU at the soft CPU limit; SIGKILL at the hard one if the code ignored SIGXCPU.
-    # A SIGKILL before cpu_seconds of wall time is the code killing itself: an "error".
-    elapsed = time.monotonic() - started
-    if returncode == 128 + signal.SIGXCPU or (
-        returncode == 128 + signal.SIGKILL and elapsed >= limits.cpu_seconds
-    ):
-        message = f"CPU time limit of {limits.cpu_seconds} s exceeded"
-        return _result(started, "timeout", message, out, err, returncode)
-    if not last_line and returncode is not None and returncode > 128:
-        # 128+N is how init reports death by signal N (a plain exit(130) reads the same).
-        try:
-            last_line = f"killed by {signal.Signals(returncode - 128).name}"
-        except ValueError:
-            pass
-    return _result(started, "error", last_line or f"exit status {returncode}", out, err,
-                   returncode)
-
-
-def _result(started: float, reason: str, error: str, stdout: str = "", stderr: str = "",
-            returncode: int | None = None) -> SandboxResult:
-    return SandboxResult(False, stdout, stderr, reason, error, returncode,
-                         time.monotonic() - started)
-
-
-# The bootstrap runs as `python -I -S -c _BOOTSTRAP STATUS_FD`, stdlib only, so it starts in
-# ~20 ms. stdin holds one line of config JSON, then the code. Setup errors go to STATUS_FD
-# (close-on-exec in the worker, so EOF there means "exec succeeded"), never to the code's
-# stderr.
-_BOOTSTRAP = r'''
-import ctypes, json, os, re, resource, signal, sys
-
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 4096, 16384, 1 << 18
-MS_RELATIME, MS_STRICTATIME = 1 << 21, 1 << 24
-# Flags a remount must keep: in a user namespace the kernel locks them (EPERM otherwise).
-KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-        "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
-MNT_DETACH = 2
-DEV_NODES = ("null", "zero", "full", "random", "urandom")
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                       ctypes.c_char_p]
-
-def check(ret, what):
-    if ret != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-def mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
-          f"mount {fstype or source} on {target}")
-
-def exit_code(status):
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-
-def fail(status_fd, exc):
-    os.write(status_fd, f"sandbox setup failed: {exc}".encode())
-    os._exit(125)
-
-def user_tasks(uid):
-    # Unprivileged RLIMIT_NPROC counts all of the user's tasks, so the cap is relative.
-    count = 0
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                count += int(fields["Threads"])
-        except (OSError, ValueError, KeyError):
-            continue
-    return count
-
-def enter_namespaces(cfg):
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    if not cfg["is_root"]:
-        flags |= CLONE_NEWUSER
-    check(libc.unshare(flags), "unshare")
-    if not cfg["is_root"]:
-        # Identity map: the worker keeps its uid, and its capabilities in this user
-        # namespace vanish at exec (non-zero uid).
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{cfg['uid']} {cfg['uid']} 1"),
-                           ("gid_map", f"{cfg['gid']} {cfg['gid']} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-
-def read_only_mounts():
-    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount may leak to the host
-    with open("/proc/self/mountinfo") as f:
-        entries = [line.split() for line in f]
-    for fields in entries:
-        # The kernel escapes space, tab, newline and backslash as octal, e.g. \040.
-        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        options = fields[5].split(",")
-        if "ro" in options:
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for option in options:
-            flags |= KEEP.get(option, 0)
-        mount(None, target, None, flags)
-
-def minimal_dev(shm_size):
-    # A fresh /dev with only the harmless nodes: the host's /dev holds terminals the caller
-    # owns (unprivileged, the code could write to the user's tty), disks, kmsg and vsock.
-    os.mkdir("/tmp/hostdev")
-    mount("/dev", "/tmp/hostdev", None, MS_BIND | MS_REC)
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for name in DEV_NODES:
-        open(f"/dev/{name}", "w").close()  # the mount point
-        mount(f"/tmp/hostdev/{name}", f"/dev/{name}", None, MS_BIND)
-    check(libc.umount2(b"/tmp/hostdev", MNT_DETACH), "umount /tmp/hostdev")
-    os.rmdir("/tmp/hostdev")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, f"/dev/{name}")
-    os.mkdir("/dev/shm")
-    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_size},mode=1777")
-    mount(None, "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-
-def prepare_filesystem(cfg, code):
-    read_only_mounts()
-    # This pid namespace's processes only, and read-only: no /proc/self/* knob is writable.
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
-    # A private, tiny, read-only /tmp holds just the two fixed mount points.
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-    for path in (cfg["work_dir"], cfg["bound_prefix"]):
-        if path:
-            os.mkdir(path)
-    owner = f"uid={cfg['uid']},gid={cfg['gid']}"
-    size = cfg["max_file_bytes"]
-    mount("tmpfs", cfg["work_dir"], "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,{owner}")
-    minimal_dev(size)
-    if cfg["prefix"]:
-        mount(cfg["prefix"], cfg["bound_prefix"], None, MS_BIND | MS_REC)
-        mount(None, cfg["bound_prefix"], None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
-    # Read-only from now on: unprivileged, the worker would own this tmpfs and could write.
-    mount(None, "/tmp", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    main = os.path.join(cfg["work_dir"], "main.py")
-    with open(main, "wb") as f:
-        f.write(code)
-    os.chown(main, cfg["uid"], cfg["gid"])
-
-# seccomp: socket() only for AF_INET/AF_INET6 (useless in the empty network namespace; they
-# fail with ENETUNREACH as on a machine without network), socketpair() only SOCK_STREAM (a
-# connected pair that cannot be re-pointed: asyncio needs it), io_uring refused (its
-# operations would bypass this filter). Everything else is allowed. Unix sockets (path or
-# abstract), netlink, vsock (the VM host), packet sockets: EACCES at socket().
-# (audit arch, socket, socketpair, io_uring_setup..register, x32 bit or 0)
-SYSCALLS = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427), 0x40000000),
-            "aarch64": (0xC00000B7, 198, 199, (425, 426, 427), 0)}
-AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK, EACCES = 2, 10, 1, 0xF, 13
-RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
-
-def seccomp_filter(machine):
-    import struct
-    if machine not in SYSCALLS:
-        raise OSError(f"no socket filter for CPU architecture {machine!r}; the sandbox supports "
-                      f"{sorted(SYSCALLS)}")
-    arch, nr_socket, nr_socketpair, nr_uring, x32 = SYSCALLS[machine]
-    LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06
-    deny = RET_ERRNO | EACCES
-    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, RET_KILL),  # a foreign ABI: kill
-            (LD, 0, 0, 0)]
-    if x32:
-        prog += [(JGE, 0, 1, x32), (RET, 0, 0, RET_KILL)]
-    for nr in nr_uring:
-        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, deny)]
-    prog += [(JEQ, 0, 5, nr_socket),                 # not socket(): to socketpair's test
-             (LD, 0, 0, 16),                           # args[0], low word: the family
-             (JEQ, 1, 0, AF_INET), (JEQ, 0, 1, AF_INET6),
-             (RET, 0, 0, RET_ALLOW), (RET, 0, 0, deny),
-             (JEQ, 0, 4, nr_socketpair),               # not socketpair(): allow
-             (LD, 0, 0, 24), (AND, 0, 0, SOCK_TYPE_MASK),  # args[1] without NONBLOCK/CLOEXEC
-             (JEQ, 1, 0, SOCK_STREAM), (RET, 0, 0, deny),
-             (RET, 0, 0, RET_ALLOW)]
-    return b"".join(struct.pack("=HBBI", *op) for op in prog)
-
-def install_seccomp():
-    code = seccomp_filter(os.uname().machine)
-    buffer = ctypes.create_string_buffer(code, len(code))
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    prog = Prog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    zero = ctypes.c_ulong(0)
-    check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog),
-                     zero, zero), "seccomp")
-
-def exec_worker(cfg, status_fd, nproc):
-    os.setsid()  # killpg(0, ...) from the code now reaches only its own group
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)
-    os.chdir(cfg["work_dir"])
-    for limit, value in ((resource.RLIMIT_AS, cfg["memory_bytes"]),
-                         (resource.RLIMIT_NPROC, nproc),
-                         (resource.RLIMIT_FSIZE, cfg["max_file_bytes"]),
-                         (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
-                         (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(limit, (value, value))
-    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
-    if cfg["is_root"]:
-        os.setgroups([])
-        os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    install_seccomp()  # last: from here on, no socket but AF_INET/6 (see SYSCALLS)
-    os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
-    os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
-
-def run_init(cfg, code, status_fd, nproc):
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    try:
-        prepare_filesystem(cfg, code)
-        worker = os.fork()
-        if worker == 0:
-            exec_worker(cfg, status_fd, nproc)
-    except BaseException as exc:
-        fail(status_fd, exc)
-    os.close(status_fd)
-    while True:  # pid 1 reaps orphans; when the worker exits, the namespace dies with us
-        pid, status = os.wait()
-        if pid == worker:
-            os._exit(exit_code(status))
-
-def main():
-    status_fd = int(sys.argv[1])
-    cfg = json.loads(sys.stdin.buffer.readline())
-    code = sys.stdin.buffer.read()
-    try:
-        nproc = cfg["max_processes"] + (0 if cfg["is_root"] else user_tasks(cfg["uid"]))
-        enter_namespaces(cfg)
-        init = os.fork()
-    except BaseException as exc:
-        fail(status_fd, exc)
-    if init == 0:
-        run_init(cfg, code, status_fd, nproc)
-    os.close(status_fd)
-    # The caller's SIGTERM means "stop": kill init, then wait, which returns only once the
-    # kernel has killed and reaped every process of the pid namespace.
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(init, signal.SIGKILL))
-    _, status = os.waitpid(init, 0)
-    os._exit(exit_code(status))
-
-main()
-'''
