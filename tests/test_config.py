@@ -131,3 +131,21 @@ def test_sampling_logprobs_are_pi_old_only_when_rollout_decodes_in_the_models_dt
     with pytest.raises(ValueError, match=r"rollout\.dtype=float32.*bfloat16 model"):
         load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16"])
     assert load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16", "old_logprobs=recompute"]).rollout.dtype == "float32"
+
+
+def test_every_command_prints_its_help_without_loading_torch():
+    """Guards against a help text argparse cannot format (a bare % once crashed `agentic-rl --help`),
+    and against help that imports torch (it must be instant)."""
+    import subprocess
+    import sys
+
+    from agentic_rl.cli import build_parser
+
+    commands = [[]] + [[name] for name in build_parser()._subparsers._group_actions[0].choices]
+    script = ("import sys; from agentic_rl.cli import build_parser; p = build_parser()\n"
+              "for argv in %r:\n"
+              "    try: p.parse_args(argv + ['--help'])\n"
+              "    except SystemExit as e: assert e.code == 0, argv\n"
+              "assert 'torch' not in sys.modules, 'help imported torch'\n" % commands)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

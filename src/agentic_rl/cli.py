@@ -101,7 +101,8 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.config import load_config
-    from agentic_rl.evaluation.runner import EvalCommandConfig, evaluate
+    from agentic_rl.evaluation.config import EvalCommandConfig
+    from agentic_rl.evaluation.runner import evaluate
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     # Flags are overrides of the eval config, applied before --set, through the same loader.
@@ -149,7 +150,7 @@ _CONFIG_COMMANDS = {
 }
 
 
-_DESCRIBED = {"eval": ("agentic_rl.evaluation.runner", "EvalCommandConfig"),
+_DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
               **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
 
 
@@ -227,26 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
                        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
     p.add_argument("--config", help="YAML eval config (every key: `agentic-rl config eval`); flags and --set override it")
-    p.add_argument("--model", help="model: built-in name, HF directory, hub id, or a stage's final/ folder")
-    p.add_argument("--env", help="env.name: environment name (default arith)")
+    from agentic_rl.config import field_help
+
+    for flag, key in _EVAL_FLAGS.items():  # help, type and default come from the config: one set of defaults
+        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
+                       help=f"{key}: {field_help('agentic_rl.evaluation.config:EvalCommandConfig', key)}".replace("%", "%%"))
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--n", help="n: number of problems (default 48)")
-    p.add_argument("--k", help="k: samples per problem for pass@k and maj@k (default 1: greedy only)")
-    p.add_argument("--temperature", help="rollout.temperature: sampling temperature of the k samples (default 1.0)")
-    p.add_argument("--split", help="split: train or test (default test)")
-    p.add_argument("--seed", help="seed: task and sampling seed (default 0)")
-    p.add_argument("--batch-size", help="batch_size: episodes decoded at once (default 16)")
-    p.add_argument("--max-turn-tokens", help="rollout.max_turn_tokens: token limit of one policy turn (default 128)")
-    p.add_argument("--max-turns", help="rollout.max_turns: policy turns per episode (default 6)")
-    p.add_argument("--dtype", help="rollout.dtype: float32 or bfloat16 (~2x faster on CPU; default float32)")
-    p.add_argument("--backend", help="rollout.backend: auto, fast or hf (default auto)")
-    p.add_argument("--label", help="label: name of this evaluation (default: the env name)")
-    p.add_argument("--out", help="out: also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. rollout.top_p=0.9 (repeatable)")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95% CI)")
+    p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
     p.add_argument("a", help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json")
     p.add_argument("b", help="B: the same, for the other model")
     p.add_argument("--json", action="store_true", help="print only the JSON line")

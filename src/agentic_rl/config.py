@@ -277,6 +277,18 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def field_help(class_path: str, key: str) -> str:
+    """'doc (default D)' of the dotted `key` of the dataclass at 'module:Class' (for CLI flags)."""
+    module, _, name = class_path.partition(":")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    *sections, leaf = key.split(".")
+    for section in sections:
+        cls = get_type_hints(cls)[section]
+    field = next(f for f in dataclasses.fields(cls) if f.name == leaf)
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    return f"{field_docs(cls).get(leaf, '')} (default {default!r})"
+
+
 def describe(cls: type, prefix: str = "") -> list[str]:
     """One line per leaf key: `key (type, default): doc`, recursing into nested configs."""
     lines = []

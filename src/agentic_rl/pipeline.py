@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.config import ConfigError
-from agentic_rl.evaluation.runner import EvalConfig
+from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.reward_model import RMConfig
