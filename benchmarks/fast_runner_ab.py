@@ -39,7 +39,8 @@ from agentic_rl.envs.base import make_env
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
 from agentic_rl.rollout.backend import RunnerBackend
-from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
 
@@ -68,7 +69,7 @@ def engine_rate(model, tokenizer, kwargs: dict, episodes: int, turns: int, turn_
     runner = FastRunner(model, max_slots=episodes, max_len=max_len, **kwargs)
     tasks = make_env("arith").tasks("test", n=episodes, seed=0)
     envs = [_ScriptedToolEnv(turns, make_env("arith")) for _ in range(episodes)]
-    limits = RolloutLimits(max_turn_tokens=turn_tokens, max_episode_tokens=max_len, max_turns=turns)
+    limits = RolloutConfig(max_turn_tokens=turn_tokens, max_episode_tokens=max_len, max_turns=turns)
     chat_format = _NoStopFormat(tokenizer)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=1.0, seed=seed))
     start = time.perf_counter()

@@ -38,7 +38,8 @@ from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
 from agentic_rl.rollout.backend import RunnerBackend
-from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
 from agentic_rl.rollout.sampling import SamplingParams
 
@@ -108,7 +109,7 @@ def _make_runner(kind: str, model, max_slots: int, max_len: int):
 
 def _engine_run(model, tokenizer, args, envs, tasks, turn_tokens: int, turns: int, seed: int) -> tuple[int, float]:
     runner = _make_runner(args.runner, model, max_slots=len(envs), max_len=args.max_len)
-    limits = RolloutLimits(max_turn_tokens=turn_tokens, max_episode_tokens=args.max_len, max_turns=turns)
+    limits = RolloutConfig(max_turn_tokens=turn_tokens, max_episode_tokens=args.max_len, max_turns=turns)
     chat_format = _NoStopFormat(tokenizer)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=args.temperature, seed=seed))
     start = time.perf_counter()

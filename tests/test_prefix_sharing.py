@@ -6,7 +6,8 @@ from agentic_rl.envs.base import Task
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
 from agentic_rl.rollout.backend import RunnerBackend
-from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
 from test_rollout_engine import ToolLoopEnv
@@ -45,7 +46,7 @@ def _run(share: bool):
     runner = FastRunner(model, max_slots=8, max_len=512)
     sampling = SamplingParams(temperature=0.9, seed=5)
     backend = _Counting(runner, chat_format, share=share)
-    engine = RolloutEngine(backend, chat_format, tokenizer, RolloutLimits(4, 512, 8), sampling)
+    engine = RolloutEngine(backend, chat_format, tokenizer, RolloutConfig(4, 512, 8), sampling)
     questions = ["What is 6*7?", "Add 2 and 3."]
     tasks = [Task(f"t{i}", questions[i // 3], "42") for i in range(6)]  # G = 3 episodes per question
     return engine.run([ToolLoopEnv(tool_turns=2, question=t.question) for t in tasks], tasks), backend

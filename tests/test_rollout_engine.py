@@ -19,7 +19,8 @@ from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.loader import load_model
 from agentic_rl.models.loader import load_tokenizer as _load_tokenizer
 from agentic_rl.rollout.backend import RunnerBackend
-from agentic_rl.rollout.engine import RolloutEngine, RolloutLimits
+from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
 from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
@@ -147,7 +148,7 @@ def _scripted_engine(tokenizer, chat_format, turn_texts_per_episode, limits=None
     """An engine whose 'model' writes the given turns (canonical tokenization; <|im_end|> turns end with it)."""
     scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turn_texts_per_episode]
     runner = ScriptedRunner(scripts, len(tokenizer))
-    limits = limits or RolloutLimits(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
+    limits = limits or RolloutConfig(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
     return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
 
 
@@ -297,7 +298,7 @@ def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls():
 def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max_turn_tokens=4):
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=8, max_len=1024)
-    limits = RolloutLimits(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
+    limits = RolloutConfig(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
     questions = ["What is 6*7?", "Add 2 and 3, then multiply by a hundred and twelve.", "Hi", "Compute 1+1 please, step by step."]
     envs = [ToolLoopEnv(tool_turns=2, question=questions[i % 4]) for i in range(n_episodes)]
@@ -364,7 +365,7 @@ def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
     """Guards against rollouts that cannot be traced to the weights that sampled them (invariant 3)."""
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=2, max_len=512)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutLimits(4, 512, 2), SamplingParams(seed=1))
+    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(4, 512, 2), SamplingParams(seed=1))
     (before,) = engine.run([ToolLoopEnv()], [_task()])
     assert engine.sync_weights() == 1
     (after,) = engine.run([ToolLoopEnv()], [_task()])
@@ -380,7 +381,7 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
     tokenizer = load_tokenizer("tiny-qwen3")
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     long_answer = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutLimits(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
     env = ToolLoopEnv(tool_turns=0)
     (trajectory,) = engine.run([env], [_task()])
     assert trajectory.finish_reason == "max_turn_tokens"
@@ -391,7 +392,7 @@ def test_cut_turn_continues_when_env_continues():
     """Guards against ending an episode at a turn cut the env chose to answer with feedback."""
     tokenizer = load_tokenizer("tiny-qwen3")
     chat_format = ChatFormat.for_tokenizer(tokenizer)
-    engine, _ = _scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutLimits(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
     (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
     assert trajectory.finish_reason == "max_turns"
     assert [s.end - s.start for s in trajectory.policy_spans] == [3, 3, 3]
@@ -400,7 +401,7 @@ def test_cut_turn_continues_when_env_continues():
 def test_max_turns_ends_the_episode_with_max_turns(chat):
     """Guards against episodes that run past the turn limit."""
     _, tokenizer, chat_format = chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("1+1")] * 5], RolloutLimits(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("1+1")] * 5], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
     (trajectory,) = engine.run([ToolLoopEnv(tool_turns=10)], [_task()])
     assert trajectory.finish_reason == "max_turns" and len(trajectory.policy_spans) == 2
     assert trajectory.spans[-1].kind == "policy", "no observation is appended after the last allowed turn"
@@ -414,16 +415,16 @@ def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation():
     prompt = len(chat_format.prompt_ids(env.reset(_task()), env.tool_schemas))
     turn = tokenizer(_tool_turn("6*7"), add_special_tokens=False)["input_ids"]
     # Room for one full turn, and an observation would not fit: ends without appending it.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutLimits(64, prompt + len(turn) + 5, 8))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutConfig(64, prompt + len(turn) + 5, 8))
     (dropped,) = engine.run([env], [_task()])
     assert dropped.finish_reason == "max_episode_tokens" and dropped.spans[-1].kind == "policy"
     assert len(dropped) == prompt + len(turn)
     # Room for part of a turn only: the turn is cut at the episode limit.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutLimits(64, prompt + 3, 8))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutConfig(64, prompt + 3, 8))
     (cut,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
     assert cut.finish_reason == "max_episode_tokens" and len(cut) == prompt + 3 and cut.num_policy_tokens == 3
     # No room at all: prompt only.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")]], RolloutLimits(64, prompt, 8))
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")]], RolloutConfig(64, prompt, 8))
     (empty,) = engine.run([ToolLoopEnv()], [_task()])
     assert empty.finish_reason == "max_episode_tokens" and empty.num_policy_tokens == 0
 
@@ -478,7 +479,7 @@ def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(plans,
     tokenizer = _QWEN3_TOKENIZER
     chat_format = _QWEN3_FORMAT
     scripts = [[_tool_turn("1+2")] * 6 for _ in plans]
-    engine, _ = _scripted_engine(tokenizer, chat_format, scripts, RolloutLimits(turn_tokens, episode_tokens, max_turns))
+    engine, _ = _scripted_engine(tokenizer, chat_format, scripts, RolloutConfig(turn_tokens, episode_tokens, max_turns))
     trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [_task(i) for i in range(len(plans))])
     for trajectory in trajectories:
         trajectory.check()
@@ -532,14 +533,14 @@ def test_sampling_params_reject_bad_values():
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="max_turns"):
-        RolloutLimits(max_turn_tokens=8, max_episode_tokens=128, max_turns=0)
+        RolloutConfig(max_turn_tokens=8, max_episode_tokens=128, max_turns=0)
 
 
 def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
     """Guards against a runner cache overflowing mid-episode."""
     model, tokenizer, chat_format = tiny
     with pytest.raises(ValueError, match="max_len"):
-        RolloutEngine(RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format), chat_format, tokenizer, RolloutLimits(8, 128, 2), SamplingParams())
+        RolloutEngine(RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format), chat_format, tokenizer, RolloutConfig(8, 128, 2), SamplingParams())
 
 
 def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
@@ -547,7 +548,7 @@ def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
     tokenizer = _QWEN3_TOKENIZER
     script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
     runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
-    engine = RolloutEngine(RunnerBackend(runner, _QWEN3_FORMAT), _QWEN3_FORMAT, tokenizer, RolloutLimits(128, 2048, 8), SamplingParams(temperature=0))
+    engine = RolloutEngine(RunnerBackend(runner, _QWEN3_FORMAT), _QWEN3_FORMAT, tokenizer, RolloutConfig(128, 2048, 8), SamplingParams(temperature=0))
     trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Literal
 from agentic_rl.config import PositiveInt
 
 if TYPE_CHECKING:  # torch-free at import: configs load before the heavy modules
-    from agentic_rl.rollout.engine import RolloutLimits
     from agentic_rl.rollout.sampling import SamplingParams
 
 BackendKind = Literal["auto", "fast", "hf"]
@@ -50,6 +49,9 @@ class RolloutConfig:
     """Threads running the tool calls of different episodes in parallel."""
 
     def __post_init__(self) -> None:
+        for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):  # also when built in Python
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         self.sampling(seed=0)  # SamplingParams' checks, at load time
 
     def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:
@@ -58,7 +60,3 @@ class RolloutConfig:
 
         return SamplingParams(self.temperature if temperature is None else temperature, self.top_p, self.top_k, seed=seed)
 
-    def limits(self) -> RolloutLimits:
-        from agentic_rl.rollout.engine import RolloutLimits
-
-        return RolloutLimits(self.max_turn_tokens, self.max_episode_tokens, self.max_turns)

@@ -3,7 +3,7 @@
     chat_format = ChatFormat.for_tokenizer(tok)
     backend = RunnerBackend(HFRunner(model, max_slots=32, max_len=2048), chat_format)
     engine = RolloutEngine(backend, chat_format, tok,
-                           RolloutLimits(max_turn_tokens=256, max_episode_tokens=2048, max_turns=8),
+                           RolloutConfig(max_turn_tokens=256, max_episode_tokens=2048, max_turns=8),
                            SamplingParams(temperature=1.0, seed=0), tool_workers=4)
     trajectories = engine.run(envs, tasks)        # one env instance per episode: prompts x G
     ...optimizer.step(); engine.sync_weights()     # the backend reads the new weights; version + 1
@@ -57,27 +57,10 @@ from typing import Any, Sequence
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.backend import Backend, TurnOutput, TurnRequest
+from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.sampling import SamplingParams
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.base import ToolUnavailable
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutLimits:
-    """Length limits of one episode (see the module docstring for what happens at each). No
-    defaults here: configs set them through `RolloutConfig` (rollout/config.py), the one set."""
-
-    max_turn_tokens: int
-    """Most tokens one policy turn may generate (including its stop token)."""
-    max_episode_tokens: int
-    """Most tokens in the whole episode: prompt + policy turns + observations."""
-    max_turns: int
-    """Most policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutLimits.{name} must be >= 1, got {getattr(self, name)}")
 
 
 # ---------------------------------------------------------------------- episodes
@@ -121,7 +104,7 @@ class RolloutEngine:
         backend: Backend,
         chat_format: ChatFormat,
         tokenizer: Any,
-        limits: RolloutLimits,
+        limits: RolloutConfig,
         sampling: SamplingParams,
         tool_workers: int = 4,
     ) -> None:
