@@ -210,11 +210,9 @@ def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
     assert "loss/kl" not in result["history"][0]
 
 
-def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch):
+def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch, tiny_qwen3):
     """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
     toggle on a model that has none, when lora.enabled=false and β > 0."""
-    from agentic_rl.models.loader import build_tiny_qwen3
-
     seen = []
     original = GRPOObjective._score
 
@@ -226,7 +224,7 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
     result = train_grpo(_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
     refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
-    initial = build_tiny_qwen3().state_dict()
+    initial = tiny_qwen3[0].state_dict()
     assert all(not p.requires_grad for p in refs[0].parameters())
     for name, value in refs[0].state_dict().items():
         assert torch.equal(value, initial[name]), f"reference weight {name} changed"
