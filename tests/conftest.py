@@ -17,6 +17,18 @@ import pytest
 from agentic_rl.models.loader import TINY_QWEN3, build_tiny_qwen3, load_tokenizer
 
 
+# pytest-timeout limit of slow and e2e tests (pyproject's `timeout` is for the rest): about 4x the
+# slowest of them on a loaded 2-core machine (SFT on SmolLM2, 285 s), and above the 940 s of
+# deadlines inside the pipeline test, so its own messages come first.
+LONG_TIMEOUT_S = 1200
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None and (item.get_closest_marker("slow") or item.get_closest_marker("e2e")):
+            item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
+
+
 def pytest_collection_finish(session):
     """Freeze what importing the test modules built (torch, transformers, trl: ~370k objects).
 
