@@ -165,6 +165,7 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
     assert [r["reward/total/mean"] for r in a] == [r["reward/total/mean"] for r in b]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
 def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
     """Guards against checkpoints that are only complete on a clean exit (non-atomic writes) and
