@@ -1,5 +1,5 @@
-"""Session-wide test setup: offline hubs, a cheap per-test garbage collection, and shared
-read-only models and tokenizers (each costs 0.2-0.5 s to build; tests asked for them hundreds of times)."""
+"""Session-wide test setup: offline hubs, per-test time limits, a cheap per-test garbage
+collection, and a shared read-only tiny-qwen3 and tokenizers (0.2-0.5 s to build each)."""
 
 import os
 
@@ -35,6 +35,7 @@ def pytest_collection_finish(session):
     A full gc.collect() walks every tracked object: 0.15-0.25 s each with these libraries loaded,
     which made the per-test collection below 80 of the 95 s of the 348 tensor-only tests. Frozen
     objects are never walked again; they are module-level and live as long as the session anyway.
+    What tests create later (models, runners, lazily imported modules) is still collected.
     """
     gc.collect()
     gc.freeze()
@@ -67,9 +68,10 @@ def tiny_qwen3(qwen3_tokenizer):
     """(model, tokenizer): `load_model("tiny-qwen3")`, built once per session, in eval mode.
 
     Shared and read-only: a test that trains it, wraps it in adapters or changes its mode or dtype
-    works on `copy.deepcopy(model)` (25 ms, against 0.2 s for a build). The session fails at the
-    end if a test changed the shared weights or mode in place, since later tests would then see
-    other weights depending on the order they ran in."""
+    works on `new_tiny_qwen3()`, a deep copy (25 ms, against 0.2 s for a build). The session fails
+    at the end if a test changed the shared parameters in place or left the model in train mode,
+    since later tests would then see other weights depending on the order they ran in (writes
+    through `param.data` escape this check)."""
     model = build_tiny_qwen3()
     before = [(name, p.data_ptr(), p._version) for name, p in model.named_parameters()]
     yield model, qwen3_tokenizer
