@@ -31,14 +31,16 @@ $(VENV)/.setup-dev-done: $(VENV)/.setup-done
 demo: setup
 	$(VENV)/bin/agentic-rl pipeline --config configs/demo.yaml
 
-# The slow tests (real embedded model) run in their own pytest process, so the memory the fast
-# suite leaves behind never adds to theirs.
+# The fast part leaves out the slow tests (real embedded model) and the end-to-end ones (whole
+# commands in subprocesses, TRL's trainer). Those run after it in their own pytest process, so the
+# memory the fast suite leaves behind never adds to theirs.
+FAST_TESTS := -m "not slow and not e2e"
 test: setup-dev
-	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
-	$(VENV)/bin/pytest -q --durations=5 -m slow
+	$(VENV)/bin/pytest -q --durations=15 $(FAST_TESTS)
+	$(VENV)/bin/pytest -q --durations=10 -m "slow or e2e"
 
 test-fast: setup-dev
-	$(VENV)/bin/pytest -q --durations=15 -m "not slow"
+	$(VENV)/bin/pytest -q --durations=15 $(FAST_TESTS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -7,12 +7,10 @@ tools injected Hermes-style). Engine-level re-render checks live in test_rollout
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import pytest
 
 from agentic_rl.models.chat_format import ChatFormat, ChatFormatError
-from agentic_rl.models.loader import load_tokenizer as _load_tokenizer
 from agentic_rl.tools.parse import format_tool_call
 
 TOOLS = [
@@ -28,17 +26,12 @@ TOOLS = [
 START = [{"role": "system", "content": "You solve problems."}, {"role": "user", "content": "What is 48/2+1?"}]
 
 
-@functools.lru_cache(maxsize=None)
-def load_tokenizer(name):
-    return _load_tokenizer(name)
-
-
 CALL = format_tool_call("calculator", {"expression": "48/2"})
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
-def chat(request):
-    tokenizer = load_tokenizer(request.param)
+def chat(request, shared_tokenizer):
+    tokenizer = shared_tokenizer(request.param)
     return request.param, tokenizer, ChatFormat.for_tokenizer(tokenizer)
 
 
@@ -82,9 +75,9 @@ def test_incremental_tokens_equal_the_full_render_tokens(chat):
     assert incremental == full
 
 
-def test_chatml_template_without_tools_gets_hermes_tools_and_tool_responses_as_one_user_turn():
+def test_chatml_template_without_tools_gets_hermes_tools_and_tool_responses_as_one_user_turn(shared_tokenizer):
     """Documents SmolLM2's rendering: tools in the system message, tool results as a user <tool_response> turn."""
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tokenizer = shared_tokenizer("smollm2-135m-instruct")
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     assert not chat_format.supports_tools
     text = chat_format.render(
@@ -92,16 +85,16 @@ def test_chatml_template_without_tools_gets_hermes_tools_and_tool_responses_as_o
     )
     assert text.startswith("<|im_start|>system\nYou solve problems.\n\n# Tools\n")
     assert "<|im_start|>user\n<tool_response>\n24\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>" in text
-    qwen = ChatFormat.for_tokenizer(load_tokenizer("tiny-qwen3"))
+    qwen = ChatFormat.for_tokenizer(shared_tokenizer("tiny-qwen3"))
     assert qwen.supports_tools
     # Same text as Qwen3's own template renders, so one SFT format serves both families.
     same = [*START, {"role": "assistant", "content": CALL}, {"role": "tool", "content": "24"}]
     assert chat_format.render(same, TOOLS) == qwen.render(same, TOOLS)
 
 
-def test_system_message_is_created_for_tools_when_missing():
+def test_system_message_is_created_for_tools_when_missing(shared_tokenizer):
     """Guards against SmolLM2's default system prompt silently replacing the tool instructions."""
-    chat_format = ChatFormat.for_tokenizer(load_tokenizer("smollm2-135m-instruct"))
+    chat_format = ChatFormat.for_tokenizer(shared_tokenizer("smollm2-135m-instruct"))
     text = chat_format.render([{"role": "user", "content": "hi"}], TOOLS, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n# Tools") and "SmolLM" not in text
 
@@ -117,9 +110,9 @@ def test_turn_ends_at_tool_call_close_whether_one_token_or_several(chat):
     assert not chat_format.ends_turn(chat_format.encode("<tool_call>\n{}"))
 
 
-def test_template_that_rewrites_the_prefix_is_rejected():
+def test_template_that_rewrites_the_prefix_is_rejected(shared_tokenizer):
     """Guards against silently wrong observation tokens for a template that is not incremental."""
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tokenizer = shared_tokenizer("smollm2-135m-instruct")
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     # A template that prints the number of messages first: every appended message changes the prefix.
     counting = (
@@ -130,9 +123,9 @@ def test_template_that_rewrites_the_prefix_is_rejected():
         chat_format.observation_ids(START, CALL, [{"role": "tool", "content": "24"}])
 
 
-def test_tokenizer_without_a_template_is_rejected():
+def test_tokenizer_without_a_template_is_rejected(shared_tokenizer):
     """Guards against falling back to some default format the model was never trained on."""
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tokenizer = shared_tokenizer("smollm2-135m-instruct")
     with _with_template(tokenizer, None), pytest.raises(ChatFormatError, match="no chat template"):
         ChatFormat.for_tokenizer(tokenizer)
 

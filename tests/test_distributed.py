@@ -18,6 +18,8 @@ import torch
 
 from agentic_rl.algorithms.grpo import group_advantages
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 

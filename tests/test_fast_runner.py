@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from agentic_rl.models import load_model
 from agentic_rl.rollout.fast_runner import FastRunner
 
 TOL = 1e-4
@@ -35,9 +34,9 @@ def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    model, _ = load_model("tiny-qwen3")
-    return model.eval()
+def qwen3(tiny_qwen3):
+    """The shared tiny-qwen3 (eval mode, read-only): tests that change weights deep-copy it."""
+    return tiny_qwen3[0]
 
 
 def reference_logits(model, history: list[int]) -> torch.Tensor:

@@ -373,11 +373,9 @@ def test_token_logprobs_and_entropy_match_log_softmax():
 
 
 @pytest.fixture(scope="module")
-def tiny_model_float64():
-    from agentic_rl.models import load_model
-
-    model, tokenizer = load_model("tiny-qwen3", dtype=torch.float64)
-    return model, tokenizer
+def tiny_model_float64(tiny_qwen3, new_tiny_qwen3):
+    """tiny-qwen3 in float64: what `load_model("tiny-qwen3", dtype=torch.float64)` returns."""
+    return new_tiny_qwen3().double(), tiny_qwen3[1]
 
 
 def ragged_token_batch(pad_id: int, vocab_size: int):

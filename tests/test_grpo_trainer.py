@@ -166,6 +166,7 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
     assert [r["reward/total/mean"] for r in a] == [r["reward/total/mean"] for r in b]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
 def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
     """Guards against checkpoints that are only complete on a clean exit (non-atomic writes) and
@@ -211,11 +212,9 @@ def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
     assert "loss/kl" not in result["history"][0]
 
 
-def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch):
+def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch, tiny_qwen3):
     """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
     toggle on a model that has none, when lora.enabled=false and β > 0."""
-    from agentic_rl.models.loader import build_tiny_qwen3
-
     seen = []
     original = GRPOObjective._score
 
@@ -227,7 +226,7 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
     result = train_grpo(_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
     refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
-    initial = build_tiny_qwen3().state_dict()
+    initial = tiny_qwen3[0].state_dict()
     assert all(not p.requires_grad for p in refs[0].parameters())
     for name, value in refs[0].state_dict().items():
         assert torch.equal(value, initial[name]), f"reference weight {name} changed"

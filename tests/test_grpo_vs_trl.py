@@ -44,11 +44,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from agentic_rl.models import load_model
-
+def model_dir(tmp_path_factory, tiny_qwen3):
     path = tmp_path_factory.mktemp("tiny-qwen3")
-    model, tokenizer = load_model("tiny-qwen3")
+    model, tokenizer = tiny_qwen3
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

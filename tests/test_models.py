@@ -68,6 +68,28 @@ def test_cache_validation_rejects_partial_and_corrupt_caches(tmp_path):
     assert not loader._cache_is_valid(folder)
 
 
+def test_a_verified_cache_is_hashed_once_until_a_file_changes(tmp_path, monkeypatch):
+    """Guards against re-hashing SmolLM2's 538 MB at every load (about 1 s each), and against the
+    per-process memo trusting a file that changed after it was hashed."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    loader._write_manifest(folder)
+    hashed = []
+    digest = loader._file_digest
+    monkeypatch.setattr(loader, "_file_digest", lambda path: hashed.append(path.name) or digest(path))
+
+    assert loader._cache_is_valid(folder) and len(hashed) == 2
+    assert loader._cache_is_valid(folder) and len(hashed) == 4  # just written: too recent to remember
+    seconds_later = loader.time.time_ns() + 10 * loader._RACY_NS
+    monkeypatch.setattr(loader.time, "time_ns", lambda: seconds_later)
+    assert loader._cache_is_valid(folder) and len(hashed) == 6
+    assert loader._cache_is_valid(folder) and len(hashed) == 6  # unchanged: remembered, not hashed
+    (folder / "model.safetensors").write_bytes(b"\x01" * 65)  # any change moves size/ctime/inode
+    assert not loader._cache_is_valid(folder)
+
+
 @pytest.mark.slow
 def test_smollm2_builds_cache_rebuilds_after_corruption_and_generates(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTIC_RL_CACHE", str(tmp_path))

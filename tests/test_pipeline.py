@@ -18,6 +18,7 @@ def _launch(out: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.e2e
 def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     """Guards against a rerun that starts over (hours lost) or reuses a half-finished stage."""
     out = tmp_path / "run"

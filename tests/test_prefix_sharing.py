@@ -4,7 +4,6 @@ import torch
 
 from agentic_rl.envs.base import Task
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.loader import load_model
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.engine import RolloutEngine
@@ -13,9 +12,9 @@ from agentic_rl.rollout.sampling import SamplingParams
 from test_rollout_engine import ToolLoopEnv
 
 
-def test_fork_copies_exactly_the_cache_a_prefill_would_build():
+def test_fork_copies_exactly_the_cache_a_prefill_would_build(tiny_qwen3):
     """Guards against a fork that copies too little/too much of the cache, or into a used slot."""
-    model, _ = load_model("tiny-qwen3")
+    model, _ = tiny_qwen3
     runner = FastRunner(model, max_slots=4, max_len=64)
     prompt = list(range(100, 120))
     a, b, c = runner.alloc(), runner.alloc(), runner.alloc()
@@ -40,8 +39,8 @@ class _Counting(RunnerBackend):
             self.min_shared_prefix = 10**9
 
 
-def _run(share: bool):
-    model, tokenizer = load_model("tiny-qwen3")
+def _run(tiny_qwen3, share: bool):
+    model, tokenizer = tiny_qwen3
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     runner = FastRunner(model, max_slots=8, max_len=512)
     sampling = SamplingParams(temperature=0.9, seed=5)
@@ -52,10 +51,10 @@ def _run(share: bool):
     return engine.run([ToolLoopEnv(tool_turns=2, question=t.question) for t in tasks], tasks), backend
 
 
-def test_prefix_sharing_changes_no_trajectory_and_saves_prefill():
+def test_prefix_sharing_changes_no_trajectory_and_saves_prefill(tiny_qwen3):
     """Guards against KV-cache sharing that leaks one episode's tokens into another's context."""
-    shared, shared_backend = _run(share=True)
-    plain, plain_backend = _run(share=False)
+    shared, shared_backend = _run(tiny_qwen3, share=True)
+    plain, plain_backend = _run(tiny_qwen3, share=False)
     assert [t.input_ids for t in shared] == [t.input_ids for t in plain]
     for a, b in zip(shared, plain):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4

@@ -311,17 +311,16 @@ def test_metrics_done_results_and_manifest_files_are_strict_json(tmp_path):
     assert set(loads_strict((tmp_path / "model" / _MANIFEST).read_text())) == {"config.json"}
 
 
-def test_eval_json_and_the_final_model_record_are_strict_json(tmp_path, capsys):
+def test_eval_json_and_the_final_model_record_are_strict_json(tmp_path, capsys, tiny_qwen3):
     """Guards against `eval --json` printing NaN (no tool calls: tool_success_rate = 0/0) and
     agentic_rl_model.json being written by hand."""
-    from agentic_rl.models.loader import load_model
     from agentic_rl.models.stage_output import save_final
 
     assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "1", "--max-turn-tokens", "2",
                      "--max-turns", "1", "--json"]) == 0
     payload = loads_strict(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["tool_success_rate"] is None
-    model, tokenizer = load_model("tiny-qwen3")
+    model, tokenizer = tiny_qwen3
     final = save_final(model, tokenizer, tmp_path, "tiny-qwen3", make_accelerator("no"))
     assert loads_strict((final / "agentic_rl_model.json").read_text()) == {"kind": "full", "base": "tiny-qwen3"}
 
@@ -352,11 +351,10 @@ def test_an_empty_data_file_names_the_file(tmp_path):
         load_gsm8k(path)
 
 
-def test_a_non_utf8_data_file_names_the_file_and_line(tmp_path):
+def test_a_non_utf8_data_file_names_the_file_and_line(tmp_path, qwen3_tokenizer):
     """Guards against a UnicodeDecodeError that names no file or line."""
     from agentic_rl.data import DataError, load_gsm8k
     from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.models.loader import load_tokenizer
     from agentic_rl.rollout.demos import DemoError, load_jsonl_demos
 
     path = tmp_path / "latin1.jsonl"
@@ -366,7 +364,7 @@ def test_a_non_utf8_data_file_names_the_file_and_line(tmp_path):
     demos = tmp_path / "demos.jsonl"
     demos.write_bytes(b'{"messages": [{"role": "user", "content": "caf\xe9"}]}\n')
     with pytest.raises(DemoError, match=rf"{re.escape(str(demos))}:1: not UTF-8"):
-        load_jsonl_demos(demos, ChatFormat(load_tokenizer("tiny-qwen3")))
+        load_jsonl_demos(demos, ChatFormat(qwen3_tokenizer))
 
 
 def test_a_missing_model_directory_is_a_clear_error(capsys):

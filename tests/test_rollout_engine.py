@@ -6,7 +6,6 @@ canonical, readable turns use `ScriptedRunner`, a fake model that emits a fixed 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import pytest
@@ -16,8 +15,6 @@ from hypothesis import strategies as st
 
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.loader import load_model
-from agentic_rl.models.loader import load_tokenizer as _load_tokenizer
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.engine import RolloutEngine
@@ -27,12 +24,6 @@ from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
 from agentic_rl.rollout.trajectory import collate
 from agentic_rl.tools.parse import format_tool_call
 
-
-
-@functools.lru_cache(maxsize=None)
-def load_tokenizer(name: str):
-    """Tokenizers are read-only here; load each once per test session."""
-    return _load_tokenizer(name)
 
 
 CALCULATOR_SCHEMA = {
@@ -132,15 +123,20 @@ def _tool_turn(expression: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    model, _ = load_model("tiny-qwen3")
-    tokenizer = load_tokenizer("tiny-qwen3")
-    return model, tokenizer, ChatFormat.for_tokenizer(tokenizer)
+def qwen3_chat(qwen3_tokenizer):
+    """(tokenizer, chat format) of tiny-qwen3, shared and read-only."""
+    return qwen3_tokenizer, ChatFormat.for_tokenizer(qwen3_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_qwen3, qwen3_chat):
+    """(model, tokenizer, chat format) of tiny-qwen3, shared and read-only."""
+    return tiny_qwen3[0], *qwen3_chat
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
-def chat(request):
-    tokenizer = load_tokenizer(request.param)
+def chat(request, shared_tokenizer):
+    tokenizer = shared_tokenizer(request.param)
     return request.param, tokenizer, ChatFormat.for_tokenizer(tokenizer)
 
 
@@ -264,11 +260,10 @@ def test_episode_tokens_equal_the_chat_template_render_where_it_preserves_prefix
         assert full == trajectory.input_ids + chat_format.encode("\n")
 
 
-def test_qwen3_rerender_drops_think_before_a_user_feedback_turn_but_engine_keeps_it():
+def test_qwen3_rerender_drops_think_before_a_user_feedback_turn_but_engine_keeps_it(qwen3_chat):
     """Documents Qwen3's template exception: re-rendering a conversation drops earlier `<think>` blocks
     once a real user message follows them. The engine never re-renders, so its tokens keep them."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     turns = ["<think>\nadd\n</think>\n\nMaybe 41.<|im_end|>", "<think>\nredo\n</think>\n\nFinal Answer: 42<|im_end|>"]
     engine, _ = _scripted_engine(tokenizer, chat_format, [turns])
     env = ToolLoopEnv(tool_turns=1, feedback=True)
@@ -281,11 +276,10 @@ def test_qwen3_rerender_drops_think_before_a_user_feedback_turn_but_engine_keeps
     assert "<think>\nadd" in head and head != rerendered
 
 
-def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls():
+def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls(qwen3_chat):
     """Guards against re-encoding the conversation after each tool call (KV cache kept across turns),
     and against a cache that differs from the trajectory's ids."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     engine, runner = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS[1:]])
     trajectories = engine.run([ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=1)], [_task(0), _task(1)])
     for slot, trajectory in enumerate(trajectories):
@@ -376,10 +370,9 @@ def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
 # ---------------------------------------------------------------------- limits and failures
 
 
-def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if_env_stops():
+def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if_env_stops(qwen3_chat):
     """Guards against cut turns that never reach the env (no reward) or that end with the wrong reason."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     long_answer = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
     engine, _ = _scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
     env = ToolLoopEnv(tool_turns=0)
@@ -388,10 +381,9 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
     assert len(env.actions) == 1 and trajectory.num_policy_tokens == 4 and trajectory.turn_rewards == [1.0]
 
 
-def test_cut_turn_continues_when_env_continues():
+def test_cut_turn_continues_when_env_continues(qwen3_chat):
     """Guards against ending an episode at a turn cut the env chose to answer with feedback."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     engine, _ = _scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
     (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
     assert trajectory.finish_reason == "max_turns"
@@ -407,10 +399,9 @@ def test_max_turns_ends_the_episode_with_max_turns(chat):
     assert trajectory.spans[-1].kind == "policy", "no observation is appended after the last allowed turn"
 
 
-def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation():
+def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation(qwen3_chat):
     """Guards against episodes longer than max_episode_tokens, and observations appended with no room to act."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     env = ToolLoopEnv(tool_turns=5)
     prompt = len(chat_format.prompt_ids(env.reset(_task()), env.tool_schemas))
     turn = tokenizer(_tool_turn("6*7"), add_special_tokens=False)["input_ids"]
@@ -429,10 +420,9 @@ def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation():
     assert empty.finish_reason == "max_episode_tokens" and empty.num_policy_tokens == 0
 
 
-def test_env_step_exception_fails_only_that_episode():
+def test_env_step_exception_fails_only_that_episode(qwen3_chat):
     """Guards against one crashing tool taking down the whole rollout batch."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    tokenizer, chat_format = qwen3_chat
     engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
     envs = [ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=2, fail_on_turn=2), ToolLoopEnv(tool_turns=2)]
     trajectories = engine.run(envs, [_task(i) for i in range(3)])
@@ -472,12 +462,11 @@ class _ScriptedEnv(Env):
     episode_tokens=st.integers(20, 120),
     max_turns=st.integers(1, 5),
 )
-def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(plans, turn_tokens, episode_tokens, max_turns):
+def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(qwen3_chat, plans, turn_tokens, episode_tokens, max_turns):
     """Property: for any env behaviour and limits, spans tile the ids, mask is 1 exactly on policy
     spans, lengths respect the limits, and each policy turn has one reward. Guards against
     off-by-one span/mask bugs at limit boundaries."""
-    tokenizer = _QWEN3_TOKENIZER
-    chat_format = _QWEN3_FORMAT
+    tokenizer, chat_format = qwen3_chat
     scripts = [[_tool_turn("1+2")] * 6 for _ in plans]
     engine, _ = _scripted_engine(tokenizer, chat_format, scripts, RolloutConfig(turn_tokens, episode_tokens, max_turns))
     trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [_task(i) for i in range(len(plans))])
@@ -489,10 +478,6 @@ def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(plans,
         assert len(trajectory.turn_rewards) == len(trajectory.policy_spans)
         assert all(s.end - s.start <= turn_tokens for s in trajectory.policy_spans)
         assert all(lp == 0.0 for lp, m in zip(trajectory.logprobs, trajectory.loss_mask) if not m)
-
-
-_QWEN3_TOKENIZER = load_tokenizer("tiny-qwen3")
-_QWEN3_FORMAT = ChatFormat.for_tokenizer(_QWEN3_TOKENIZER)
 
 
 # ---------------------------------------------------------------------- sampling
@@ -543,12 +528,12 @@ def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
         RolloutEngine(RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format), chat_format, tokenizer, RolloutConfig(8, 128, 2), SamplingParams())
 
 
-def test_episodes_beyond_runner_slots_wait_for_a_free_slot():
+def test_episodes_beyond_runner_slots_wait_for_a_free_slot(qwen3_chat):
     """Guards against alloc failures when prompts x G exceeds max_slots."""
-    tokenizer = _QWEN3_TOKENIZER
+    tokenizer, chat_format = qwen3_chat
     script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
     runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
-    engine = RolloutEngine(RunnerBackend(runner, _QWEN3_FORMAT), _QWEN3_FORMAT, tokenizer, RolloutConfig(128, 2048, 8), SamplingParams(temperature=0))
+    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(128, 2048, 8), SamplingParams(temperature=0))
     trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]

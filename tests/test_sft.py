@@ -15,7 +15,6 @@ from agentic_rl.config import load_config
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.loader import build_tiny_qwen3, load_tokenizer
 from agentic_rl.models.lora import LoraConfig, apply_lora, count_parameters
 from agentic_rl.rollout.demos import DemoError, oracle_demos
 from agentic_rl.rollout.trajectory import collate
@@ -24,8 +23,7 @@ from agentic_rl.training.scoring import TokenScorer
 from agentic_rl.training.sft import SFTConfig, train_sft
 
 
-def _demos(n: int = 2, difficulty: int = 2):
-    tokenizer = load_tokenizer("tiny-qwen3")
+def _demos(tokenizer, n: int = 2, difficulty: int = 2):
     env = make_env("arith", difficulty=difficulty)
     return oracle_demos(env, env.tasks("train", n=n, seed=0), ChatFormat.for_tokenizer(tokenizer)), tokenizer
 
@@ -39,12 +37,11 @@ def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
     ])
 
 
-def test_oracle_demo_is_the_oracle_conversation_and_an_unsolved_task_is_refused():
+def test_oracle_demo_is_the_oracle_conversation_and_an_unsolved_task_is_refused(qwen3_tokenizer):
     """Guards SFT against training on a demonstration the env did not grade correct: the demo
     is exactly the conversation `play_oracle` played, and an oracle that runs out of turns or
     answers wrong raises DemoError instead of becoming training data."""
-    tokenizer = load_tokenizer("tiny-qwen3")
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
     env = make_env("arith", difficulty=2)
     task = env.tasks("train", n=1, seed=0)[0]
     (demo,) = oracle_demos(env, [task], chat_format)
@@ -56,11 +53,11 @@ def test_oracle_demo_is_the_oracle_conversation_and_an_unsolved_task_is_refused(
             oracle_demos(env, [task], chat_format)
 
 
-def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only():
+def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only(qwen3_tokenizer, new_tiny_qwen3):
     """Guards against a loss that counts prompt/tool tokens, is off by one position, or
     normalises by the wrong token count (the seed's mask bugs)."""
-    demos, tokenizer = _demos()
-    model = build_tiny_qwen3().double()
+    demos, tokenizer = _demos(qwen3_tokenizer)
+    model = new_tiny_qwen3().double()
     batch = collate(demos, tokenizer.pad_token_id)
     logps, _ = TokenScorer(model)(batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
     count = float(batch.loss_mask.sum())
@@ -80,12 +77,12 @@ def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only():
     assert float(loss) == pytest.approx(expected_sum / expected_count, rel=1e-10, abs=1e-10)
 
 
-def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens():
+def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens(qwen3_tokenizer, new_tiny_qwen3):
     """Guards against tool output / prompt tokens being trained as targets (DESIGN invariant 2):
     the loss gradient w.r.t. the final hidden state is nonzero exactly at positions t-1 whose
     next token t has mask 1, and exactly zero where the next token is prompt, tool or padding."""
-    demos, tokenizer = _demos()
-    model = build_tiny_qwen3().double()
+    demos, tokenizer = _demos(qwen3_tokenizer)
+    model = new_tiny_qwen3().double()
     calls = []
 
     def keep(module, inputs, output):
@@ -111,9 +108,9 @@ def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens():
     assert observation_tokens > 0, "the demos must contain tool observations for this check to mean anything"
 
 
-def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix():
+def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix(new_tiny_qwen3):
     """Guards against adapters on the wrong layers or a missing target (trainable count drifts)."""
-    model = build_tiny_qwen3()
+    model = new_tiny_qwen3()
     c = model.config
     r = 4
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
@@ -123,7 +120,7 @@ def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix():
     assert expected == 8192  # 2 layers x 4 x (128 + 96 + 96 + 128 + 192 + 192 + 192)
     trainable, total = count_parameters(apply_lora(model, LoraConfig(r=r)))
     assert trainable == expected
-    assert total == sum(p.numel() for p in build_tiny_qwen3().parameters()) + expected
+    assert total == sum(p.numel() for p in new_tiny_qwen3().parameters()) + expected
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +149,7 @@ def test_sft_end_to_end_changes_adapters_and_writes_the_run_directory(sft_run):
     assert (out / "final" / "agentic_rl_model.json").exists()
 
 
-def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_path):
+def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_path, qwen3_tokenizer, new_tiny_qwen3):
     """Guards against merge_adapters writing the base weights, a wrong scale (alpha/r) or dropped
     modules: the merged standalone model must equal base + adapters."""
     from peft import PeftModel
@@ -163,9 +160,9 @@ def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_p
     out, _ = sft_run
     merged_dir = merge_adapters(out / "final", tmp_path / "merged")
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
-    with_adapters = PeftModel.from_pretrained(build_tiny_qwen3(), out / "final").eval()
-    base = build_tiny_qwen3()
-    ids = torch.tensor([load_tokenizer("tiny-qwen3").encode("Maya has $48. She spends $12. How much is left?")])
+    with_adapters = PeftModel.from_pretrained(new_tiny_qwen3(), out / "final").eval()
+    base = new_tiny_qwen3()
+    ids = torch.tensor([qwen3_tokenizer.encode("Maya has $48. She spends $12. How much is left?")])
     with torch.no_grad():
         expected = with_adapters(input_ids=ids).logits
         got = merged(input_ids=ids).logits
@@ -211,14 +208,13 @@ def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path, monkeyp
     assert read_metrics(split / "metrics.jsonl")[-1]["loss/total"] == read_metrics(straight / "metrics.jsonl")[-1]["loss/total"]
 
 
-def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_path):
+def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_path, tiny_qwen3):
     """Guards against GRPO adapters recorded as sitting on the base model while they were trained
     on the merged SFT model: reloading them silently dropped the SFT weights (demo accuracy fell to 0)."""
     import json
 
     import torch
 
-    from agentic_rl.models import load_model
     from agentic_rl.models.lora import LoraConfig, apply_lora
     from agentic_rl.models.policy import ModelConfig, load_policy
     from agentic_rl.models.stage_output import load_base_and_tokenizer, save_final
@@ -250,5 +246,5 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
     with torch.no_grad():
         expected = second_policy(input_ids=ids).logits
         assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-4)
-        base, _ = load_model("tiny-qwen3")
+        base, _ = tiny_qwen3
         assert not torch.allclose(base(input_ids=ids).logits, expected, atol=1e-3)

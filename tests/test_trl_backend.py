@@ -99,6 +99,7 @@ def _cfg(tmp_path, **overrides):
     return GRPOConfig(**base)
 
 
+@pytest.mark.e2e
 def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
     from agentic_rl.integrations.trl_backend import build_trl_trainer
     from agentic_rl.integrations.trl_adapters import task_from_json
