@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.loader import load_model
 from agentic_rl.rollout.backend import RunnerBackend, TurnRequest
 from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.hf_runner import HFRunner
@@ -25,9 +24,9 @@ PROMPTS = [list(range(100, 130)), list(range(200, 221)), list(range(300, 341)), 
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    model, tokenizer = load_model("tiny-qwen3")
-    return model.eval(), ChatFormat.for_tokenizer(tokenizer)
+def tiny(new_tiny_qwen3, qwen3_tokenizer):
+    """A private tiny-qwen3 (the weight-sync test changes it and puts it back)."""
+    return new_tiny_qwen3().eval(), ChatFormat.for_tokenizer(qwen3_tokenizer)
 
 
 @pytest.fixture(params=sorted(BACKENDS))
