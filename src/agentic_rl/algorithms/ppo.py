@@ -1,0 +1,194 @@
+"""PPO's pieces for agent episodes: GAE over the policy's tokens, the clipped surrogate, the clipped
+value loss, and KL in the reward. Pure tensor code, no I/O, no model.
+
+Shape legend (every comment below):
+    B  episodes in the batch
+    T  tokens per (right-padded) episode: prompt, policy turns, tool observations, padding
+    mask (B, T): 1 on policy tokens (what the policy sampled), 0 elsewhere
+
+An agent episode interleaves policy turns with tool observations:
+
+    position   P P P | A A A | O O | A A | pad
+    mask       0 0 0 | 1 1 1 | 0 0 | 1 1 | 0
+
+The MDP's steps are the policy tokens only. Observation tokens are not actions: they get no
+advantage and no value target, and the value at them is never read. But the return flows across
+them: the last token of a turn bootstraps from the value of the first token of the next turn,
+as if the observation were part of the environment's transition (it is). So GAE runs over the
+policy tokens of each row in order, skipping every mask-0 position:
+
+    δ_k = r_k + γ V_{k+1} − V_k           k-th policy token of the row, V_{n} = 0 at the end
+    A_k = δ_k + γ λ A_{k+1}               (A_n = 0)
+    R_k = A_k + V_k                        the value target
+
+Rewards sit on policy tokens: a turn's reward on its last token, the outcome reward on the
+episode's last policy token, and with KL in the reward, −β·(log π_old − log π_ref) on every
+policy token (InstructGPT's per-token penalty, verl's `use_kl_in_reward`). A reward on a mask-0
+position is an error (it would silently vanish), not something to move.
+
+Where the KL goes (`PPOLossConfig.kl_mode`):
+  * "reward" (the default, InstructGPT and verl's PPO): the penalty shapes the advantage, so the
+    value model learns the KL-regularised return and the per-token credit includes it.
+  * "loss": the GRPO form, β·k3 added to the per-token loss; the advantage then sees only the
+    environment's rewards.
+
+The losses, per policy token t (r = exp(logp − old_logp), ε the clip range):
+    policy  −min(r A, clip(r, 1 − ε, 1 + ε) A)   [+ β k3 in "loss" mode]   [− c_H H]
+    value   ½ max((V − R)², (clip(V, V_old − ε_V, V_old + ε_V) − R)²)   (PPO2's clipped value loss)
+    total   policy + vf_coef · value
+each averaged over all policy tokens of the batch ("token-mean", verl's default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+
+KLMode = Literal["reward", "loss"]
+
+
+@dataclasses.dataclass
+class PPOLossConfig:
+    """Every knob of the PPO objective. Validated at construction."""
+
+    epsilon: float = 0.2
+    """Clip range of the policy ratio."""
+    value_clip: float | None = 0.2
+    """ε_V: clip range of the new value around the old one (None: the plain squared error)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
+    gamma: float = 1.0
+    """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
+    lam: float = 0.95
+    """GAE's λ: 1 is the Monte-Carlo return minus V (high variance), 0 is one-step TD (biased)."""
+    beta: float = 0.0
+    """KL weight (0: no reference model is needed)."""
+    kl_mode: KLMode = "reward"
+    """Where the KL goes: "reward" (per-token −β(log π_old − log π_ref) in the rewards) or "loss" (β·k3)."""
+    whiten_advantages: bool = True
+    """Normalise the advantages over the batch's policy tokens to mean 0, std 1."""
+    entropy_coef: float = 0.0
+    """c_H: weight of an entropy bonus (0: off)."""
+
+    def __post_init__(self) -> None:
+        if self.epsilon <= 0:
+            raise ValueError(f"epsilon={self.epsilon} must be > 0")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"value_clip={self.value_clip} must be > 0, or None for no clipping")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"gamma={self.gamma} and lam={self.lam} must lie in [0, 1]")
+        if self.vf_coef < 0 or self.beta < 0 or self.entropy_coef < 0:
+            raise ValueError("vf_coef, beta and entropy_coef must be >= 0")
+        if self.kl_mode not in ("reward", "loss"):
+            raise ValueError(f"kl_mode={self.kl_mode!r} must be 'reward' or 'loss'")
+
+    @property
+    def needs_reference(self) -> bool:
+        """True iff π_ref log-probs are needed (β > 0)."""
+        return self.beta != 0.0
+
+
+def kl_penalized_rewards(rewards: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,
+                         mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B, T) rewards minus β·(log π_old − log π_ref) on every policy token (the k1 estimate of the
+    KL of the sampling policy to the reference, per token)."""
+    penalty = torch.where(mask.bool(), old_logps - ref_logps, 0.0)  # (B, T)
+    return rewards - beta * penalty
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), (B, T) each, 0 at every mask-0 position (module docstring).
+
+    rewards: (B, T), non-zero only on policy tokens. values: (B, T) the value model's estimate at
+    each position (read at policy tokens only). mask: (B, T) 1 on policy tokens.
+    """
+    if rewards.shape != values.shape or rewards.shape != mask.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must all be (B, T)")
+    on_policy = mask.bool()  # (B, T)
+    if bool((rewards[~on_policy] != 0).any()):
+        raise ValueError("a reward sits on a mask-0 position (prompt, observation or padding); put each reward on a "
+                         "policy token: a turn's on its last token, the outcome on the episode's last policy token")
+    values = values.detach()
+    advantages = torch.zeros_like(rewards)  # (B, T)
+    next_value = torch.zeros_like(rewards[:, 0])  # (B,): V of the next policy token (0 past the end)
+    next_advantage = torch.zeros_like(rewards[:, 0])  # (B,)
+    for t in range(rewards.shape[1] - 1, -1, -1):  # right to left; mask-0 columns carry the state through
+        here = on_policy[:, t]  # (B,)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+        advantage = delta + gamma * lam * next_advantage  # (B,)
+        advantages[:, t] = torch.where(here, advantage, 0.0)
+        next_value = torch.where(here, values[:, t], next_value)
+        next_advantage = torch.where(here, advantage, next_advantage)
+    returns = torch.where(on_policy, advantages + values, 0.0)  # (B, T): the value targets
+    return advantages, returns
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere."""
+    weights = mask.to(values.dtype)
+    count = weights.sum()
+    if count < 2:
+        raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
+    mean = (values * weights).sum() / count
+    variance = (((values - mean) * weights) ** 2).sum() / (count - 1)
+    return torch.where(mask.bool(), (values - mean) / torch.sqrt(variance + eps), 0.0)
+
+
+def ppo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: PPOLossConfig,
+    ref_logps: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The total PPO loss (a scalar) and its parts, all (B, T) inputs; see the module docstring.
+
+    advantages and returns come from `gae` (whitened or not: the caller's `cfg.whiten_advantages`
+    is applied here); old_values are the values at sampling time (the value-clip anchor).
+    """
+    shape = tuple(logps.shape)
+    for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
+                         ("advantages", advantages), ("returns", returns), ("mask", mask)):
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}; every input must be (B, T) = {shape}")
+    if cfg.kl_mode == "loss" and cfg.needs_reference and (ref_logps is None or tuple(ref_logps.shape) != shape):
+        raise ValueError(f"kl_mode=loss with beta={cfg.beta} needs ref_logps of shape {shape}")
+    if cfg.entropy_coef and entropy is None:
+        raise ValueError("entropy_coef > 0 needs the differentiable entropy")
+    trained = mask.bool()  # (B, T)
+    weights = mask.to(logps.dtype)  # (B, T)
+    count = weights.sum().clamp(min=1.0)
+    advantages = whiten(advantages, mask) if cfg.whiten_advantages else advantages
+    log_ratio = torch.where(trained, logps - old_logps, 0.0)  # (B, T): zeroed before exp (no inf * 0)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)  # (B, T)
+    metrics: dict[str, torch.Tensor] = {}
+    if cfg.kl_mode == "loss" and cfg.needs_reference:
+        ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
+        k3 = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T)
+        per_token = per_token + cfg.beta * k3
+        metrics["loss/kl"] = (k3.detach() * weights).sum() / count
+    if cfg.entropy_coef:
+        per_token = per_token - cfg.entropy_coef * torch.where(trained, entropy, 0.0)
+    policy = (per_token * weights).sum() / count  # ()
+    squared = (values - returns) ** 2  # (B, T)
+    if cfg.value_clip is not None:
+        clipped_values = old_values + torch.clamp(values - old_values, -cfg.value_clip, cfg.value_clip)  # (B, T)
+        squared = torch.maximum(squared, (clipped_values - returns) ** 2)
+    value = 0.5 * (squared * weights).sum() / count  # ()
+    metrics.update({
+        "loss/policy": policy.detach(),
+        "loss/value": value.detach(),
+        "loss/ratio_mean": (ratio.detach() * weights).sum() / count,
+        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / count,
+    })
+    return policy + cfg.vf_coef * value, metrics
