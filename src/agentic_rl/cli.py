@@ -7,6 +7,7 @@
     agentic-rl rewards list
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
     agentic-rl compare sft.json grpo.json              (paired difference, 95% CI, McNemar)
+    agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
     agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
     agentic-rl rm       [--config F] [--set key=value ...]   (keys: agentic-rl config rm)
     agentic-rl grpo     [--config F] [--set key=value ...]   (keys: agentic-rl config grpo; backend: agentic_rl | trl)
@@ -130,6 +131,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+_AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance"}
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from agentic_rl.config import load_config
+    from agentic_rl.evaluation.audit import format_report, run_audit
+    from agentic_rl.evaluation.config import AuditConfig
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
+
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _AUDIT_FLAGS.items() if getattr(args, flag) is not None]
+    overrides += [f"env.options.{pair}" for pair in args.option or []]
+    cfg = load_config(AuditConfig, args.config, overrides + args.set)
+    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    results = run_audit(model, tokenizer, cfg)
+    print(format_report(results))
+    _print_json({"model": cfg.model, "env": cfg.env.name, "passed": all(r.passed for r in results),
+                 "checks": {r.name: {"passed": r.passed, "summary": r.summary} for r in results}})
+    return 0 if all(r.passed for r in results) else 1
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.compare import compare_paths, format_rows
 
@@ -151,6 +172,7 @@ _CONFIG_COMMANDS = {
 
 
 _DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
+              "audit": ("agentic_rl.evaluation.config", "AuditConfig"),
               **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
 
 
@@ -237,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. rollout.top_p=0.9 (repeatable)")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
+                       "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
+                       description="Audit a model, its template and an environment before training. Every key: "
+                       "`agentic-rl config audit`.")
+    p.add_argument("--config", help="YAML audit config; flags and --set override it")
+    for flag, key in _AUDIT_FLAGS.items():
+        p.add_argument(f"--{flag}", metavar=key.split(".")[-1].upper(),
+                       help=f"{key}: {field_help('agentic_rl.evaluation.config:AuditConfig', key)}".replace("%", "%%"))
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. dtypes=[float32] (repeatable)")
+    p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
     p.add_argument("a", help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json")

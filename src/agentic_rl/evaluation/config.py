@@ -1,12 +1,13 @@
-"""What an evaluation runs: `EvalConfig` (the pipeline's `evals[]` entries) and `EvalCommandConfig`
-(`agentic-rl eval`, whose flags override its keys). Torch-free, so the CLI's help is instant."""
+"""What an evaluation runs: `EvalConfig` (the pipeline's `evals[]` entries), `EvalCommandConfig`
+(`agentic-rl eval`, whose flags override its keys) and `AuditConfig` (`agentic-rl audit`).
+Torch-free, so the CLI's help is instant."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import PositiveFloat, PositiveInt
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.config import RolloutConfig
 
@@ -51,3 +52,33 @@ class EvalCommandConfig(EvalConfig):
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+
+
+@dataclasses.dataclass
+class AuditConfig:
+    """`agentic-rl audit`: checks that training sees what inference sees (evaluation/audit.py)."""
+
+    model: str = ""
+    """Built-in name, HF directory, hub id, or a stage's final/ folder."""
+    env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
+    """The environment whose episodes are sampled and whose oracle conversations are rendered."""
+    split: Literal["train", "test"] = "test"
+    """Task split."""
+    n: PositiveInt = 8
+    """Episodes per check (oracle conversations for the template, sampled episodes per dtype)."""
+    seed: int = 0
+    """Task and sampling seed."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(max_turn_tokens=64, max_turns=4))
+    """How episodes are sampled (temperature 1 by default: the log-prob check needs sampled tokens)."""
+    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32", "bfloat16"])
+    """Decode precisions whose sampler log-probs are compared with the fp32 training forward
+    (bfloat16 needs the fast backend: Llama and Qwen3 models)."""
+    tolerance: PositiveFloat = 1e-3
+    """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+        unknown = sorted(set(self.dtypes) - {"float32", "bfloat16"})
+        if unknown or not self.dtypes:
+            raise ValueError(f"dtypes must be a non-empty list of float32 and bfloat16, got {self.dtypes}")

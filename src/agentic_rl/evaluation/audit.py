@@ -1,0 +1,224 @@
+"""`agentic-rl audit`: check, for your model, template and environment, that training will see what
+inference sees, before any GPU hour is spent.
+
+    agentic-rl audit --model smollm2-135m-instruct --env arith --n 8
+
+Four checks, each PASS or FAIL with its numbers; the first failing episode is shown token by token:
+
+  template   Rendering the conversation one turn further keeps the earlier rendering as an exact
+             token prefix, at every assistant turn of an oracle episode (the engine extends
+             episodes incrementally, so a template that rewrites earlier turns, or a tokenizer
+             that merges across the boundary, would make the trained tokens differ from what a
+             re-rendering gives). Where not: the first token that differs.
+  mask       In sampled episodes, the tokens with loss mask 1 are exactly the model's turns: each
+             masked run decodes to its assistant message (plus the end-of-turn marker the model
+             generated), and nothing else is masked. Where not: the first bad token.
+  logprobs   The sampler's log-probs against one training forward pass (fp32) over the same
+             tokens, max and mean absolute difference, for each decode dtype asked for. float32
+             decoding must agree within `tolerance`; bfloat16 decoding is reported (its log-probs
+             are not π_old: use old_logprobs detach or recompute).
+  weights    After an update of the weights and `engine.sync_weights()`, the engine reports the
+             trainer's version and its samples score like the updated model.
+
+Shapes and names: T tokens of an episode; `mask` is the trajectory's loss mask.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+from agentic_rl.evaluation.config import AuditConfig
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    summary: str
+    detail: list[str] = dataclasses.field(default_factory=list)
+    """The first failure, token by token (empty when passed)."""
+
+
+def run_audit(model: Any, tokenizer: Any, cfg: AuditConfig) -> list[CheckResult]:
+    """Every check, in order. The model is not changed (the weights check works on a copy)."""
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    results = [check_template(chat_format, cfg)]
+    trajectories = {dtype: _sample(model, tokenizer, cfg, dtype) for dtype in cfg.dtypes}
+    results.append(check_masks(chat_format, [t for ts in trajectories.values() for t in ts]))
+    results.append(check_logprobs(model, tokenizer, trajectories, cfg))
+    results.append(check_weight_sync(model, tokenizer, cfg))
+    return results
+
+
+def format_report(results: list[CheckResult]) -> str:
+    lines = []
+    for result in results:
+        lines.append(f"{'PASS' if result.passed else 'FAIL'}  {result.name:9s} {result.summary}")
+        lines += [f"      {line}" for line in result.detail]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- template
+
+
+def check_template(chat_format: ChatFormat, cfg: AuditConfig) -> CheckResult:
+    """Each assistant-turn prefix of `cfg.n` oracle conversations renders as a token prefix of the next."""
+    from agentic_rl.envs.oracle import play_oracle
+
+    env = cfg.env.make()
+    checked = 0
+    for task in env.tasks(cfg.split, n=cfg.n, seed=cfg.seed):
+        conversation = play_oracle(env, task).conversation
+        cuts = [i for i, message in enumerate(conversation) if message["role"] == "assistant"] + [len(conversation)]
+        for before, after in zip(cuts, cuts[1:]):  # prompt up to turn k, then one turn and its observation more
+            shorter = chat_format.prompt_ids(conversation[:before], env.tool_schemas)
+            longer = chat_format.prompt_ids(conversation[:after], env.tool_schemas)
+            checked += 1
+            differs = _first_difference(shorter, longer[: len(shorter)])
+            if differs is not None:
+                return CheckResult("template", False, (
+                    f"task {task.id}: rendering {after} messages rewrites the rendering of the first {before}; "
+                    f"first differing token at position {differs}"), _token_table(chat_format, shorter, longer, differs))
+    return CheckResult("template", True, f"{checked} turn boundaries of {cfg.n} oracle episodes keep their prefix exactly")
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _token_table(chat_format: ChatFormat, a: list[int], b: list[int], at: int) -> list[str]:
+    rows = ["position  earlier rendering           later rendering"]
+    for position in range(max(0, at - 3), min(max(len(a), len(b)), at + 4)):
+        left = _show(chat_format, a, position)
+        right = _show(chat_format, b, position)
+        rows.append(f"{position:8d}  {left:26s}  {right}{'   <-- first difference' if position == at else ''}")
+    return rows
+
+
+def _show(chat_format: ChatFormat, ids: list[int], position: int) -> str:
+    if position >= len(ids):
+        return "(end)"
+    return f"{ids[position]:>6d} {chat_format.tokenizer.decode([ids[position]])!r}"[:26]
+
+
+# ---------------------------------------------------------------------- masks
+
+
+def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> CheckResult:
+    """Every masked run decodes to its assistant message, in order, and nothing else is masked."""
+    turns = 0
+    for trajectory in trajectories:
+        problem = mask_problem(chat_format, trajectory)
+        if problem is not None:
+            position, message = problem
+            return CheckResult("mask", False, f"task {trajectory.task_id}: {message}",
+                               _mask_table(chat_format, trajectory, position))
+        turns += sum(1 for m in trajectory.messages if m["role"] == "assistant")
+    return CheckResult("mask", True, f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns")
+
+
+def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, str] | None:
+    """(position of the first bad token, what is wrong), or None when the mask is exactly the model's turns."""
+    ids, mask = trajectory.input_ids, trajectory.loss_mask
+    runs, start = [], None
+    for position, bit in enumerate(list(mask) + [0]):
+        if bit and start is None:
+            start = position
+        elif not bit and start is not None:
+            runs.append((start, position))
+            start = None
+    turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
+    if len(runs) != len(turns):
+        position = runs[len(turns)][0] if len(runs) > len(turns) else (runs[-1][1] if runs else 0)
+        return position, f"{len(runs)} masked runs for {len(turns)} assistant turns"
+    decode = chat_format.decode_turn
+    for (begin, end), expected in zip(runs, turns):
+        content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is
+        for position in range(begin, content_end):                                 # masked, not message text
+            if not expected.startswith(decode(ids[begin : position + 1])):
+                return position, (f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
+                                  f"text here (the turn reads {expected[:40]!r})")
+        if decode(ids[begin:content_end]) != expected:
+            return content_end, (f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
+                                 f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}")
+    return None
+
+
+def _mask_table(chat_format: ChatFormat, trajectory: Trajectory, at: int) -> list[str]:
+    rows = ["position  token                         mask  sampler log-prob"]
+    for position in range(max(0, at - 3), min(len(trajectory.input_ids), at + 4)):
+        token = trajectory.input_ids[position]
+        text = f"{token:>6d} {chat_format.tokenizer.decode([token])!r}"[:28]
+        rows.append(f"{position:8d}  {text:28s}  {trajectory.loss_mask[position]:4d}  {trajectory.logprobs[position]:+.4f}"
+                    f"{'   <-- first bad token' if position == at else ''}")
+    return rows
+
+
+# ---------------------------------------------------------------------- log-probs and weights
+
+
+def _sample(model: Any, tokenizer: Any, cfg: AuditConfig, dtype: str, seed_offset: int = 0) -> list[Trajectory]:
+    from agentic_rl.rollout.factory import build_engine
+
+    rollout = dataclasses.replace(cfg.rollout, dtype=dtype)
+    engine = build_engine(model, tokenizer, rollout, seed=cfg.seed + seed_offset, max_concurrent=cfg.n)
+    tasks = cfg.env.make().tasks(cfg.split, n=cfg.n, seed=cfg.seed)
+    with torch.no_grad():
+        return engine.run([cfg.env.make() for _ in tasks], tasks)
+
+
+def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], temperature: float) -> torch.Tensor:
+    """|sampler log-prob − training forward log-prob| at every masked token of `trajectories` (1-D, float64)."""
+    from agentic_rl.algorithms.logprobs import sequence_logprobs
+    from agentic_rl.rollout.trajectory import collate
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch = collate(trajectories, pad)
+    with torch.no_grad():
+        logps, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature)
+    trained = batch.loss_mask.bool()
+    return (logps.double() - batch.logprobs.double())[trained].abs()
+
+
+def check_logprobs(model: Any, tokenizer: Any, trajectories: dict[str, list[Trajectory]], cfg: AuditConfig) -> CheckResult:
+    parts, passed = [], True
+    for dtype, trajs in trajectories.items():
+        gaps = logprob_gaps(model, tokenizer, trajs, cfg.rollout.temperature)
+        ok = dtype != "float32" or float(gaps.max()) <= cfg.tolerance
+        passed &= ok
+        parts.append(f"{dtype} decode: max {float(gaps.max()):.2e}, mean {float(gaps.mean()):.2e} over {gaps.numel()} tokens"
+                     + ("" if dtype == "float32" else " (not π_old: use old_logprobs detach or recompute)"))
+    summary = "; ".join(parts) + f" (float32 must stay within {cfg.tolerance:g})"
+    return CheckResult("logprobs", passed, summary)
+
+
+def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResult:
+    """Update a copy of the weights as an optimizer step would, sync, and check the version and the samples."""
+    from agentic_rl.rollout.factory import build_engine
+
+    trained = copy.deepcopy(model).float()
+    rollout = dataclasses.replace(cfg.rollout, dtype="float32")
+    engine = build_engine(trained, tokenizer, rollout, seed=cfg.seed, max_concurrent=cfg.n)
+    tasks = cfg.env.make().tasks(cfg.split, n=cfg.n, seed=cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        for parameter in trained.parameters():  # one "optimizer step": every weight moves by ~1%
+            parameter.mul_(1.0 + 0.01 * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+    version = engine.sync_weights()
+    with torch.no_grad():
+        after = engine.run([cfg.env.make() for _ in tasks], tasks)
+    gaps = logprob_gaps(trained, tokenizer, after, cfg.rollout.temperature)
+    stamped = {t.weights_version for t in after}
+    passed = version == 1 and stamped == {1} and float(gaps.max()) <= cfg.tolerance
+    return CheckResult("weights", passed, (
+        f"after 1 update the engine reports version {version}, its episodes carry {sorted(stamped)}; their log-probs "
+        f"against the updated model: max gap {float(gaps.max()):.2e}"))

@@ -1,0 +1,79 @@
+"""`agentic-rl audit` passes on sound setups and fails, naming the first bad token, on broken ones."""
+
+import copy
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from agentic_rl.config import load_config
+from agentic_rl.envs.base import make_env
+from agentic_rl.evaluation.audit import check_masks, check_template, mask_problem, run_audit
+from agentic_rl.evaluation.config import AuditConfig
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.demos import oracle_demos
+
+
+def _cfg(model="tiny-qwen3", *overrides):
+    return load_config(AuditConfig, None, [f"model={model}", "n=3", "env.options={difficulty: 2}", *overrides])
+
+
+def test_every_check_passes_on_tiny_qwen3(tiny_qwen3):
+    model, tokenizer = tiny_qwen3
+    results = run_audit(model, tokenizer, _cfg())
+    assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
+    assert "float32 decode: max" in results[2].summary and "bfloat16 decode" in results[2].summary
+
+
+def test_a_template_that_rewrites_earlier_turns_fails_at_its_first_differing_token(qwen3_tokenizer):
+    """Guards the template check: a template whose system line counts the messages re-renders every
+    earlier turn differently, so incrementally built episodes would not match a re-rendering."""
+    broken = copy.deepcopy(qwen3_tokenizer)
+    broken.chat_template = "{{ messages | length }} messages\n" + broken.chat_template
+    result = check_template(ChatFormat.for_tokenizer(broken), _cfg())
+    assert not result.passed
+    assert "first differing token at position 0" in result.summary
+    assert any("<-- first difference" in line for line in result.detail)
+    assert check_template(ChatFormat.for_tokenizer(qwen3_tokenizer), _cfg()).passed
+
+
+def _demo(tokenizer):
+    env = make_env("arith", difficulty=2)
+    (demo,) = oracle_demos(env, env.tasks("test", n=1, seed=0), ChatFormat.for_tokenizer(tokenizer))
+    return demo
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_a_mask_shifted_by_one_fails_at_the_first_bad_token(qwen3_tokenizer, shift):
+    """Guards the mask check: a loss mask one token off trains an observation token and leaves a
+    model token out; the check names the first token where mask and model turn disagree."""
+    chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
+    demo = _demo(qwen3_tokenizer)
+    assert mask_problem(chat_format, demo) is None and len(demo.policy_spans) >= 2
+    first = demo.policy_spans[0].start
+    mask = [0] + demo.loss_mask[:-1] if shift > 0 else demo.loss_mask[1:] + [0]
+    shifted = dataclasses.replace(demo, loss_mask=mask)
+    position, message = mask_problem(chat_format, shifted)
+    assert position == first + shift  # right: the turn's first token lost its 1 / left: one token early
+    assert "has mask 1 but is not the model's text" in message or "stops before the turn does" in message
+    result = check_masks(chat_format, [demo, shifted])
+    assert not result.passed and any("<-- first bad token" in line for line in result.detail)
+
+
+def test_the_cli_exits_1_on_a_failure_and_prints_the_report(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "audit", "--model", "tiny-qwen3", "--n", "2",
+                           "--option", "difficulty=1", "--set", "dtypes=[float32]", "--tolerance", "1e-12"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "FAIL  logprobs" in done.stdout and "PASS  template" in done.stdout
+    assert '"passed": false' in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_every_check_passes_on_the_embedded_model_with_arith():
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
+
+    model, tokenizer, _ = load_base_and_tokenizer("smollm2-135m-instruct", "float32")
+    results = run_audit(model, tokenizer, _cfg("smollm2-135m-instruct"))
+    assert all(r.passed for r in results), [(r.name, r.summary, r.detail) for r in results if not r.passed]
