@@ -8,6 +8,7 @@
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
     agentic-rl compare sft.json grpo.json              (paired difference, 95% CI, McNemar)
     agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
+    agentic-rl chat  --model M [--env arith]           (a terminal conversation; tool calls shown as they run)
     agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
     agentic-rl rm       [--config F] [--set key=value ...]   (keys: agentic-rl config rm)
     agentic-rl grpo     [--config F] [--set key=value ...]   (keys: agentic-rl config grpo; backend: agentic_rl | trl)
@@ -131,6 +132,36 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+_CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.temperature", "max_turns": "rollout.max_turns",
+               "max_turn_tokens": "rollout.max_turn_tokens"}
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from agentic_rl.config import load_config
+    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.serving.chat import ChatConfig, chat_loop
+
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _CHAT_FLAGS.items() if getattr(args, flag) is not None]
+    overrides += [f"env.options.{pair}" for pair in args.option or []]
+    cfg = load_config(ChatConfig, args.config, overrides + args.set)
+    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    tools = [tool.name for tool in cfg.env.make().tools]
+    print(f"chatting with {cfg.model}, tools: {', '.join(tools)}; end with Ctrl-D or 'exit'")
+
+    def read() -> str | None:
+        try:
+            return input("you> ")
+        except EOFError:
+            return None
+
+    def show(event) -> None:
+        kind, text = event
+        print({"assistant": "agent> ", "call": "  -> ", "result": "  <- "}[kind] + text, flush=True)
+
+    chat_loop(model, tokenizer, tools, cfg.rollout, read, show, seed=cfg.seed)
+    return 0
+
+
 _AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance"}
 
 
@@ -173,6 +204,7 @@ _CONFIG_COMMANDS = {
 
 _DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
               "audit": ("agentic_rl.evaluation.config", "AuditConfig"),
+              "chat": ("agentic_rl.serving.chat", "ChatConfig"),
               **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
 
 
@@ -259,6 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. rollout.top_p=0.9 (repeatable)")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
+                       description="A terminal conversation with an agent and its environment's tools. Every key: "
+                       "`agentic-rl config chat`.")
+    p.add_argument("--config", help="YAML chat config; flags and --set override it")
+    for flag, key in _CHAT_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
+                       help=f"{key}: {field_help('agentic_rl.serving.chat:ChatConfig', key)}".replace("%", "%%"))
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key (repeatable)")
+    p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
                        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
