@@ -1,0 +1,129 @@
+"""The `plan` environment: an optimal oracle, a trap on the direct way, per-step rewards, disjoint
+splits, and hostile turns that get observations instead of crashes."""
+
+import collections
+import json
+
+import pytest
+
+from agentic_rl.envs.base import make_env
+from agentic_rl.envs.oracle import run_oracle
+from agentic_rl.envs.plan import _world_of, shortest_plan, world_split
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.demos import oracle_demos
+from agentic_rl.tools.parse import format_tool_call
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3, 4])
+@pytest.mark.parametrize("branching", [0, 3])
+def test_the_oracle_solves_every_world(difficulty, branching):
+    for split in ("train", "test"):
+        summary = run_oracle("plan", n=20, split=split, difficulty=difficulty, branching=branching)
+        assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0, summary["failures"]
+
+
+def _fewest_actions(world):
+    """Independent reference: breadth-first over (room, keys held) by depth, no parent links."""
+    key_at = {room: colour for colour, room in world.keys}
+    doors = {frozenset(p): c for p, c in world.doors}
+    frontier, seen, depth = {(world.start, frozenset())}, set(), 0
+    while frontier:
+        if any(room == world.goal for room, _ in frontier):
+            return depth
+        seen |= frontier
+        nxt = set()
+        for room, held in frontier:
+            if room in key_at:
+                nxt.add((room, held | {key_at[room]}))
+            for a, b in world.passages:
+                if room in (a, b):
+                    other = b if room == a else a
+                    if doors.get(frozenset((a, b))) in (None, *held):
+                        nxt.add((other, held))
+        frontier, depth = nxt - seen, depth + 1
+    return None
+
+
+def test_the_oracle_is_optimal_and_the_direct_way_is_a_trap():
+    """Guards the task's point: the shortest way (ignoring locks) must be blocked, so a greedy agent
+    loses; and the oracle must take the fewest actions that reach the goal."""
+    env = make_env("plan", difficulty=2, branching=2)
+    for task in env.tasks("test", n=30, seed=3):
+        world = _world_of(task)
+        assert len(env.oracle_actions(task)) == _fewest_actions(world) == task.meta["optimal_actions"]
+        greedy = shortest_plan(world, through_doors=True)
+        assert len(greedy) < task.meta["optimal_actions"]
+        env.reset(task)
+        for action, argument in greedy:
+            result = env.step(format_tool_call(action, {"room": argument}))
+            if any("locked" in m["content"] for m in result.observation or []):
+                break
+        else:
+            raise AssertionError("the direct way reached the goal without a key")
+
+
+def test_rewards_are_per_step_and_the_goal_pays_one():
+    env = make_env("plan", difficulty=1, step_cost=0.1)
+    task = env.tasks("train", n=1, seed=0)[0]
+    env.reset(task)
+    rewards = [env.step(action).reward for action in env.oracle_actions(task)]
+    assert rewards[:-1] == [pytest.approx(-0.1)] * (len(rewards) - 1) and rewards[-1] == pytest.approx(0.9)
+
+
+def test_train_and_test_worlds_never_coincide():
+    env = make_env("plan", difficulty=1, branching=1)
+    train = {json.dumps(t.meta["world"], sort_keys=True) for t in env.tasks("train", n=150, seed=0)}
+    test = {json.dumps(t.meta["world"], sort_keys=True) for t in env.tasks("test", n=150, seed=0)}
+    assert not train & test and len(test) > 100
+    assert {world_split(_world_of(t)) for t in env.tasks("test", n=5, seed=1)} == {"test"}
+
+
+def test_hostile_turns_get_observations_and_never_crash():
+    env = make_env("plan", difficulty=2, max_calls_per_turn=4)
+    task = env.tasks("test", n=1, seed=0)[0]
+    world = _world_of(task)
+    env.reset(task)
+    stranger = next(r for r in world.rooms if r not in world.neighbours(world.start) and r != world.start)
+    turns = [
+        ('<tool_call>{"name": "fly", "arguments": {"room": "x"}}</tool_call>', "unknown tool 'fly'"),
+        (format_tool_call("move", {"room": "moon"}), "there is no room 'moon'"),
+        (format_tool_call("move", {"room": stranger}), "no passage"),
+        (format_tool_call("take", {"key": "purple"}), "there is no 'purple' key"),
+        (format_tool_call("move", {"floor": 2}), "unknown argument"),
+        ("<tool_call>{not json</tool_call>", "Error"),
+    ]
+    for text, expected in turns:
+        result = env.step(text)
+        assert not result.done and expected in result.observation[0]["content"], (text, result.observation)
+    flood = env.step("".join(format_tool_call("move", {"room": "moon"}) for _ in range(50)))
+    assert len(flood.observation) == 50 and sum("at most 4 actions" in m["content"] for m in flood.observation) == 46
+    done = env.step("I will just think.")
+    assert done.done and done.info["format_ok"] is False and done.info["tool_errors"] == 6 + 50
+
+
+def test_oracle_demonstrations_become_sft_trajectories(qwen3_tokenizer):
+    env = make_env("plan", difficulty=1)
+    demos = oracle_demos(env, env.tasks("train", n=3, seed=0), ChatFormat.for_tokenizer(qwen3_tokenizer))
+    assert [len(d.policy_spans) for d in demos] == [t.meta["optimal_actions"] for t in env.tasks("train", n=3, seed=0)]
+    assert collections.Counter(m["role"] for m in demos[0].messages)["tool"] == len(demos[0].policy_spans) - 1
+
+
+def test_the_plan_config_stages_run(tmp_path):
+    """configs/plan.yaml's SFT and GRPO sections, on tiny-qwen3 for one step each."""
+    import dataclasses
+
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig
+    from agentic_rl.training.grpo import train_grpo
+    from agentic_rl.training.sft import train_sft
+
+    cfg = load_config(PipelineConfig, "configs/plan.yaml")
+    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
+                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False))
+    out = train_sft(sft)
+    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
+                               rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=2),
+                               env=dataclasses.replace(cfg.grpo.env, task_pool=8),
+                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
+    history = train_grpo(grpo)["history"]
+    assert len(history) == 1 and "reward/env_steps/mean" in history[0]
