@@ -107,7 +107,8 @@ def test_ppo_loss_matches_a_float64_per_token_loop(whiten_advantages):
     values = (old_values + 0.4 * torch.randn(2, 11, generator=g, dtype=torch.float64)).requires_grad_(True)
     advantages, returns = gae(REWARDS, old_values, MASK, 1.0, 0.95)
     cfg = PPOLossConfig(whiten_advantages=whiten_advantages, value_clip=0.2, vf_coef=0.5)
-    loss, metrics = ppo_loss(logps, old, values, old_values, advantages, returns, MASK, cfg)
+    given = whiten(advantages, MASK) if whiten_advantages else advantages
+    loss, metrics = ppo_loss(logps, old, values, old_values, given, returns, MASK, cfg)
     policy, value = _reference_loss(logps.detach(), old, values.detach(), old_values, advantages, returns, MASK, cfg)
     assert loss.item() == pytest.approx(policy + 0.5 * value, abs=1e-9)
     assert metrics["loss/policy"].item() == pytest.approx(policy, abs=1e-9)
@@ -132,3 +133,21 @@ def test_config_rejects_nonsense():
     with pytest.raises(ValueError, match="kl_mode"):
         PPOLossConfig(kl_mode="both")  # type: ignore[arg-type]
     assert not PPOLossConfig().needs_reference and PPOLossConfig(beta=0.05).needs_reference
+
+
+def test_micro_batch_losses_sum_to_the_full_batch_loss():
+    """Guards the token normaliser: two micro-batches, each divided by the whole batch's token count,
+    add up to the full-batch token mean (and so do their gradients)."""
+    g = torch.Generator().manual_seed(5)
+    old = torch.randn(2, 11, generator=g, dtype=torch.float64)
+    logps = old + 0.2 * torch.randn(2, 11, generator=g, dtype=torch.float64)
+    old_values = _values(6)
+    values = old_values + 0.3 * torch.randn(2, 11, generator=g, dtype=torch.float64)
+    advantages, returns = gae(REWARDS, old_values, MASK, 1.0, 0.95)
+    advantages = whiten(advantages, MASK)
+    cfg = PPOLossConfig()
+    full, _ = ppo_loss(logps, old, values, old_values, advantages, returns, MASK, cfg)
+    tokens = float(MASK.sum())
+    parts = [ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
+                      returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[0] for i in range(2)]
+    assert float(sum(parts)) == pytest.approx(float(full), abs=1e-12)

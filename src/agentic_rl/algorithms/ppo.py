@@ -68,7 +68,8 @@ class PPOLossConfig:
     kl_mode: KLMode = "reward"
     """Where the KL goes: "reward" (per-token −β(log π_old − log π_ref) in the rewards) or "loss" (β·k3)."""
     whiten_advantages: bool = True
-    """Normalise the advantages over the batch's policy tokens to mean 0, std 1."""
+    """Normalise the advantages over the whole batch's policy tokens to mean 0, std 1 (`whiten`,
+    applied by the trainer once per batch, before the batch is split into micro-batches)."""
     entropy_coef: float = 0.0
     """c_H: weight of an entropy bonus (0: off)."""
 
@@ -148,11 +149,15 @@ def ppo_loss(
     cfg: PPOLossConfig,
     ref_logps: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The total PPO loss (a scalar) and its parts, all (B, T) inputs; see the module docstring.
 
-    advantages and returns come from `gae` (whitened or not: the caller's `cfg.whiten_advantages`
-    is applied here); old_values are the values at sampling time (the value-clip anchor).
+    advantages (already whitened when cfg.whiten_advantages: whitening is over the whole batch, so
+    the trainer does it before splitting) and returns come from `gae`; old_values are the values
+    at sampling time (the value-clip anchor). num_tokens: the policy tokens of the whole batch,
+    when this call sees one micro-batch of it (sums over micro-batches then equal the full-batch
+    token mean); None: this call's own count.
     """
     shape = tuple(logps.shape)
     for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
@@ -165,8 +170,7 @@ def ppo_loss(
         raise ValueError("entropy_coef > 0 needs the differentiable entropy")
     trained = mask.bool()  # (B, T)
     weights = mask.to(logps.dtype)  # (B, T)
-    count = weights.sum().clamp(min=1.0)
-    advantages = whiten(advantages, mask) if cfg.whiten_advantages else advantages
+    count = (weights.sum() if num_tokens is None else torch.as_tensor(float(num_tokens), dtype=weights.dtype)).clamp(min=1.0)
     log_ratio = torch.where(trained, logps - old_logps, 0.0)  # (B, T): zeroed before exp (no inf * 0)
     ratio = torch.exp(log_ratio)  # (B, T)
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
