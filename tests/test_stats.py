@@ -127,3 +127,23 @@ def test_compare_command_on_eval_files_and_stage_folders(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "nope.json"), str(stage)],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
+
+
+def test_compare_several_b_adds_their_per_problem_mean(tmp_path):
+    """Three 'seeds' against one A: each row, plus the mean row whose B is the per-problem mean."""
+    import json
+
+    from agentic_rl.evaluation.compare import compare_paths
+
+    ids = [f"t{i}" for i in range(6)]
+    def write(name, greedy):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ids, "greedy": greedy}}))
+        return path
+    a = write("sft", [0, 0, 0, 1, 1, 0])
+    seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
+    rows = compare_paths(a, *seeds)
+    assert [row["b"] for row in rows] == [str(p) for p in seeds] + ["mean of 3"]
+    mean = rows[-1]
+    assert mean["mean_b"] == pytest.approx((1 + 2 / 3 + 1 / 3 + 1 + 2 / 3 + 0) / 6)
+    assert mean["difference"] == pytest.approx(mean["mean_b"] - 2 / 6) and mean["mcnemar_p"] is None

@@ -6,7 +6,7 @@
     agentic-rl tools run python --code "print(2**10)"
     agentic-rl rewards list
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
-    agentic-rl compare sft.json grpo.json              (paired difference, 95% CI, McNemar)
+    agentic-rl compare sft.json grpo.json [more.json]  (paired difference, 95% CI, McNemar; several B: also their mean)
     agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
     agentic-rl chat  --model M [--env arith]           (a terminal conversation; tool calls shown as they run)
     agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
@@ -185,9 +185,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.compare import compare_paths, format_rows
 
-    rows = compare_paths(args.a, args.b)
+    rows = compare_paths(args.a, *args.b)
     if not args.json:
-        print(f"A = {args.a}\nB = {args.b}\n")
+        print(f"A = {args.a}\nB = {', '.join(args.b)}\n")
         print("\n".join(format_rows(rows)))
         print()
     _print_json(rows)
@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
     p.add_argument("a", help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json")
-    p.add_argument("b", help="B: the same, for the other model")
+    p.add_argument("b", nargs="+", help="B: the same, for the other model; several (e.g. one per seed) are each compared, "
+                   "and so is their per-problem mean")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_compare)
 

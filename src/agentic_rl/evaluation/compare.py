@@ -2,12 +2,18 @@
 
     agentic-rl compare runs/demo/eval_sft runs/demo/eval_grpo
     agentic-rl compare sft.json grpo.json            # files from `agentic-rl eval --out`
+    agentic-rl compare sft.json s0.json s1.json s2.json   # several B (e.g. seeds) and their mean
 
 An input is an evaluation result (`eval --out FILE`), a pipeline stage's DONE.json, or the
 stage's folder. A stage holds several evaluations (by label); every label present on both sides
 is compared, on every per-problem metric both sides measured (pass@1; with k > 1 also the
 sampled accuracy, pass@k and maj@k). Problems are paired by task id, and both sides must hold
 exactly the same problems: comparing different problem sets is not a paired comparison.
+
+With several B inputs (e.g. one GRPO run per seed), each is compared with A, and so is their mean:
+per problem, the mean of the B outcomes (greedy pass@1), against A's. Its interval resamples
+problems, not runs: with a handful of seeds, the spread between the per-seed rows is the larger
+uncertainty, and it is printed right above.
 """
 
 from __future__ import annotations
@@ -64,23 +70,46 @@ def compare_evaluations(a: dict[str, Any], b: dict[str, Any], label: str = "") -
     return rows
 
 
-def compare_paths(path_a: str | Path, path_b: str | Path) -> list[dict[str, Any]]:
-    """Compare every evaluation label the two inputs share."""
-    left, right = load_evaluations(path_a), load_evaluations(path_b)
-    shared = [label for label in left if label in right]
+def compare_paths(path_a: str | Path, *paths_b: str | Path) -> list[dict[str, Any]]:
+    """Compare every evaluation label all inputs share: A against each B (row "b": its path) and,
+    with several B, against their per-problem mean (row "b": "mean of N")."""
+    if not paths_b:
+        raise ValueError("compare needs at least one B input")
+    left, rights = load_evaluations(path_a), [load_evaluations(path) for path in paths_b]
+    shared = [label for label in left if all(label in right for right in rights)]
     if not shared:
-        raise ValueError(f"{path_a} ({sorted(left)}) and {path_b} ({sorted(right)}) share no evaluation label")
-    return [row for label in shared for row in compare_evaluations(left[label], right[label], label)]
+        raise ValueError(f"{path_a} ({sorted(left)}) and {', '.join(map(str, paths_b))} share no evaluation label")
+    rows = []
+    for label in shared:
+        for path, right in zip(paths_b, rights):
+            rows += [{"b": str(path), **row} for row in compare_evaluations(left[label], right[label], label)]
+        if len(rights) > 1:
+            mean = mean_evaluation([right[label] for right in rights], label)
+            rows += [{"b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left[label], mean, label)]
+    return rows
+
+
+def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "") -> dict[str, Any]:
+    """An evaluation whose greedy outcome per problem is the mean of `evaluations`' (same problems)."""
+    ids = evaluations[0]["per_task"]["id"]
+    by_id = []
+    for evaluation in evaluations:
+        if sorted(evaluation["per_task"]["id"]) != sorted(ids):
+            raise ValueError(f"evaluation '{label}': the B inputs hold different problems; evaluate them on the same ones")
+        by_id.append(dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["greedy"])))
+    return {"k": 1, "per_task": {"id": list(ids), "greedy": [sum(b[i] for b in by_id) / len(by_id) for i in ids]}}
 
 
 def format_rows(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> list[str]:
-    """A Markdown table of comparison rows."""
-    lines = [f"| evaluation | metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | better / worse | McNemar p | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """A Markdown table of comparison rows (with a column naming B when the rows compare several)."""
+    several = len({row.get("b") for row in rows}) > 1
+    lines = [f"| evaluation |{' B |' if several else ''} metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | better / worse | McNemar p | verdict |",
+             "|---|" + ("---|" if several else "") + "---|---|---|---|---|---|---|---|"]
     for row in rows:
         p = "" if row["mcnemar_p"] is None else "< 0.001" if row["mcnemar_p"] < 0.001 else f"{row['mcnemar_p']:.3f}"
+        b_cell = f" {row.get('b')} |" if several else ""
         lines.append(
-            f"| {row['label']} | {row['metric']} | {row['n']} | {row['mean_a']:.1%} | {row['mean_b']:.1%} | "
+            f"| {row['label']} |{b_cell} {row['metric']} | {row['n']} | {row['mean_a']:.1%} | {row['mean_b']:.1%} | "
             f"{row['difference']:+.1%} [{row['ci_low']:+.1%}, {row['ci_high']:+.1%}] | {row['b_better']} / {row['a_better']} | {p} | "
             f"{row['verdict'].replace('B', name_b).replace('A', name_a)} |"
         )
