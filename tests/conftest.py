@@ -48,6 +48,20 @@ def _collect_garbage_after_each_test():
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state_for_each_test():
+    """accelerate keeps one process-wide state: the first Accelerator's mixed precision would bind
+    every later test in the process (a bf16 trainer test after a float32 one fails to start)."""
+    yield
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
 @pytest.fixture(scope="session")
 def shared_tokenizer():
     """`shared_tokenizer(name)`: the tokenizer `load_tokenizer(name)` returns, loaded once per session.

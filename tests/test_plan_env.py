@@ -120,7 +120,7 @@ def test_the_plan_config_stages_run(tmp_path):
     cfg = load_config(PipelineConfig, "configs/plan.yaml")
     sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
                               train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False,
-                                                        mixed_precision="no"))  # one accelerator state per test process
+                                                        mixed_precision="no"))  # one step of tiny-qwen3: no autocast needed
     out = train_sft(sft)
     grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
                                rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=2),
