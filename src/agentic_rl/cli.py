@@ -94,6 +94,29 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
+def _load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
+    """A command's config: --config, then its flags (each overrides one key; `--option K=V` is
+    env.options.K), then --set, all through the one loader, so a bad flag fails as a bad key would."""
+    from agentic_rl.config import load_config
+
+    overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
+    overrides += [f"env.options.{pair}" for pair in args.option or []]
+    return load_config(cls, args.config, overrides + args.set)
+
+
+def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], class_path: str, set_example: str) -> None:
+    """--config, one flag per key of `flags` (help and default read from the config class at
+    'module:Class', so no default is written twice), --option and --set."""
+    from agentic_rl.config import field_help
+
+    p.add_argument("--config", help="YAML config; flags and --set override it")
+    for flag, key in flags.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
+                       help=f"{key}: {field_help(class_path, key)}".replace("%", "%%"))
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=f"override any key, e.g. {set_example} (repeatable)")
+
+
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
     "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.temperature",
     "split": "split", "seed": "seed", "batch_size": "batch_size", "max_turn_tokens": "rollout.max_turn_tokens",
@@ -102,15 +125,11 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentic_rl.config import load_config
     from agentic_rl.evaluation.config import EvalCommandConfig
     from agentic_rl.evaluation.runner import evaluate
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
-    # Flags are overrides of the eval config, applied before --set, through the same loader.
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _EVAL_FLAGS.items() if getattr(args, flag) is not None]
-    overrides += [f"env.options.{pair}" for pair in args.option or []]
-    cfg = load_config(EvalCommandConfig, args.config, overrides + args.set)
+    cfg = _load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
     model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if cfg.out:
@@ -137,13 +156,10 @@ _CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.temp
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from agentic_rl.config import load_config
     from agentic_rl.models.stage_output import load_base_and_tokenizer
     from agentic_rl.serving.chat import ChatConfig, chat_loop
 
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _CHAT_FLAGS.items() if getattr(args, flag) is not None]
-    overrides += [f"env.options.{pair}" for pair in args.option or []]
-    cfg = load_config(ChatConfig, args.config, overrides + args.set)
+    cfg = _load_flagged(args, _CHAT_FLAGS, ChatConfig)
     model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
     tools = [tool.name for tool in cfg.env.make().tools]
     print(f"chatting with {cfg.model}, tools: {', '.join(tools)}; end with Ctrl-D or 'exit'")
@@ -166,14 +182,11 @@ _AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from agentic_rl.config import load_config
     from agentic_rl.evaluation.audit import format_report, run_audit
     from agentic_rl.evaluation.config import AuditConfig
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in _AUDIT_FLAGS.items() if getattr(args, flag) is not None]
-    overrides += [f"env.options.{pair}" for pair in args.option or []]
-    cfg = load_config(AuditConfig, args.config, overrides + args.set)
+    cfg = _load_flagged(args, _AUDIT_FLAGS, AuditConfig)
     model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
     results = run_audit(model, tokenizer, cfg)
     print(format_report(results))
@@ -281,38 +294,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
                        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
-    p.add_argument("--config", help="YAML eval config (every key: `agentic-rl config eval`); flags and --set override it")
-    from agentic_rl.config import field_help
-
-    for flag, key in _EVAL_FLAGS.items():  # help, type and default come from the config: one set of defaults
-        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help('agentic_rl.evaluation.config:EvalCommandConfig', key)}".replace("%", "%%"))
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. rollout.top_p=0.9 (repeatable)")
+    _add_flagged(p, _EVAL_FLAGS, "agentic_rl.evaluation.config:EvalCommandConfig", "rollout.top_p=0.9")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
                        description="A terminal conversation with an agent and its environment's tools. Every key: "
                        "`agentic-rl config chat`.")
-    p.add_argument("--config", help="YAML chat config; flags and --set override it")
-    for flag, key in _CHAT_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help('agentic_rl.serving.chat:ChatConfig', key)}".replace("%", "%%"))
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key (repeatable)")
+    _add_flagged(p, _CHAT_FLAGS, "agentic_rl.serving.chat:ChatConfig", "rollout.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
                        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
                        description="Audit a model, its template and an environment before training. Every key: "
                        "`agentic-rl config audit`.")
-    p.add_argument("--config", help="YAML audit config; flags and --set override it")
-    for flag, key in _AUDIT_FLAGS.items():
-        p.add_argument(f"--{flag}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help('agentic_rl.evaluation.config:AuditConfig', key)}".replace("%", "%%"))
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. dtypes=[float32] (repeatable)")
+    _add_flagged(p, _AUDIT_FLAGS, "agentic_rl.evaluation.config:AuditConfig", "dtypes=[float32]")
     p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
