@@ -48,10 +48,11 @@ def _collect_garbage_after_each_test():
     gc.collect()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state_for_each_test():
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_accelerator_state_for_each_module():
     """accelerate keeps one process-wide state: the first Accelerator's mixed precision would bind
-    every later test in the process (a bf16 trainer test after a float32 one fails to start)."""
+    every later test in the process (a bf16 trainer test after a float32 one fails to start). Reset
+    after each module, once the module's own fixtures (a TRL trainer shared by its tests) are gone."""
     yield
     import sys
 
