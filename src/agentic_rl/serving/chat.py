@@ -22,7 +22,6 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from agentic_rl.config import PositiveInt
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.rollout.config import RolloutConfig
@@ -38,7 +37,7 @@ class ChatConfig:
     """The environment whose tools (and system prompt) the agent gets, e.g. {name: gsm8k, options: {tools: [python]}}."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(temperature=0.0))
     """How replies are decoded (greedy by default); rollout.max_turns bounds the turns of one reply."""
-    seed: PositiveInt = 1
+    seed: int = 0
     """Sampling seed (when rollout.temperature > 0)."""
 
     def __post_init__(self) -> None:
