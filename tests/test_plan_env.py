@@ -119,13 +119,11 @@ def test_the_plan_config_stages_run(tmp_path):
 
     cfg = load_config(PipelineConfig, "configs/plan.yaml")
     sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
-                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False,
-                                                        mixed_precision="no"))  # one step of tiny-qwen3: no autocast needed
+                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False))
     out = train_sft(sft)
     grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
                                rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=2),
                                env=dataclasses.replace(cfg.grpo.env, task_pool=8),
-                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False,
-                                                         mixed_precision="no"))
+                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
     history = train_grpo(grpo)["history"]
     assert len(history) == 1 and "reward/env_steps/mean" in history[0]

@@ -104,15 +104,15 @@ def _load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
     return load_config(cls, args.config, overrides + args.set)
 
 
-def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], class_path: str, set_example: str) -> None:
-    """--config, one flag per key of `flags` (help and default read from the config class at
-    'module:Class', so no default is written twice), --option and --set."""
+def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
+    """--config, one flag per key of `flags` (help and default read from the config class `cls`,
+    so no default is written twice), --option and --set."""
     from agentic_rl.config import field_help
 
     p.add_argument("--config", help="YAML config; flags and --set override it")
     for flag, key in flags.items():
         p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help(class_path, key)}".replace("%", "%%"))
+                       help=f"{key}: {field_help(cls, key)}".replace("%", "%%"))
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=f"override any key, e.g. {set_example} (repeatable)")
 
@@ -265,6 +265,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # torch-free: --help stays instant
+    from agentic_rl.serving.chat import ChatConfig
+
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -294,21 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
                        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
-    _add_flagged(p, _EVAL_FLAGS, "agentic_rl.evaluation.config:EvalCommandConfig", "rollout.top_p=0.9")
+    _add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.top_p=0.9")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
                        description="A terminal conversation with an agent and its environment's tools. Every key: "
                        "`agentic-rl config chat`.")
-    _add_flagged(p, _CHAT_FLAGS, "agentic_rl.serving.chat:ChatConfig", "rollout.top_p=0.9")
+    _add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
                        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
                        description="Audit a model, its template and an environment before training. Every key: "
                        "`agentic-rl config audit`.")
-    _add_flagged(p, _AUDIT_FLAGS, "agentic_rl.evaluation.config:AuditConfig", "dtypes=[float32]")
+    _add_flagged(p, _AUDIT_FLAGS, AuditConfig, "dtypes=[float32]")
     p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")

@@ -277,10 +277,14 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def field_help(class_path: str, key: str) -> str:
-    """'doc (default D)' of the dotted `key` of the dataclass at 'module:Class' (for CLI flags)."""
-    module, _, name = class_path.partition(":")
-    cls = getattr(__import__(module, fromlist=[name]), name)
+def require_model(model: str) -> None:
+    """The check every command with a `model` key runs: one is required (there is no default model)."""
+    if not model:
+        raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+
+
+def field_help(cls: type, key: str) -> str:
+    """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
     *sections, leaf = key.split(".")
     for section in sections:
         cls = get_type_hints(cls)[section]

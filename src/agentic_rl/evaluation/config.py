@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import PositiveFloat, PositiveInt
+from agentic_rl.config import PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.config import RolloutConfig
 
@@ -50,8 +50,7 @@ class EvalCommandConfig(EvalConfig):
     """Also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)."""
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+        require_model(self.model)
 
 
 @dataclasses.dataclass
@@ -77,8 +76,7 @@ class AuditConfig:
     """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+        require_model(self.model)
         unknown = sorted(set(self.dtypes) - {"float32", "bfloat16"})
         if unknown or not self.dtypes:
             raise ValueError(f"dtypes must be a non-empty list of float32 and bfloat16, got {self.dtypes}")

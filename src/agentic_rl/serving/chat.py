@@ -22,6 +22,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+from agentic_rl.config import require_model
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.rollout.config import RolloutConfig
@@ -41,8 +42,7 @@ class ChatConfig:
     """Sampling seed (when rollout.temperature > 0)."""
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
+        require_model(self.model)
 
 
 Event = tuple[str, str]
