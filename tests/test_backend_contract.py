@@ -159,3 +159,38 @@ def test_capacity_counts_new_episodes_and_release_frees_them(make_backend):
     backend.release(1)
     backend.begin(1, SamplingParams())
     assert backend.capacity() == 2
+
+
+def test_an_episode_with_its_own_sampling_samples_the_same_turn_whatever_shares_its_batch(make_backend, tiny):
+    """Guards against per-request sampling that leaks across a served batch: a request's seed must give
+    the same reply whichever requests (other temperatures, other seeds, greedy) share its batch."""
+    model, _ = tiny
+    own = SamplingParams(temperature=0.8, seed=123)
+    alone = _generate(make_backend(), [TurnRequest(0, PROMPTS[2], 6, sampling=own)], seed=1)
+    mixed = [TurnRequest(0, PROMPTS[0], 6, sampling=SamplingParams(temperature=0.0, seed=9)),
+             TurnRequest(1, PROMPTS[1], 6),  # the run's sampling
+             TurnRequest(2, PROMPTS[2], 6, sampling=own),
+             TurnRequest(3, PROMPTS[3], 6, sampling=SamplingParams(temperature=1.3, seed=123))]
+    together = _generate(make_backend(), mixed, seed=77, sampling=SamplingParams(temperature=0.9))
+    assert together[2].token_ids == alone[0].token_ids, "the seed alone decides, not the run seed or the key"
+    expected = _plain_logprobs(model, PROMPTS[2], together[2].token_ids, 0.8)
+    assert torch.allclose(torch.tensor(together[2].logprobs, dtype=torch.float64), expected, atol=1e-4)
+    greedy = together[0]  # greedy in a sampled batch: the argmax at every step, T = 1 log-probs
+    context = PROMPTS[0] + greedy.token_ids
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([context])).logits[0, len(PROMPTS[0]) - 1 : -1]
+    assert logits.argmax(-1).tolist() == greedy.token_ids
+    run_default = _generate(make_backend(), [TurnRequest(1, PROMPTS[1], 6)], seed=77, sampling=SamplingParams(temperature=0.9))
+    assert together[1].token_ids == run_default[1].token_ids
+
+
+def test_a_turn_stops_at_the_first_stop_string(make_backend, tiny):
+    """Guards against stop strings that are missed, or that end a turn after the text went past them."""
+    _, chat_format = tiny
+    free = _generate(make_backend(), [TurnRequest(0, PROMPTS[1], 10)], seed=4)[0]
+    texts = [chat_format.decode_turn(free.token_ids[: i + 1]) for i in range(len(free.token_ids))]
+    stop_text = next(chat_format.decode_turn([token]) for token in free.token_ids[2:] if chat_format.decode_turn([token]).strip())
+    first = next(i for i, text in enumerate(texts) if stop_text in text)
+    stopped = _generate(make_backend(), [TurnRequest(0, PROMPTS[1], 10, stop_strings=("never appears \u2983", stop_text))], seed=4)[0]
+    assert stopped.stop == "stop_string" and stopped.token_ids == free.token_ids[: first + 1]
+    assert stop_text in chat_format.decode_turn(stopped.token_ids)

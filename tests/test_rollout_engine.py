@@ -537,3 +537,20 @@ def test_episodes_beyond_runner_slots_wait_for_a_free_slot(qwen3_chat):
     trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]
+
+
+def test_episode_options_set_one_episodes_turn_limit_and_stop_strings(qwen3_chat):
+    """Guards against a served request's max_tokens or stop applying to the other requests of its batch."""
+    from agentic_rl.rollout.engine import EpisodeOptions
+
+    tokenizer, chat_format = qwen3_chat
+    text = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
+    engine, _ = _scripted_engine(tokenizer, chat_format, [[text], [text], [text]], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048))
+    envs = [ToolLoopEnv(tool_turns=0) for _ in range(3)]
+    options = [EpisodeOptions(), EpisodeOptions(max_turn_tokens=4), EpisodeOptions(stop_strings=("seven",))]
+    full, cut, stopped = engine.run(envs, [_task(i) for i in range(3)], options=options)
+    assert full.finish_reason == "answered" and full.messages[-1]["content"] == text.removesuffix("<|im_end|>")
+    assert cut.finish_reason == "max_turn_tokens" and cut.num_policy_tokens == 4
+    assert stopped.finish_reason == "answered" and stopped.messages[-1]["content"].endswith("seven")
+    with pytest.raises(ValueError, match="one EpisodeOptions per episode"):
+        engine.run([ToolLoopEnv()], [_task()], options=[])

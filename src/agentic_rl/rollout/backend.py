@@ -22,10 +22,15 @@ The contract (tests/test_backend_contract.py runs it over every backend present)
     token_ids[i] under the weights that sampled it, before top-p/top-k filtering (the convention
     of rollout/sampling.py; with greedy decoding, T = 1). Trainers use them as π_old.
   * Finish reasons. `stop` is "stop_token" (end-of-turn or eos: the last id is a stop id),
-    "tool_call" (the turn ends with `</tool_call>`, as ChatFormat.ends_turn decides) or "length"
+    "tool_call" (the turn ends with `</tool_call>`, as ChatFormat.ends_turn decides),
+    "stop_string" (the turn's text now contains one of the request's `stop_strings`) or "length"
     (max_new_tokens generated). A turn never runs past its first stop.
   * Determinism. Episode `key`'s samples depend only on (seed, key) and its context, not on the
     other episodes or the batch schedule: the same run gives the same turns.
+  * Per-episode sampling. An episode whose first `TurnRequest` carries its own `sampling`
+    samples with those parameters and a generator of `sampling.seed` alone (not the run's seed or
+    its key), whatever the other episodes of the batch use: a served request with a seed is
+    reproducible whichever requests share its batch.
   * Weights. `weights_version` names the weights turns are sampled from; `sync_weights()` makes
     later turns use the model's current parameters and returns the new version (or sets a
     restored checkpoint's). The engine
@@ -59,6 +64,10 @@ class TurnRequest:
     key: int
     new_tokens: list[int]
     max_new_tokens: int
+    sampling: SamplingParams | None = None
+    """This episode's own sampling instead of the run's (read at its first submit; see the contract)."""
+    stop_strings: tuple[str, ...] = ()
+    """Texts that also end this turn (stop "stop_string"), e.g. an API request's `stop`."""
 
 
 @dataclasses.dataclass
@@ -69,7 +78,8 @@ class TurnOutput:
     token_ids: list[int]
     logprobs: list[float]
     stop: str
-    """"stop_token" (end-of-turn/eos), "tool_call" (</tool_call> completed) or "length" (budget hit)."""
+    """"stop_token" (end-of-turn/eos), "tool_call" (</tool_call> completed), "stop_string" (a
+    request's stop text appeared) or "length" (budget hit)."""
 
 
 class Backend(Protocol):
@@ -109,6 +119,8 @@ class Backend(Protocol):
 class _RowState:
     slot: int
     generator: torch.Generator
+    sampling: SamplingParams
+    stop_strings: tuple[str, ...] = ()
     pending: list[int] | None = None  # tokens to append at the next forward
     last_token: int | None = None  # last token of a finished turn: not yet in the cache
     max_new_tokens: int = 0
@@ -156,8 +168,11 @@ class RunnerBackend:
             raise ValueError(f"max_new_tokens must be >= 1, got {request.max_new_tokens}")
         row = self._rows.get(request.key)
         if row is None:
-            row = _RowState(self.runner.alloc(), make_generator(self.seed, request.key))
+            own = request.sampling
+            generator = make_generator(own.seed, 0) if own is not None else make_generator(self.seed, request.key)
+            row = _RowState(self.runner.alloc(), generator, own or self.sampling)
             self._rows[request.key] = row
+        row.stop_strings = tuple(request.stop_strings)
         assert row.pending is None and not row.turn_ids, f"episode {request.key} already has a turn in flight"
         chunk = ([row.last_token] if row.last_token is not None else []) + list(request.new_tokens)
         assert chunk, f"episode {request.key}: nothing to feed the model"
@@ -179,7 +194,7 @@ class RunnerBackend:
         self._share_prompt_prefix(rows)
         logits = self.runner.forward([row.slot for row in rows], [row.pending for row in rows])  # (B, V)
         self.forward_calls += 1
-        tokens, logprobs = sample(logits, self.sampling, [row.generator for row in rows])  # (B,), (B,)
+        tokens, logprobs = _sample_rows(logits, rows)  # (B,), (B,)
         finished = []
         for key, row, token, logprob in zip(keys, rows, tokens.tolist(), logprobs.tolist()):
             row.pending = None
@@ -187,6 +202,8 @@ class RunnerBackend:
             row.turn_logprobs.append(logprob)
             if self.chat_format.ends_turn(row.turn_ids):
                 stop = "stop_token" if token in self.chat_format.stop_token_ids else "tool_call"
+            elif row.stop_strings and self._ends_with_stop_string(row):
+                stop = "stop_string"
             elif len(row.turn_ids) >= row.max_new_tokens:
                 stop = "length"
             else:
@@ -195,6 +212,14 @@ class RunnerBackend:
             finished.append(TurnOutput(key, row.turn_ids, row.turn_logprobs, stop))
             row.last_token, row.turn_ids, row.turn_logprobs = token, [], []
         return finished
+
+    def _ends_with_stop_string(self, row: _RowState) -> bool:
+        """True when the turn's text now contains a stop string. Checked after every token, so one
+        found is new; the tail decoded covers the longest stop string even at 4 byte-tokens per
+        character (byte-level BPE), plus one token for a boundary."""
+        tail = 4 * max(len(text) for text in row.stop_strings) + 1
+        text = self.chat_format.decode_turn(row.turn_ids[-tail:])
+        return any(stop in text for stop in row.stop_strings)
 
     def _share_prompt_prefix(self, rows: list[_RowState]) -> None:
         """Prefill the longest prefix shared by the new episodes' prompts once, then fork it.
@@ -227,3 +252,22 @@ class RunnerBackend:
             self.runner.fork(new[0].slot, row.slot, prefix)
         for row in new:
             row.pending = row.pending[prefix:]  # type: ignore[index]
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[_RowState]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row, each row with its own episode's sampling parameters. logits (B, V) -> (B,), (B,).
+
+    Rows are sampled in groups of equal parameters; each row draws from its own generator, so
+    the grouping changes no row's sample (sampling.py: one uniform per row and token)."""
+    groups: dict[SamplingParams, list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault(row.sampling, []).append(index)
+    if len(groups) == 1:
+        return sample(logits, rows[0].sampling, [row.generator for row in rows])
+    tokens = torch.empty(len(rows), dtype=torch.long)  # (B,)
+    logprobs = torch.empty(len(rows), dtype=torch.float32)  # (B,)
+    for params, indices in groups.items():
+        where = torch.tensor(indices)
+        group_tokens, group_logprobs = sample(logits[where], params, [rows[i].generator for i in indices])
+        tokens[where], logprobs[where] = group_tokens, group_logprobs.float()
+    return tokens, logprobs

@@ -37,6 +37,12 @@ Limits and `Trajectory.finish_reason` (decided here, tested in tests/test_rollou
 Precedence, after each turn: error > episode-token cut > env done (cut turn: "max_turn_tokens")
 > max_turns > observation overflow > continue.
 
+Per-episode options (`run(..., options=[EpisodeOptions(...), ...])`, used by the server, where
+each request brings its own temperature, seed, max_tokens and stop): an episode may sample with
+its own `SamplingParams` (and a generator of its own seed: the backend contract), cap its turns
+at its own `max_turn_tokens` (the episode limit still applies) and end a turn at `stop_strings`
+(the backend's stop "stop_string": the turn is stepped like any un-cut turn).
+
 Determinism (invariant 7): every episode has its own torch.Generator derived from (seed, episode
 index), the batch schedule depends only on sampled tokens and env results (tool calls run in
 threads but are joined in episode order before the next forward), so the same seed gives the
@@ -66,12 +72,34 @@ from agentic_rl.tools.base import ToolUnavailable
 # ---------------------------------------------------------------------- episodes
 
 
+@dataclasses.dataclass(frozen=True)
+class EpisodeOptions:
+    """One episode's own settings (see the module docstring); None keeps the engine's."""
+
+    sampling: SamplingParams | None = None
+    """Its sampling parameters; its samples then depend on `sampling.seed` alone."""
+    max_turn_tokens: int | None = None
+    """Its token limit per policy turn, instead of limits.max_turn_tokens."""
+    stop_strings: tuple[str, ...] = ()
+    """Texts that end a turn as the end-of-turn token does."""
+
+    def __post_init__(self) -> None:
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ValueError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if any(not text for text in self.stop_strings):
+            raise ValueError("a stop string must not be empty")
+
+
+_DEFAULT_OPTIONS = EpisodeOptions()
+
+
 @dataclasses.dataclass
 class _Episode:
     index: int
     env: Env
     task: Task
     max_turns: int
+    options: EpisodeOptions = _DEFAULT_OPTIONS
     ids: list[int] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -135,17 +163,23 @@ class RolloutEngine:
         one): the backend samples from the model's current weights from now on. Returns the version."""
         return self.backend.sync_weights(version)
 
-    def run(self, envs: Sequence[Env], tasks: Sequence[Task], seed: int | None = None) -> list[Trajectory]:
-        """One episode per (env, task) pair, all concurrently. Returns trajectories in input order."""
+    def run(self, envs: Sequence[Env], tasks: Sequence[Task], seed: int | None = None,
+            options: Sequence[EpisodeOptions] | None = None) -> list[Trajectory]:
+        """One episode per (env, task) pair, all concurrently. Returns trajectories in input order.
+
+        options: one `EpisodeOptions` per episode (None: the engine's settings for all)."""
         if len(envs) != len(tasks):
             raise ValueError(f"run() needs one env per task, got {len(envs)} envs and {len(tasks)} tasks")
+        if options is not None and len(options) != len(envs):
+            raise ValueError(f"run() needs one EpisodeOptions per episode, got {len(options)} for {len(envs)} episodes")
         if len({id(env) for env in envs}) != len(envs):
             raise ValueError("each episode needs its own Env instance (envs are stateful); got a repeated instance")
         seed = self.sampling.seed + self.run_count if seed is None else seed
         backend = self.backend
         backend.begin(seed, self.sampling)
         version = backend.weights_version
-        episodes = [self._start(index, env, task) for index, (env, task) in enumerate(zip(envs, tasks))]
+        options = options or [_DEFAULT_OPTIONS] * len(envs)
+        episodes = [self._start(index, env, task, option) for index, (env, task, option) in enumerate(zip(envs, tasks, options))]
         waiting = collections.deque(ep for ep in episodes if not ep.finish_reason)
         generated = 0
         try:
@@ -153,7 +187,7 @@ class RolloutEngine:
                 while waiting or backend.has_work():
                     while waiting and backend.capacity() > 0:
                         episode = waiting.popleft()
-                        backend.submit(TurnRequest(episode.index, list(episode.ids), self._turn_budget(episode)))
+                        backend.submit(self._request(episode, list(episode.ids)))
                     outputs = backend.step()
                     generated += sum(len(o.token_ids) for o in outputs)
                     self._after_turns([episodes[o.key] for o in outputs], outputs, backend, pool)
@@ -166,8 +200,8 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ episode state machine
 
-    def _start(self, index: int, env: Env, task: Task) -> _Episode:
-        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns))
+    def _start(self, index: int, env: Env, task: Task, options: EpisodeOptions) -> _Episode:
+        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns), options=options)
         try:
             episode.messages = [dict(m) for m in env.reset(task)]
         except Exception as exc:  # noqa: BLE001 - a broken env fails its episode, not the batch
@@ -177,10 +211,16 @@ class RolloutEngine:
             episode.finish_reason = "max_episode_tokens"
         return episode
 
+    def _request(self, episode: _Episode, new_tokens: list[int]) -> TurnRequest:
+        """The next turn of `episode` after `new_tokens`, with its own options."""
+        options = episode.options
+        return TurnRequest(episode.index, new_tokens, self._turn_budget(episode), options.sampling, options.stop_strings)
+
     def _turn_budget(self, episode: _Episode) -> int:
         room = self.limits.max_episode_tokens - len(episode.ids)
-        episode.turn_budget_is_episode_room = room <= self.limits.max_turn_tokens
-        return min(room, self.limits.max_turn_tokens)
+        turn_limit = episode.options.max_turn_tokens or self.limits.max_turn_tokens
+        episode.turn_budget_is_episode_room = room <= turn_limit
+        return min(room, turn_limit)
 
     def _after_turns(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, pool) -> None:
         """Record finished turns, step their envs (in parallel, joined in order), then continue or end each."""
@@ -239,7 +279,7 @@ class RolloutEngine:
             return None
         episode.append("observation", observation_ids)
         episode.messages.extend(dict(m) for m in result.observation)
-        return TurnRequest(episode.index, observation_ids, self._turn_budget(episode))
+        return self._request(episode, observation_ids)
 
     def _fail(self, episode: _Episode, message: str) -> _Episode:
         episode.finish_reason = "error"
