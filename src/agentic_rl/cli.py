@@ -9,6 +9,7 @@
     agentic-rl compare sft.json grpo.json [more.json]  (paired difference, 95% CI, McNemar; several B: also their mean)
     agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
     agentic-rl chat  --model M [--env arith]           (a terminal conversation; tool calls shown as they run)
+    agentic-rl serve --model M [--env arith] [--host H --port P]   (OpenAI-compatible HTTP server)
     agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
     agentic-rl rm       [--config F] [--set key=value ...]   (keys: agentic-rl config rm)
     agentic-rl grpo     [--config F] [--set key=value ...]   (keys: agentic-rl config grpo; backend: agentic_rl | trl)
@@ -178,6 +179,21 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+_SERVE_FLAGS = {"model": "model", "env": "env.name", "host": "host", "port": "port", "served_name": "served_name",
+                "temperature": "rollout.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
+                "max_batch": "max_batch", "dtype": "rollout.dtype", "backend": "rollout.backend", "seed": "seed"}
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentic_rl.serving.config import ServeConfig
+    from agentic_rl.serving.server import serve
+
+    if args.option and args.env is None:
+        raise ValueError("--option sets an environment option, which needs --env (agent mode)")
+    serve(_load_flagged(args, _SERVE_FLAGS, ServeConfig))
+    return 0
+
+
 _AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance"}
 
 
@@ -218,6 +234,7 @@ _CONFIG_COMMANDS = {
 _DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
               "audit": ("agentic_rl.evaluation.config", "AuditConfig"),
               "chat": ("agentic_rl.serving.chat", "ChatConfig"),
+              "serve": ("agentic_rl.serving.config", "ServeConfig"),
               **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
 
 
@@ -267,6 +284,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # torch-free: --help stays instant
     from agentic_rl.serving.chat import ChatConfig
+    from agentic_rl.serving.config import ServeConfig
 
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -306,6 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "`agentic-rl config chat`.")
     _add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/models) on the rollout engine",
+                       description="Serve a model with the OpenAI chat-completions API. Without --env, the request's tools "
+                       "go into the chat template and tool calls come back to the client; with --env, the server runs the "
+                       "environment's tools and answers with the final reply and its tool trace. Every key: "
+                       "`agentic-rl config serve`.")
+    _add_flagged(p, _SERVE_FLAGS, ServeConfig, "batch_window_ms=50")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
                        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",

@@ -286,10 +286,17 @@ def require_model(model: str) -> None:
 def field_help(cls: type, key: str) -> str:
     """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
     *sections, leaf = key.split(".")
+    unset = None
     for section in sections:
-        cls = get_type_hints(cls)[section]
+        parent, cls = cls, get_type_hints(cls)[section]
+        if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. `env: EnvSpec | None`
+            cls = next(arg for arg in get_args(cls) if arg is not type(None))
+            if next(f for f in dataclasses.fields(parent) if f.name == section).default is None:
+                unset = section
     field = next(f for f in dataclasses.fields(cls) if f.name == leaf)
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    if unset is not None:  # the section itself is off by default: its fields' defaults apply only once it is set
+        return f"{field_docs(cls).get(leaf, '')} (default: none, {unset} is unset)"
     return f"{field_docs(cls).get(leaf, '')} (default {default!r})"
 
 

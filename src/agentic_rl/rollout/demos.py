@@ -32,7 +32,7 @@ from agentic_rl.envs.base import Env, Task
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.trajectory import Span, Trajectory
-from agentic_rl.tools.parse import TOOL_CALL_CLOSE, format_tool_call
+from agentic_rl.tools.parse import TOOL_CALL_CLOSE, assistant_turn_text
 
 
 class DemoError(ValueError):
@@ -60,7 +60,7 @@ def trajectory_from_messages(
     history = list(prompt)
     index = first_assistant
     while index < len(messages):
-        text = _assistant_text(messages[index])
+        text = assistant_turn_text(messages[index])
         observations = []
         index += 1
         while index < len(messages) and messages[index].get("role") != "assistant":
@@ -86,14 +86,6 @@ def _append(ids: list[int], mask: list[int], spans: list[Span], new: list[int], 
     ids.extend(new)
     mask.extend([1 if kind == "policy" else 0] * len(new))
     spans.append(Span(kind, start, len(ids)))  # type: ignore[arg-type]
-
-
-def _assistant_text(message: dict[str, Any]) -> str:
-    text = message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", call)
-        text = (text + "\n" if text else "") + format_tool_call(function["name"], function.get("arguments", {}))
-    return text
 
 
 def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> list[Trajectory]:

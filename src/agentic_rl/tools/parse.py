@@ -85,3 +85,18 @@ def _short_reason(exc: BaseException) -> str:
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """The canonical text of one call, as demonstrations and oracles write it."""
     return f'{TOOL_CALL_OPEN}\n{json.dumps({"name": name, "arguments": arguments})}\n{TOOL_CALL_CLOSE}'
+
+
+def assistant_turn_text(message: dict[str, Any]) -> str:
+    """An assistant message as the policy writes its turn: the content, then each of its
+    `tool_calls` in the canonical form (one per line). A call is {"name", "arguments": {...}}
+    (demonstrations) or OpenAI's {"function": {"name", "arguments": "<JSON object text>"}}
+    (a served conversation); invalid JSON arguments raise ValueError."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        text = (text + "\n" if text else "") + format_tool_call(function["name"], arguments)
+    return text
