@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -300,6 +301,9 @@ def test_the_served_process_answers_the_openai_client():
             client.chat.completions.create(model="tiny-qwen3", messages=[])
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model="gpt-4o", messages=question)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(str(client.base_url) + "completions")
+        assert caught.value.code == 404 and "/v1/chat/completions" in json.load(caught.value)["error"]["message"]
 
         prompts = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(16)]
         with concurrent.futures.ThreadPoolExecutor(16) as pool:

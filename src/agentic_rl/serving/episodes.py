@@ -39,11 +39,11 @@ class ClientToolsEnv(Env):
     max_turns = 1
 
     def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        self.messages, self.tools_schemas = messages, tools
+        self.messages, self._schemas = messages, tools
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return self.tools_schemas
+        return self._schemas
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
         return [dict(message) for message in self.messages]

@@ -3,8 +3,8 @@
 Pure functions over JSON values (no model, no HTTP), so each rule is tested alone:
 
     request = parse_chat_request(body, model_id="tiny-qwen3", limits=cfg.rollout, agent_mode=False)
-    messages = training_messages(request.messages)          # what the chat format renders
-    message, finish = reply_message(text, request, stop)   # the assistant message clients read
+    messages = training_messages(request.messages)                      # what the chat format renders
+    message, finish = reply_message(text, parse_tools=True, stop=("\n\n",))  # the assistant message clients read
 
 Every setting is used or rejected (DESIGN.md invariant 6): an unknown request field is a 400 that
 names it; a few fields OpenAI clients send are accepted only at their neutral value
@@ -264,13 +264,13 @@ def reply_message(text: str, parse_tools: bool, stop: tuple[str, ...] = ()) -> t
 def turn_trace(turn: int, text: str, observation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One agent-mode turn that called tools, as OpenAI messages: the assistant message with its
     `tool_calls` (ids `call_<turn>_<k>`), then one `tool` message per result, in order."""
-    calls = [call for call in parse_tool_calls(text)]
-    words = text.split(TOOL_CALL_OPEN, 1)[0].strip()
+    calls = parse_tool_calls(text)
     ids = [f"call_{turn}_{k}" for k in range(len(calls))]
-    assistant = {"role": "assistant", "content": words or None,
-                 "tool_calls": [_tool_call(i, c.name or "error", c.arguments) for i, c in zip(ids, calls)]}
-    results = [{"role": "tool", "tool_call_id": ids[k] if k < len(ids) else f"call_{turn}_{k}", "name": m.get("name", ""),
-                "content": m["content"]} for k, m in enumerate(observation)]
+    tool_calls = [_tool_call(i, c.name, c.arguments) if c.ok else  # a malformed call: its raw text, as the model wrote it
+                  {"id": i, "type": "function", "function": {"name": c.name or "", "arguments": c.raw}} for i, c in zip(ids, calls)]
+    assistant = {"role": "assistant", "content": text.split(TOOL_CALL_OPEN, 1)[0].strip() or None, "tool_calls": tool_calls}
+    # ToolEnv answers every call with one message, in order (an error message for a malformed or unknown one).
+    results = [{"role": "tool", "tool_call_id": i, "name": m.get("name", ""), "content": m["content"]} for i, m in zip(ids, observation)]
     return [assistant, *results]
 
 
