@@ -42,7 +42,7 @@ each averaged over all policy tokens of the batch ("token-mean", verl's default)
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -127,14 +127,53 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere."""
-    weights = mask.to(values.dtype)
-    count = weights.sum()
-    if count < 2:
-        raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
-    mean = (values * weights).sum() / count
-    variance = (((values - mean) * weights) ** 2).sum() / (count - 1)
+def token_rewards(turn_rewards: Sequence[Sequence[float]], policy_spans: Sequence[Sequence[object]], num_tokens: int) -> torch.Tensor:
+    """(B, T) float64 rewards: turn k's reward on the last token of its span [start, end), 0 elsewhere.
+
+    turn_rewards: per row, one reward per policy turn (an empty list: a row that is not trained,
+    e.g. a failed episode, gets no reward). policy_spans: per row, the turns' half-open token
+    ranges, as (start, end) tuples or objects with .start/.end (`Trajectory.policy_spans`).
+    """
+    out = torch.zeros(len(turn_rewards), num_tokens, dtype=torch.float64)  # (B, T)
+    for row, (rewards, spans) in enumerate(zip(turn_rewards, policy_spans)):
+        if rewards and len(rewards) != len(spans):
+            raise ValueError(f"row {row} has {len(rewards)} turn rewards for {len(spans)} policy turns")
+        for reward, span in zip(rewards, spans):
+            start, end = (span.start, span.end) if hasattr(span, "start") else span
+            if not start < end <= num_tokens:
+                raise ValueError(f"row {row}: policy span [{start}, {end}) is empty or beyond the {num_tokens} tokens")
+            out[row, end - 1] += reward
+    return out
+
+
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(3,) float64 [count, sum, sum of squares] of `values` over the mask-1 positions: summed over
+    processes, they give `whiten` the statistics of the whole batch."""
+    weights = mask.to(torch.float64)
+    v = values.to(torch.float64) * weights
+    return torch.stack([weights.sum(), v.sum(), (v * values.to(torch.float64)).sum()])
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, moments: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere.
+
+    moments: the [count, sum, sum of squares] of the whole batch (`masked_moments`, summed over
+    processes) when `values` is one process's share of it; None: this tensor's own.
+    """
+    if moments is None:
+        weights = mask.to(values.dtype)
+        count = weights.sum()
+        if count < 2:
+            raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
+        mean = (values * weights).sum() / count
+        variance = (((values - mean) * weights) ** 2).sum() / (count - 1)
+    else:
+        count, total, squares = (float(x) for x in moments)
+        if count < 2:
+            raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
+        mean = total / count
+        variance = max(squares - count * mean * mean, 0.0) / (count - 1)
+        variance = torch.tensor(variance, dtype=values.dtype)
     return torch.where(mask.bool(), (values - mean) / torch.sqrt(variance + eps), 0.0)
 
 
