@@ -19,7 +19,9 @@ def seed_everything(seed: int) -> None:
 
 
 def make_accelerator(mixed_precision: str = "no", seed: int = 0):
-    """An Accelerator for the launch context (single process, torchrun DDP, DeepSpeed, FSDP)."""
+    """An Accelerator for the launch context (single process, torchrun DDP, DeepSpeed, FSDP).
+
+    configs/accelerate/ holds the FSDP and DeepSpeed ZeRO-2/3 launch configs (README "GPUs")."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
@@ -30,8 +32,41 @@ def make_accelerator(mixed_precision: str = "no", seed: int = 0):
     launched_world = int(os.environ.get("WORLD_SIZE", "1"))
     cpu_only = launched_world > 1 and not torch.cuda.is_available()
     accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=[ddp], cpu=cpu_only)
+    if cpu_only and _fsdp_requested():
+        _shard_on_cpu(accelerator)
     if accelerator.num_processes != launched_world:
         raise RuntimeError(f"launched with WORLD_SIZE={launched_world} but accelerate runs {accelerator.num_processes} "
                            "process(es); check the launcher / accelerate config")
     seed_everything(seed)
     return accelerator
+
+
+def _fsdp_requested() -> bool:
+    """What `accelerate launch --config_file configs/accelerate/fsdp.yaml` (or `--use_fsdp`) sets."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def _shard_on_cpu(accelerator) -> None:
+    """Honour an FSDP launch on CPU processes (gloo), which accelerate 1.15 silently runs as DDP.
+
+    accelerate only turns on FSDP for GPU-like process groups; on CPU it keeps its own plugin
+    aside and replicates the model. The tests (tests/test_fsdp.py) and anyone trying an FSDP
+    config on a laptop would then get DDP without a word. Here the launch state becomes FSDP,
+    with the plugin accelerate reads from the same environment, before anything is prepared, so
+    `prepare`, `clip_grad_norm_`, `save_state` and `get_state_dict` take their FSDP paths.
+    Only FSDP2 (`fully_shard`) runs on CPU: FSDP1 wants a GPU `device_id`.
+    """
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"FSDP on CPU processes needs fsdp_version: 2 (FSDP_VERSION={plugin.fsdp_version} was "
+                         "launched); set fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp.yaml does)")
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    # accelerate copies the process-wide state from PartialState each time it builds an
+    # AcceleratorState, so both must say FSDP.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
