@@ -70,3 +70,34 @@ def _shard_on_cpu(accelerator) -> None:
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     accelerator.state.distributed_type = DistributedType.FSDP
     accelerator.state.fsdp_plugin = plugin
+
+
+def fit_deepspeed_to_loop(accelerator, optim) -> None:
+    """Under DeepSpeed, set the engine's settings that belong to the loop, before `prepare`.
+
+    - gradient_accumulation_steps = 1: the loop accumulates its own micro-batches (their count
+      varies per step) and marks the last one as the boundary, where the engine steps once.
+    - gradient_clipping = optim.max_grad_norm: the engine clips, so our clip is its setting.
+    - train_micro_batch_size_per_gpu = 1 where "auto": DeepSpeed needs a number, and uses it only
+      for its throughput log (the loop passes accelerate no dataloader to infer it from).
+
+    A value the accelerate config sets to something else is a ValueError: it would be ignored.
+    `optim` is the command's OptimConfig; anything but DeepSpeed is left alone.
+    """
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    config = accelerator.state.deepspeed_plugin.deepspeed_config
+    wanted = {"gradient_accumulation_steps": 1, "gradient_clipping": float(optim.max_grad_norm)}
+    for key, value in wanted.items():
+        given = config.get(key, "auto")
+        if given != "auto" and float(given) != value:
+            raise ValueError(f"the DeepSpeed config sets {key}: {given}, but the loop needs {value} "
+                             f"({'set optim.max_grad_norm instead' if key == 'gradient_clipping' else 'set batch sizes in the command config instead'}); "
+                             "remove it from the accelerate/DeepSpeed config")
+        config[key] = value
+    if config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        config["train_micro_batch_size_per_gpu"] = 1
+    if config.get("train_batch_size", "auto") == "auto":
+        config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * accelerator.num_processes
