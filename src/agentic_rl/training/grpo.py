@@ -52,7 +52,7 @@ from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import Group, guide
 from agentic_rl.training.loop import run_training
 from agentic_rl.training.run_dir import RunDir
-from agentic_rl.training.scoring import TokenScorer, unwrap_policy
+from agentic_rl.training.scoring import TokenScorer, require_replicated_weights, unwrap_policy
 
 
 class GRPOObjective(EpisodeObjective):
@@ -170,6 +170,7 @@ def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
     if cfg.backend != "agentic_rl":
         raise ValueError(f"train_grpo runs backend agentic_rl, not {cfg.backend!r}; call agentic_rl.pipeline.run_grpo(cfg)")
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    require_replicated_weights(accelerator, "grpo")  # rollouts / the reward head read whole weights
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     reference = None

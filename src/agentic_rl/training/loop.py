@@ -41,6 +41,7 @@ from transformers import get_scheduler
 from agentic_rl.config import PositiveFloat
 from agentic_rl.errors import RunStopped
 from agentic_rl.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
+from agentic_rl.training.common import fit_deepspeed_to_loop
 from agentic_rl.training.run_dir import RunDir
 
 
@@ -177,6 +178,7 @@ def run_training(
 ) -> list[dict[str, float]]:
     """Train `model` on `objective` for loop.steps optimizer steps; return the logged rows."""
     optimizer, scheduler = build_optimizer(model, optim, loop.steps)
+    fit_deepspeed_to_loop(accelerator, optim)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     objective.bind(model, accelerator)
     start = _maybe_resume(objective, loop, accelerator, run_dir)
@@ -214,6 +216,9 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     for index, micro in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        # The accumulation boundary: DeepSpeed's engine reduces and steps inside backward on it
+        # (accelerate reads this flag there); DDP and FSDP are held back by no_sync instead.
+        accelerator.gradient_state._set_sync_gradients(last)
         with sync, accelerator.autocast():
             loss, metrics = objective.loss(model, micro)
             accelerator.backward(loss)
