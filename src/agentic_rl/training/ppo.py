@@ -41,7 +41,7 @@ from agentic_rl.training.episodes import EpisodeObjective, rewards_per_turn
 from agentic_rl.training.loop import run_training
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.run_dir import RunDir
-from agentic_rl.training.scoring import unwrap_policy
+from agentic_rl.training.scoring import require_replicated_weights, unwrap_policy
 
 
 @dataclasses.dataclass
@@ -177,6 +177,7 @@ def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     """Run PPO; returns {"final", "history"}. `final/` holds the policy only (as GRPO's); the value
     model lives in the checkpoints, for resume."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    require_replicated_weights(accelerator, "ppo")  # rollouts read whole weights
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     critic = None

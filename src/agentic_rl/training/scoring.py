@@ -8,7 +8,7 @@ lets FSDP gather the root's weights (embeddings, final norm, the tied head) arou
 Under FSDP and DeepSpeed ZeRO-3 each rank holds only a shard of every weight, so the unwrapped
 policy is no usable model: `full_policy_state_dict` gathers the whole one for saving, and
 `require_replicated_weights` stops the commands that need whole weights outside the forward
-(GRPO's rollouts, the reward model's head) before they train on shards.
+(GRPO's and PPO's rollouts, the reward model's head) before they train on shards.
 """
 
 from __future__ import annotations
