@@ -151,6 +151,14 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss():
     parts = [ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
                       returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[0] for i in range(2)]
     assert float(sum(parts)) == pytest.approx(float(full), abs=1e-12)
+    # The metrics stay means over each call's own tokens (the loop averages them over micro-batches).
+    for i in range(2):
+        alone = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
+                         returns[i:i + 1], MASK[i:i + 1], cfg)[1]
+        shared = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
+                          returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[1]
+        for key in ("loss/policy", "loss/value", "loss/ratio_mean"):
+            assert float(shared[key]) == pytest.approx(float(alone[key]), abs=1e-12), key
 
 
 def test_token_rewards_put_each_turn_reward_on_the_last_token_of_its_span():

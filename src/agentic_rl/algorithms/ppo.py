@@ -27,7 +27,7 @@ policy token (InstructGPT's per-token penalty, verl's `use_kl_in_reward`). A rew
 position is an error (it would silently vanish), not something to move.
 
 Where the KL goes (`PPOLossConfig.kl_mode`):
-  * "reward" (the default, InstructGPT and verl's PPO): the penalty shapes the advantage, so the
+  * "reward" (the default, InstructGPT; verl's `use_kl_in_reward`): the penalty shapes the advantage, so the
     value model learns the KL-regularised return and the per-token credit includes it.
   * "loss": the GRPO form, β·k3 added to the per-token loss; the advantage then sees only the
     environment's rewards.
@@ -61,8 +61,11 @@ class PPOLossConfig:
     """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
     gamma: float = 1.0
     """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
-    lam: float = 0.95
-    """GAE's λ: 1 is the Monte-Carlo return minus V (high variance), 0 is one-step TD (biased)."""
+    lam: float = 1.0
+    """GAE's λ, per policy token: 1 is the Monte-Carlo return minus V (verl's default), smaller
+    values lean on V. λ decays the outcome reward by λ^k over the k tokens that follow, and an
+    agent episode has ~100 policy tokens: λ = 0.95 leaves 0.95^100 ≈ 0.006 of the outcome at the
+    first token while V is still untrained, so the first turn learns almost nothing."""
     beta: float = 0.0
     """KL weight (0: no reference model is needed)."""
     kl_mode: KLMode = "reward"
@@ -196,7 +199,8 @@ def ppo_loss(
     the trainer does it before splitting) and returns come from `gae`; old_values are the values
     at sampling time (the value-clip anchor). num_tokens: the policy tokens of the whole batch,
     when this call sees one micro-batch of it (sums over micro-batches then equal the full-batch
-    token mean); None: this call's own count.
+    token mean); None: this call's own count. The metrics are always means over this call's own
+    policy tokens (the loop averages them over micro-batches).
     """
     shape = tuple(logps.shape)
     for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
@@ -215,11 +219,12 @@ def ppo_loss(
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # (B, T)
     metrics: dict[str, torch.Tensor] = {}
+    own = weights.sum().clamp(min=1.0)  # the metrics are means over this call's tokens, whatever num_tokens is
     if cfg.kl_mode == "loss" and cfg.needs_reference:
         ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
         k3 = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T)
         per_token = per_token + cfg.beta * k3
-        metrics["loss/kl"] = (k3.detach() * weights).sum() / count
+        metrics["loss/kl"] = (k3.detach() * weights).sum() / own
     if cfg.entropy_coef:
         per_token = per_token - cfg.entropy_coef * torch.where(trained, entropy, 0.0)
     policy = (per_token * weights).sum() / count  # ()
@@ -229,9 +234,9 @@ def ppo_loss(
         squared = torch.maximum(squared, (clipped_values - returns) ** 2)
     value = 0.5 * (squared * weights).sum() / count  # ()
     metrics.update({
-        "loss/policy": policy.detach(),
-        "loss/value": value.detach(),
-        "loss/ratio_mean": (ratio.detach() * weights).sum() / count,
-        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / count,
+        "loss/policy": policy.detach() * count / own,
+        "loss/value": value.detach() * count / own,
+        "loss/ratio_mean": (ratio.detach() * weights).sum() / own,
+        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / own,
     })
     return policy + cfg.vf_coef * value, metrics
