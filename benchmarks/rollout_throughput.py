@@ -123,16 +123,17 @@ def _generate(model, tokenizer, sequences: list[list[int]], new_tokens: int, tem
     """Left-padded batch generate of exactly `new_tokens` per row; returns the new tokens and seconds."""
     width = max(len(s) for s in sequences)
     pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])  # (B, T)
-    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])  # (B, T)
+    device = next(model.parameters()).device  # benchmarks/gpu_check.py runs this on a GPU
+    input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences], device=device)  # (B, T)
+    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)  # (B, T)
     start = time.perf_counter()
     out = model.generate(
         input_ids=input_ids, attention_mask=attention, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
         do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
         pad_token_id=pad,
     )
-    elapsed = time.perf_counter() - start
-    return out[:, width:].tolist(), elapsed
+    new = out[:, width:].tolist()  # the copy to the host waits for the GPU, inside the timing
+    return new, time.perf_counter() - start
 
 
 def _generate_episodes(model, tokenizer, chat_format, envs, tasks, turn_tokens: int, turns: int, temperature: float) -> tuple[int, float]:

@@ -149,3 +149,13 @@ def test_every_command_prints_its_help_without_loading_torch():
               "assert 'torch' not in sys.modules, 'help imported torch'\n" % commands)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defaults():
+    """Guards against `agentic-rl config grpo` printing LoopConfig's steps 100 where GRPO's factory gives 50."""
+    from agentic_rl.config import field_help
+
+    lines = describe(Stage)
+    assert any(line.startswith("optim.lr (float, default 0.0003)") for line in lines), lines
+    assert any(line.startswith("optim.schedule (Literal, default 'cosine')") for line in lines), lines
+    assert field_help(Stage, "optim.lr").endswith("(default 0.0003)")

@@ -327,3 +327,44 @@ def test_a_batch_without_any_gradient_still_steps_the_optimizer(tmp_path):
     assert [row["optim/grad_norm"] for row in skipped["history"]] == [0.0, 0.0]
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)
+
+
+def test_rewards_per_turn_places_the_composed_reward_without_adding_any():
+    """By hand: env rewards [0.2, 0.0, 1.0] (a tool reward, then the env's own correctness), terms
+    accuracy (1.0) + env_steps (weight 0.5, γ_s 0.9). The composed total is 1.0 + 0.5·(0.2 + 0.81·1.0)
+    = 1.505; env_steps' share goes to its turns (0.5·0.2, 0, 0.5·0.81·1.0), the rest to the last.
+    Guards against counting the env's correctness twice (once as a step reward, once as accuracy)."""
+    from agentic_rl.rewards.base import RewardSpec
+    from agentic_rl.rollout.trajectory import Trajectory
+    from agentic_rl.training.episodes import rewards_per_turn
+
+    traj = Trajectory(input_ids=[1], loss_mask=[0], logprobs=[0.0], spans=[], turn_rewards=[0.2, 0.0, 1.0])
+    specs = [RewardSpec("accuracy"), RewardSpec("env_steps", weight=0.5, params={"gamma": 0.9})]
+    placed = rewards_per_turn([traj], [1.505], specs)[0]
+    assert placed == pytest.approx([0.1, 0.0, 0.405 + 1.0])
+    assert sum(placed) == pytest.approx(1.505)
+    only_outcome = rewards_per_turn([traj], [1.0], [RewardSpec("accuracy")])[0]
+    assert only_outcome == [0.0, 0.0, 1.0], "without env_steps the env's step rewards are not used"
+    empty = Trajectory(input_ids=[1], loss_mask=[0], logprobs=[0.0], spans=[])
+    assert rewards_per_turn([empty], [0.7], specs) == [[0.7]]
+
+
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_episode_mode(tmp_path, scale):
+    """Turn-level credit switched to the outcome-only case (γ = 1, no env_steps term) must give
+    today's GRPO loss and gradient exactly: same rollouts, same loss, same gradient."""
+    results = []
+    for mode in ("episode", "turn"):
+        cfg = _cfg(tmp_path, f"advantage.mode={mode}", "advantage.gamma=1.0", f"loss.scale_rewards={scale}", "loss.beta=0",
+                   "rollout.max_turns=2", "env.options={difficulty: 1, tool_success_reward: 0.3}")
+        torch.manual_seed(0)
+        model, objective, batch = _first_batch(cfg)
+        grads, micros = _accumulated_gradient(model, objective, batch)
+        loss = sum(float(objective.loss(model, micro)[0]) for micro in micros)
+        results.append((loss, grads, [t.input_ids for t in batch.trajectories]))
+    (loss_e, grads_e, ids_e), (loss_t, grads_t, ids_t) = results
+    assert ids_e == ids_t, "both modes must train on the same rollouts"
+    assert loss_t == loss_e
+    assert any(float(g.abs().max()) > 0 for g in grads_e.values())
+    for name in grads_e:
+        torch.testing.assert_close(grads_t[name], grads_e[name], atol=0, rtol=0, msg=name)

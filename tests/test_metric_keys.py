@@ -18,7 +18,7 @@ def test_pattern_keys_match_one_path_segment():
 
 def test_every_key_is_namespaced_and_defined():
     for key, meaning in GLOSSARY.items():
-        assert "/" in key and key.split("/")[0] in {"loss", "optim", "time", "memory", "reward", "rollout", "train", "sft", "rm"}, key
+        assert "/" in key and key.split("/")[0] in {"loss", "optim", "time", "memory", "reward", "rollout", "train", "value", "sft", "rm"}, key
         assert meaning.endswith(".") and len(meaning) > 20, key
 
 

@@ -76,13 +76,13 @@ def test_stage_inputs_follow_what_each_stage_reads():
     """A changed setting invalidates the stage that uses it and every later stage that reads its
     output, and nothing else; how a run is watched (progress bar, log interval) invalidates none."""
     from agentic_rl.config import load_config
-    from agentic_rl.pipeline import STAGES, PipelineConfig, stage_inputs
+    from agentic_rl.pipeline import PipelineConfig, active_stages, stage_inputs
 
     base = load_config(PipelineConfig, CONFIG)
 
     def changed(*overrides: str) -> list[str]:
         other = load_config(PipelineConfig, CONFIG, overrides=list(overrides))
-        return [stage for stage in STAGES if stage_inputs(base, stage) != stage_inputs(other, stage)]
+        return [stage for stage in active_stages(base) if stage_inputs(base, stage) != stage_inputs(other, stage)]
 
     assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control"]
     assert changed("rm.optim.lr=0.123") == ["rm"]
@@ -91,6 +91,29 @@ def test_stage_inputs_follow_what_each_stage_reads():
     assert changed("control.steps=3") == ["control", "eval_control"]
     assert changed("evals=[{env: {name: arith}, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
+    assert changed("ppo.optim.lr=0.123") == []  # PPO is not this config's RL stage
+    assert changed("rl.algorithm=ppo") == ["control", "eval_control"]  # grpo's stages do not run; the control matches PPO
+
+
+@pytest.mark.e2e
+def test_with_rl_algorithm_ppo_the_ppo_stages_replace_grpo_and_the_control_matches_ppo(tmp_path):
+    """rl.algorithm: ppo runs ppo/ and eval_ppo/ instead of grpo/ and eval_grpo/; the report
+    compares PPO with SFT and with the control, which is matched on PPO's training time."""
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig, run_pipeline, stage_inputs
+
+    cfg = load_config(PipelineConfig, CONFIG, overrides=[f"output_dir={tmp_path}", "rl.algorithm=ppo", "skip=[eval_base, rm]",
+                                                         "control.steps=1"])
+    assert "ppo" in stage_inputs(cfg, "control") and "grpo" not in stage_inputs(cfg, "control")
+    logs: list[str] = []
+    results = run_pipeline(cfg, log=logs.append)
+    assert list(results) == ["sft", "eval_sft", "ppo", "eval_ppo", "control", "eval_control"]
+    assert not (tmp_path / "grpo").exists() and (tmp_path / "ppo" / "final").exists()
+    assert results["ppo"]["steps"] == 2 and results["ppo"]["train_seconds"] > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    pairs = {(row["a"], row["b"]) for row in summary["comparisons"]}
+    assert pairs == {("eval_sft", "eval_ppo"), ("eval_sft", "eval_control"), ("eval_control", "eval_ppo")}
+    assert "after PPO" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parent.parent / "configs").glob("*.yaml")))

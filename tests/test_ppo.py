@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from agentic_rl.algorithms.ppo import PPOLossConfig, gae, kl_penalized_rewards, ppo_loss, whiten
+from agentic_rl.algorithms.ppo import PPOLossConfig, gae, kl_penalized_rewards, masked_moments, ppo_loss, token_rewards, whiten
 
 # Two episodes, policy turns split by tool observations (mask 0), right-padded:
 #   row 0: P P | A A A | O O | A A | pad     rewards: turn 1 gets 0.1 at its last token, outcome 1.0 at the end
@@ -151,3 +151,33 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss():
     parts = [ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
                       returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[0] for i in range(2)]
     assert float(sum(parts)) == pytest.approx(float(full), abs=1e-12)
+    # The metrics stay means over each call's own tokens (the loop averages them over micro-batches).
+    for i in range(2):
+        alone = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
+                         returns[i:i + 1], MASK[i:i + 1], cfg)[1]
+        shared = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
+                          returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[1]
+        for key in ("loss/policy", "loss/value", "loss/ratio_mean"):
+            assert float(shared[key]) == pytest.approx(float(alone[key]), abs=1e-12), key
+
+
+def test_token_rewards_put_each_turn_reward_on_the_last_token_of_its_span():
+    """The spans of MASK's two rows (end exclusive): REWARDS above is exactly what they give."""
+    spans = [[(2, 5), (7, 9)], [(1, 3), (6, 7), (8, 11)]]
+    out = token_rewards([[0.1, 1.0], [0.1, 0.1, 0.0]], spans, 11)
+    torch.testing.assert_close(out, REWARDS, atol=0, rtol=0)
+    assert bool((token_rewards([[], [0.5]], [[(2, 5)], [(1, 3)]], 11)[0] == 0).all()), "an untrained row gets no reward"
+    with pytest.raises(ValueError, match="2 turn rewards for 1"):
+        token_rewards([[0.1, 1.0]], [[(2, 5)]], 11)
+    with pytest.raises(ValueError, match="empty or beyond"):
+        token_rewards([[1.0]], [[(4, 12)]], 11)
+
+
+def test_whiten_with_moments_summed_over_shards_equals_whitening_the_whole_batch():
+    """Guards multi-process whitening: each process holds some rows; the summed moments of the
+    shards must give each shard exactly the whole batch's normalisation."""
+    values = _values(7)
+    whole = whiten(values, MASK)
+    moments = masked_moments(values[:1], MASK[:1]) + masked_moments(values[1:], MASK[1:])
+    for rows in (slice(0, 1), slice(1, 2)):
+        torch.testing.assert_close(whiten(values[rows], MASK[rows], moments=moments), whole[rows], atol=1e-12, rtol=0)

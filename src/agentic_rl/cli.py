@@ -13,9 +13,10 @@
     agentic-rl sft      [--config F] [--set key=value ...]   (keys: agentic-rl config sft)
     agentic-rl rm       [--config F] [--set key=value ...]   (keys: agentic-rl config rm)
     agentic-rl grpo     [--config F] [--set key=value ...]   (keys: agentic-rl config grpo; backend: agentic_rl | trl)
+    agentic-rl ppo      [--config F] [--set key=value ...]   (keys: agentic-rl config ppo; value model: shared | separate)
     agentic-rl merge    --adapters runs/sft/final --out merged/
     agentic-rl pipeline --config configs/demo.yaml
-    agentic-rl config   eval|sft|rm|grpo|pipeline  (every key, its type, default and meaning)
+    agentic-rl config   eval|sft|rm|grpo|ppo|pipeline  (every key, its type, default and meaning)
     agentic-rl metrics                             (every metric key in metrics.jsonl, defined)
 
 Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
@@ -227,6 +228,7 @@ _CONFIG_COMMANDS = {
     "sft": ("agentic_rl.training.sft", "SFTConfig", "train_sft", "supervised fine-tuning (LoRA or full) on demonstrations"),
     "rm": ("agentic_rl.training.reward_model", "RMConfig", "train_rm", "train a Bradley-Terry reward model"),
     "grpo": ("agentic_rl.training.grpo_config", "GRPOConfig", "agentic_rl.pipeline:run_grpo", "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
+    "ppo": ("agentic_rl.training.ppo_config", "PPOConfig", "agentic_rl.training.ppo:train_ppo", "PPO with a value model and GAE on multi-turn agent episodes"),
     "pipeline": ("agentic_rl.pipeline", "PipelineConfig", "run_pipeline", "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
 }
 

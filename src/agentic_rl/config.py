@@ -286,33 +286,52 @@ def require_model(model: str) -> None:
 def field_help(cls: type, key: str) -> str:
     """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
     *sections, leaf = key.split(".")
-    unset = None
+    defaults = None
     for section in sections:
-        parent, cls = cls, get_type_hints(cls)[section]
-        if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. `env: EnvSpec | None`
+        field = next(f for f in dataclasses.fields(cls) if f.name == section)
+        defaults = _section_default(field, defaults)
+        cls = get_type_hints(cls)[section]
+        if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. serve's `env: EnvSpec | None`
             cls = next(arg for arg in get_args(cls) if arg is not type(None))
-            if next(f for f in dataclasses.fields(parent) if f.name == section).default is None:
-                unset = section
-    field = next(f for f in dataclasses.fields(cls) if f.name == leaf)
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-    if unset is not None:  # the section itself is off by default: its fields' defaults apply only once it is set
-        return f"{field_docs(cls).get(leaf, '')} (default: none, {unset} is unset)"
-    return f"{field_docs(cls).get(leaf, '')} (default {default!r})"
+            if defaults is None and field.default is None:  # off by default: its keys' defaults apply once it is set
+                return f"{field_docs(cls).get(leaf, '')} (default: none, {section} is unset)"
+    return f"{field_docs(cls).get(leaf, '')} (default {_leaf_default(next(f for f in dataclasses.fields(cls) if f.name == leaf), defaults)!r})"
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per leaf key: `key (type, default): doc`, recursing into nested configs."""
+def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
+    """One line per leaf key: `key (type, default): doc`, recursing into nested configs.
+
+    A section's defaults are those of the instance its parent creates (GRPO's `train.steps` is
+    50 because GRPOConfig's factory says so, not LoopConfig's class default of 100); `defaults`
+    carries that instance down."""
     lines = []
     docs = field_docs(cls)
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
-            lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
+            lines.extend(describe(hint, prefix=f"{prefix}{f.name}.", defaults=_section_default(f, defaults)))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]
-        )
         type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        lines.append(f"{prefix}{f.name} ({type_name}, default {default!r}): {docs.get(f.name, '')}")
+        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f, defaults)!r}): {docs.get(f.name, '')}")
     return lines
+
+
+def _section_default(field: dataclasses.Field, parent_defaults: Any) -> Any:
+    """The default instance of a nested section: the parent's own, else what the field's factory
+    makes. None where the class defaults are the defaults (a factory that is the class itself:
+    not built, since building validates, and validating an env imports its tools and torch)."""
+    if parent_defaults is not None:
+        return getattr(parent_defaults, field.name)
+    factory = field.default_factory
+    if factory is not dataclasses.MISSING and not isinstance(factory, type):  # type: ignore[misc]
+        return factory()  # type: ignore[misc]
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def _leaf_default(field: dataclasses.Field, section_defaults: Any) -> Any:
+    if section_defaults is not None:
+        return getattr(section_defaults, field.name)
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]

@@ -1,18 +1,20 @@
-"""The whole seed pipeline in one command: evaluate → SFT → reward model → GRPO → evaluate.
+"""The whole seed pipeline in one command: evaluate → SFT → reward model → GRPO (or PPO) → evaluate.
 
     agentic-rl pipeline --config configs/demo.yaml
 
 Run directory (`output_dir`):
 
     eval_base/  sft/  eval_sft/  rm/  grpo/  eval_grpo/      one folder per stage
+    ppo/  eval_ppo/                                           instead of grpo/, with rl.algorithm: ppo
     control/  eval_control/                                   the compute-matched SFT control (optional)
     <stage>/DONE.json                                         written last, atomically
     report.md, plots/*.png, results.json, summary.json        the summary
 
-The control answers "would more SFT have done as well as GRPO?": SFT continued from the SFT
-model on the same demonstrations (fresh adapters, as GRPO gets, and a new batch order) for as
-many steps as fit in GRPO's measured training time. The report compares every stage with the
-one it started from, and GRPO with the control, on the same problems (paired, 95% CI).
+The RL stage is GRPO (`grpo:`) or PPO (`ppo:`), picked by `rl.algorithm`. The control answers
+"would more SFT have done as well as RL?": SFT continued from the SFT model on the same
+demonstrations (fresh adapters, as the RL stage gets, and a new batch order) for as many steps as
+fit in the RL stage's measured training time. The report compares every stage with the one it
+started from, and the RL stage with the control, on the same problems (paired, 95% CI).
 
 A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
@@ -29,16 +31,27 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from agentic_rl.config import ConfigError
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
+from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.reward_model import RMConfig
 from agentic_rl.training.sft import SFTConfig
 
-STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control")
+STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
+RL_STAGES = {"grpo": ("grpo", "eval_grpo"), "ppo": ("ppo", "eval_ppo")}
+"""The stages of each RL algorithm; only rl.algorithm's run."""
+
+
+@dataclasses.dataclass
+class RLConfig:
+    """Which RL algorithm the pipeline's RL stage runs."""
+
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    """grpo: the `grpo:` section (no value model); ppo: the `ppo:` section (a value model and GAE)."""
 
 
 @dataclasses.dataclass
@@ -70,32 +83,38 @@ class PipelineConfig:
     """SFT stage (model.name and train.output_dir are set by the pipeline)."""
     rm: RMConfig = dataclasses.field(default_factory=RMConfig)
     """Reward-model stage."""
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+    """The RL stage's algorithm."""
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
-    """GRPO stage; starts from the SFT model."""
+    """GRPO stage (rl.algorithm: grpo); starts from the SFT model."""
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    """PPO stage (rl.algorithm: ppo); starts from the SFT model."""
     control: ControlConfig = dataclasses.field(default_factory=ControlConfig)
     """The compute-matched SFT control (off by default: it costs as much as GRPO)."""
     use_reward_model: float = 0.0
-    """Weight of the trained reward model as a GRPO reward term (0: train it, report it, don't use it)."""
+    """Weight of the trained reward model as an RL reward term (0: train it, report it, don't use it)."""
     skip: list[str] = dataclasses.field(default_factory=list)
-    """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo (control and
-    eval_control run only when control.enabled)."""
+    """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo, ppo, eval_ppo (only
+    rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.skip) - set(STAGES))
         if unknown:
             raise ValueError(f"skip: unknown stage(s) {unknown}; stages are {list(STAGES)}")
-        defaults = {"sft": SFTConfig(), "rm": RMConfig(), "grpo": GRPOConfig()}
-        for name, stage in (("sft", self.sft), ("rm", self.rm), ("grpo", self.grpo)):
+        defaults = {"sft": SFTConfig(), "rm": RMConfig(), "grpo": GRPOConfig(), "ppo": PPOConfig()}
+        for name, stage in (("sft", self.sft), ("rm", self.rm), ("grpo", self.grpo), ("ppo", self.ppo)):
             if stage.model.name != defaults[name].model.name:
                 raise ValueError(f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it")
             if stage.train.output_dir != defaults[name].train.output_dir:
                 raise ValueError(f"{name}.train.output_dir is set by the pipeline (output_dir/{name}); remove it")
         if self.control.enabled and "sft" in self.skip:
             raise ValueError("control.enabled: the control continues the SFT stage's model, so 'sft' cannot be skipped")
-        if self.control.enabled and not self.control.steps and "grpo" in self.skip:
-            raise ValueError("control.steps: 0 matches GRPO's measured training time, but 'grpo' is skipped; set control.steps")
-        if self.grpo.reward_model.path or self.grpo.reward_model.weight:
-            raise ValueError("grpo.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
+        rl = self.rl.algorithm
+        if self.control.enabled and not self.control.steps and rl in self.skip:
+            raise ValueError(f"control.steps: 0 matches the RL stage's measured training time, but '{rl}' is skipped; set control.steps")
+        for name, stage in (("grpo", self.grpo), ("ppo", self.ppo)):
+            if stage.reward_model.path or stage.reward_model.weight:
+                raise ValueError(f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
 
 
 def _log(message: str) -> None:
@@ -118,9 +137,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     RunDir(root, cfg, tensorboard=False)  # records the resolved config
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
-    for stage in STAGES:
-        if stage in cfg.skip or (stage in ("control", "eval_control") and not cfg.control.enabled):
-            continue
+    for stage in active_stages(cfg):
         done = root / stage / "DONE.json"
         if done.exists():
             results[stage] = json.loads(done.read_text())
@@ -142,18 +159,28 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     return results
 
 
+def active_stages(cfg: PipelineConfig) -> list[str]:
+    """The stages this config runs, in order: not skipped, rl.algorithm's RL stages only, and the
+    control only when enabled."""
+    other_rl = {s for name, stages in RL_STAGES.items() if name != cfg.rl.algorithm for s in stages}
+    return [stage for stage in STAGES if stage not in cfg.skip and stage not in other_rl
+            and (cfg.control.enabled or stage not in ("control", "eval_control"))]
+
+
 def _run_stage(cfg: PipelineConfig, stage: str) -> None:
     """Body of one stage's process: run it and write its DONE.json atomically."""
     root = Path(cfg.output_dir)
     models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final"),
-              "control": str(root / "control" / "final")}
+              "ppo": str(root / "ppo" / "final"), "control": str(root / "control" / "final")}
     actions: dict[str, Callable[[], dict[str, Any]]] = {
         "eval_base": lambda: _evaluate(models["base"], cfg.evals, _log),
         "sft": lambda: _sft(cfg, root, _log),
         "eval_sft": lambda: _evaluate(models["sft"], cfg.evals, _log),
         "rm": lambda: _rm(cfg, root, models["sft"], _log),
-        "grpo": lambda: _grpo(cfg, root, models["sft"], _log),
+        "grpo": lambda: _rl(cfg, root, models["sft"], "grpo"),
         "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, _log),
+        "ppo": lambda: _rl(cfg, root, models["sft"], "ppo"),
+        "eval_ppo": lambda: _evaluate(models["ppo"], cfg.evals, _log),
         "control": lambda: _control(cfg, root, models["sft"], _log),
         "eval_control": lambda: _evaluate(models["control"], cfg.evals, _log),
     }
@@ -170,12 +197,14 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     sections = {"eval_base": ["model", "evals"], "sft": ["model", "sft"], "eval_sft": ["model", "sft", "evals"],
                 "rm": ["model", "sft", "rm"], "grpo": ["model", "sft", "grpo", "use_reward_model"],
                 "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"],
-                "control": ["model", "sft", "grpo", "control"],
-                "eval_control": ["model", "sft", "grpo", "control", "evals"]}[stage]
-    if cfg.use_reward_model and stage in ("grpo", "eval_grpo"):
+                "ppo": ["model", "sft", "ppo", "use_reward_model"],
+                "eval_ppo": ["model", "sft", "ppo", "use_reward_model", "evals"],
+                "control": ["model", "sft", cfg.rl.algorithm, "control"],
+                "eval_control": ["model", "sft", cfg.rl.algorithm, "control", "evals"]}[stage]
+    if cfg.use_reward_model and stage in ("grpo", "eval_grpo", "ppo", "eval_ppo"):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
-    for name in ("sft", "rm", "grpo"):  # how a run is watched and saved does not change its result
+    for name in ("sft", "rm", "grpo", "ppo"):  # how a run is watched and saved does not change its result
         for key in _LOOP_KEYS_WITHOUT_EFFECT:
             as_dict[name]["train"].pop(key, None)
     return json.loads(dumps({name: as_dict[name] for name in sections}))
@@ -245,10 +274,11 @@ def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, 
 
     steps = cfg.control.steps
     if not steps:
-        sft_done, grpo_done = (json.loads((root / name / "DONE.json").read_text()) for name in ("sft", "grpo"))
+        sft_done, rl_done = (json.loads((root / name / "DONE.json").read_text()) for name in ("sft", cfg.rl.algorithm))
         per_step = sft_done["train_seconds"] / max(1, sft_done["steps"])
-        steps = max(1, round(grpo_done["train_seconds"] / per_step))
-        log(f"[pipeline]   control: GRPO trained {grpo_done['train_seconds']:.0f} s; SFT takes {per_step:.1f} s per step -> {steps} steps")
+        steps = max(1, round(rl_done["train_seconds"] / per_step))
+        log(f"[pipeline]   control: {cfg.rl.algorithm.upper()} trained {rl_done['train_seconds']:.0f} s; "
+            f"SFT takes {per_step:.1f} s per step -> {steps} steps")
     control = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=sft_model),
                                   train=dataclasses.replace(cfg.sft.train, steps=steps, seed=cfg.sft.train.seed + 1,
                                                             output_dir=str(root / "control")))
@@ -279,16 +309,23 @@ def run_grpo(cfg: GRPOConfig) -> dict[str, Any]:
     return train_grpo(cfg)
 
 
-def _grpo(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
-    from agentic_rl.training.grpo_config import RewardModelTerm
+def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict[str, Any]:
+    """The RL stage (GRPO or PPO) from the SFT model, with the trained reward model as a term if asked."""
+    from agentic_rl.training.episode_config import RewardModelTerm
 
+    section = getattr(cfg, algorithm)
     start = sft_model if "sft" not in cfg.skip else cfg.model
     term = RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model) if cfg.use_reward_model else RewardModelTerm()
-    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=start), reward_model=term,
-                               train=dataclasses.replace(cfg.grpo.train, output_dir=str(root / "grpo")))
-    out = run_grpo(grpo)
+    stage = dataclasses.replace(section, model=dataclasses.replace(section.model, name=start), reward_model=term,
+                                train=dataclasses.replace(section.train, output_dir=str(root / algorithm)))
+    if algorithm == "grpo":
+        out = run_grpo(stage)
+    else:
+        from agentic_rl.training.ppo import train_ppo
+
+        out = train_ppo(stage)
     history = out["history"]
     return {"final": out["final"], "steps": len(history),
             "reward_first": history[0].get("reward/total/mean") if history else None,
             "reward_last": history[-1].get("reward/total/mean") if history else None,
-            "train_seconds": training_seconds(root / "grpo", cfg.grpo.train.steps)}
+            "train_seconds": training_seconds(root / algorithm, section.train.steps)}

@@ -151,6 +151,16 @@ def sequence_logprobs(
     Returns:
         (logps (B, T), entropy (B, T) or None), float32 (float64 for a float64 model).
     """
+    scored_hidden, scored = scored_hidden_states(model, input_ids, attention_mask, loss_mask, share_prefix)
+    return logprobs_from_hidden(model, scored_hidden, scored, input_ids, temperature, with_entropy, entropy_grad)
+
+
+def scored_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                         share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden (N, H), scored (B, T-1)): the backbone's last hidden state at every position whose
+    NEXT token is trained, i.e. the state from which a policy token is sampled, and where those
+    positions are (`scored[b, t-1]` is True iff token t of row b is trained). The LM head turns
+    them into log-probs (`logprobs_from_hidden`); PPO's value head reads the same states."""
     if input_ids.shape != loss_mask.shape or input_ids.shape != attention_mask.shape:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and loss_mask "
@@ -158,25 +168,32 @@ def sequence_logprobs(
         )
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
-    backbone, head = backbone_and_head(model)
+    backbone, _ = backbone_and_head(model)
     scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
     prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
     hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H): positions P..T-1
-    scored_hidden = hidden[:, :-1][scored[:, prefix:]]  # (N, H); no scored position lies before P
+    return hidden[:, :-1][scored[:, prefix:]], scored  # (N, H); no scored position lies before P
+
+
+def logprobs_from_hidden(model: nn.Module, scored_hidden: torch.Tensor, scored: torch.Tensor, input_ids: torch.Tensor,
+                         temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs`' second half: the LM head on the (N, H) states of `scored_hidden_states`."""
+    _, head = backbone_and_head(model)
     targets = input_ids[:, 1:][scored]  # (N,)
     logits = head(scored_hidden)  # (N, V): the only full-vocabulary tensor of the forward pass
     logps = token_logprobs(logits, targets, temperature)  # (N,)
-    out = _scatter_rows(logps, scored)  # (B, T)
+    out = scatter_rows(logps, scored)  # (B, T)
     if not with_entropy:
         return out, None
     if entropy_grad:
-        return out, _scatter_rows(token_entropy(logits, temperature), scored)  # (B, T), with grad
+        return out, scatter_rows(token_entropy(logits, temperature), scored)  # (B, T), with grad
     with torch.no_grad():
-        entropy = _scatter_rows(token_entropy(logits.detach(), temperature), scored)  # (B, T)
+        entropy = scatter_rows(token_entropy(logits.detach(), temperature), scored)  # (B, T)
     return out, entropy
 
 
-def _scatter_rows(values: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+def scatter_rows(values: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """Place (N,) values at the True entries of `scored` (B, T-1), shifted right by one -> (B, T)."""
     shifted = values.new_zeros(scored.shape).masked_scatter(scored, values)  # (B, T-1), differentiable
     return torch.cat([values.new_zeros(scored.shape[0], 1), shifted], dim=1)  # (B, T)

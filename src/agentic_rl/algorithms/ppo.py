@@ -27,7 +27,7 @@ policy token (InstructGPT's per-token penalty, verl's `use_kl_in_reward`). A rew
 position is an error (it would silently vanish), not something to move.
 
 Where the KL goes (`PPOLossConfig.kl_mode`):
-  * "reward" (the default, InstructGPT and verl's PPO): the penalty shapes the advantage, so the
+  * "reward" (the default, InstructGPT; verl's `use_kl_in_reward`): the penalty shapes the advantage, so the
     value model learns the KL-regularised return and the per-token credit includes it.
   * "loss": the GRPO form, β·k3 added to the per-token loss; the advantage then sees only the
     environment's rewards.
@@ -42,7 +42,7 @@ each averaged over all policy tokens of the batch ("token-mean", verl's default)
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -61,8 +61,11 @@ class PPOLossConfig:
     """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
     gamma: float = 1.0
     """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
-    lam: float = 0.95
-    """GAE's λ: 1 is the Monte-Carlo return minus V (high variance), 0 is one-step TD (biased)."""
+    lam: float = 1.0
+    """GAE's λ, per policy token: 1 is the Monte-Carlo return minus V (verl's default), smaller
+    values lean on V. λ decays the outcome reward by λ^k over the k tokens that follow, and an
+    agent episode has ~100 policy tokens: λ = 0.95 leaves 0.95^100 ≈ 0.006 of the outcome at the
+    first token while V is still untrained, so the first turn learns almost nothing."""
     beta: float = 0.0
     """KL weight (0: no reference model is needed)."""
     kl_mode: KLMode = "reward"
@@ -127,14 +130,53 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere."""
-    weights = mask.to(values.dtype)
-    count = weights.sum()
-    if count < 2:
-        raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
-    mean = (values * weights).sum() / count
-    variance = (((values - mean) * weights) ** 2).sum() / (count - 1)
+def token_rewards(turn_rewards: Sequence[Sequence[float]], policy_spans: Sequence[Sequence[object]], num_tokens: int) -> torch.Tensor:
+    """(B, T) float64 rewards: turn k's reward on the last token of its span [start, end), 0 elsewhere.
+
+    turn_rewards: per row, one reward per policy turn (an empty list: a row that is not trained,
+    e.g. a failed episode, gets no reward). policy_spans: per row, the turns' half-open token
+    ranges, as (start, end) tuples or objects with .start/.end (`Trajectory.policy_spans`).
+    """
+    out = torch.zeros(len(turn_rewards), num_tokens, dtype=torch.float64)  # (B, T)
+    for row, (rewards, spans) in enumerate(zip(turn_rewards, policy_spans)):
+        if rewards and len(rewards) != len(spans):
+            raise ValueError(f"row {row} has {len(rewards)} turn rewards for {len(spans)} policy turns")
+        for reward, span in zip(rewards, spans):
+            start, end = (span.start, span.end) if hasattr(span, "start") else span
+            if not start < end <= num_tokens:
+                raise ValueError(f"row {row}: policy span [{start}, {end}) is empty or beyond the {num_tokens} tokens")
+            out[row, end - 1] += reward
+    return out
+
+
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(3,) float64 [count, sum, sum of squares] of `values` over the mask-1 positions: summed over
+    processes, they give `whiten` the statistics of the whole batch."""
+    weights = mask.to(torch.float64)
+    v = values.to(torch.float64) * weights
+    return torch.stack([weights.sum(), v.sum(), (v * values.to(torch.float64)).sum()])
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, moments: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere.
+
+    moments: the [count, sum, sum of squares] of the whole batch (`masked_moments`, summed over
+    processes) when `values` is one process's share of it; None: this tensor's own.
+    """
+    if moments is None:
+        weights = mask.to(values.dtype)
+        count = weights.sum()
+        if count < 2:
+            raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
+        mean = (values * weights).sum() / count
+        variance = (((values - mean) * weights) ** 2).sum() / (count - 1)
+    else:
+        count, total, squares = (float(x) for x in moments)
+        if count < 2:
+            raise ValueError(f"whitening needs at least 2 policy tokens, got {int(count)}")
+        mean = total / count
+        variance = max(squares - count * mean * mean, 0.0) / (count - 1)
+        variance = torch.tensor(variance, dtype=values.dtype)
     return torch.where(mask.bool(), (values - mean) / torch.sqrt(variance + eps), 0.0)
 
 
@@ -157,7 +199,8 @@ def ppo_loss(
     the trainer does it before splitting) and returns come from `gae`; old_values are the values
     at sampling time (the value-clip anchor). num_tokens: the policy tokens of the whole batch,
     when this call sees one micro-batch of it (sums over micro-batches then equal the full-batch
-    token mean); None: this call's own count.
+    token mean); None: this call's own count. The metrics are always means over this call's own
+    policy tokens (the loop averages them over micro-batches).
     """
     shape = tuple(logps.shape)
     for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
@@ -176,11 +219,12 @@ def ppo_loss(
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # (B, T)
     metrics: dict[str, torch.Tensor] = {}
+    own = weights.sum().clamp(min=1.0)  # the metrics are means over this call's tokens, whatever num_tokens is
     if cfg.kl_mode == "loss" and cfg.needs_reference:
         ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)
         k3 = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0  # (B, T)
         per_token = per_token + cfg.beta * k3
-        metrics["loss/kl"] = (k3.detach() * weights).sum() / count
+        metrics["loss/kl"] = (k3.detach() * weights).sum() / own
     if cfg.entropy_coef:
         per_token = per_token - cfg.entropy_coef * torch.where(trained, entropy, 0.0)
     policy = (per_token * weights).sum() / count  # ()
@@ -190,9 +234,9 @@ def ppo_loss(
         squared = torch.maximum(squared, (clipped_values - returns) ** 2)
     value = 0.5 * (squared * weights).sum() / count  # ()
     metrics.update({
-        "loss/policy": policy.detach(),
-        "loss/value": value.detach(),
-        "loss/ratio_mean": (ratio.detach() * weights).sum() / count,
-        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / count,
+        "loss/policy": policy.detach() * count / own,
+        "loss/value": value.detach() * count / own,
+        "loss/ratio_mean": (ratio.detach() * weights).sum() / own,
+        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / own,
     })
     return policy + cfg.vf_coef * value, metrics

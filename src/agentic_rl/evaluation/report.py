@@ -20,11 +20,13 @@ from typing import Any
 from agentic_rl.strict_json import write_json
 from agentic_rl.training.metric_keys import describe_metric
 
-_STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_control": "SFT control"}
+_STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_ppo": "after PPO",
+                "eval_control": "SFT control"}
 _COLUMNS = ("format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
-COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_control"), ("eval_control", "eval_grpo"))
+COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_ppo"), ("eval_sft", "eval_control"),
+               ("eval_control", "eval_grpo"), ("eval_control", "eval_ppo"))
 """(A, B) stage pairs the report compares, B − A: each stage against the one it started from,
-and GRPO against the compute-matched control."""
+and the RL stage (GRPO or PPO) against the compute-matched control."""
 PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/mean", "rollout/groups_with_variance",
                    "train/groups_with_variance")
 """The GRPO metrics the plots show; the report defines each under the plots (training/metric_keys.py)."""
@@ -42,11 +44,11 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     summary = summarize(results)
     lines += _comparison_lines(summary["comparisons"])
     lines += _stage_table(results)
-    grpo_metrics = root / "grpo" / "metrics.jsonl"
-    if grpo_metrics.exists():
+    rl_metrics = next((root / name / "metrics.jsonl" for name in ("grpo", "ppo") if (root / name / "metrics.jsonl").exists()), None)
+    if rl_metrics is not None:
         from agentic_rl.training.run_dir import read_metrics
 
-        rows = read_metrics(grpo_metrics)
+        rows = read_metrics(rl_metrics)
         _plot_rewards(rows, plots / "reward_components.png")
         _plot_kl_length(rows, plots / "kl_and_length.png")
         lines += ["", "![reward components](plots/reward_components.png)", "![KL and length](plots/kl_and_length.png)", ""]
@@ -145,7 +147,7 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
     keys = sorted({k for row in rows for k in row if k.startswith("reward/") and k.endswith("/mean")})
     for key in keys:
         ax.plot([r["step"] for r in rows if key in r], [r[key] for r in rows if key in r], label=key[len("reward/"):-len("/mean")])
-    ax.set_xlabel("GRPO step")
+    ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -168,7 +170,7 @@ def _plot_kl_length(rows: list[dict[str, Any]], path: Path) -> None:
     right.set_ylim(0, 1.05)
     right.legend(fontsize=8)
     for ax in (left, middle, right):
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel("RL step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -202,7 +204,7 @@ def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
 
 
 def _failures(results: dict[str, Any]) -> list[str]:
-    for stage in ("eval_grpo", "eval_control", "eval_sft", "eval_base"):
+    for stage in ("eval_grpo", "eval_ppo", "eval_control", "eval_sft", "eval_base"):
         evals = results.get(stage, {}).get("evals")
         if evals:
             lines = []

@@ -59,13 +59,17 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu"):
     return model, tokenizer, name
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: str, accelerator: Any) -> Path:
-    """Write `folder/final`: LoRA adapters (small) or the full model, plus the tokenizer."""
+def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: str, accelerator: Any,
+               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `folder/final`: LoRA adapters (small) or the full model, plus the tokenizer.
+
+    `state_dict`: the model's whole weights when the model itself only holds a shard of them
+    (FSDP, ZeRO-3: training/scoring.py `full_policy_state_dict`); None saves the model's own."""
     target = Path(folder) / FINAL_DIR
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(target)
+        unwrapped.save_pretrained(target, state_dict=state_dict)
         tokenizer.save_pretrained(target)
         kind = "lora" if hasattr(unwrapped, "peft_config") else "full"
         write_stage_record(target, kind, base_name)

@@ -1,4 +1,5 @@
-"""`RolloutConfig`: how episodes are decoded. The one declaration of the rollout settings.
+"""`RolloutConfig`: how episodes are decoded. The one declaration of the rollout settings, and of
+`SamplingParams` (torch-free here, so configs validate and `--help` formats without torch).
 
 GRPO (`grpo.rollout`, which adds its batch shape), evaluation (`eval.rollout`, pipeline
 `evals[].rollout`) and sampled reward-model pairs (`rm.pairs.rollout`) embed it, and
@@ -9,15 +10,40 @@ decode at once is the caller's (a GRPO batch, an evaluation's batch_size), not a
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from agentic_rl.config import PositiveInt
 
-if TYPE_CHECKING:  # torch-free at import: configs load before the heavy modules
-    from agentic_rl.rollout.sampling import SamplingParams
-
 BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How the policy samples a token."""
+
+    temperature: float = 1.0
+    """Softmax temperature T > 0; 0 means greedy. Recorded log-probs use log_softmax(logits / T)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1 = off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    greedy: bool = False
+    """Take the argmax (same as temperature 0). Recorded log-probs are then at T = 1."""
+    seed: int = 0
+    """Base seed; the engine derives one generator per episode from it."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable nucleus sampling")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
 
 
 @dataclasses.dataclass
@@ -56,7 +82,5 @@ class RolloutConfig:
 
     def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:
         """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""
-        from agentic_rl.rollout.sampling import SamplingParams
-
         return SamplingParams(self.temperature if temperature is None else temperature, self.top_p, self.top_k, seed=seed)
 

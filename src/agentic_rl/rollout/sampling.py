@@ -19,38 +19,11 @@ the same tokens. Shapes: B rows, V vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import torch
 
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How the policy samples a token."""
-
-    temperature: float = 1.0
-    """Softmax temperature T > 0; 0 means greedy. Recorded log-probs use log_softmax(logits / T)."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1 = off)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens (0 = off)."""
-    greedy: bool = False
-    """Take the argmax (same as temperature 0). Recorded log-probs are then at T = 1."""
-    seed: int = 0
-    """Base seed; the engine derives one generator per episode from it."""
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable nucleus sampling")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
+from agentic_rl.rollout.config import SamplingParams  # noqa: F401  (defined torch-free, with the configs)
 
 
 def make_generator(seed: int, stream: int) -> torch.Generator:

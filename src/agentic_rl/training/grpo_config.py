@@ -9,45 +9,21 @@ from typing import Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.config import PositiveInt
-from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, RewardModelTerm
 from agentic_rl.training.groups import GuidanceConfig, SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
 
 @dataclasses.dataclass
-class EnvConfig(EnvSpec):
-    """The environment episodes run in, and the train-split tasks prompts are drawn from."""
-
-    task_pool: PositiveInt = 2000
-    """Train-split tasks to draw prompts from."""
-
-
-@dataclasses.dataclass
-class GRPORolloutConfig(RolloutConfig):
-    """How episodes are sampled (every RolloutConfig key) and the batch shape."""
-
-    batch_size: PositiveInt = 8
-    """Episodes per rollout batch, over all processes: prompts × group_size."""
-    group_size: int = 4
-    """G: episodes per prompt. Must divide batch_size."""
+class GRPORolloutConfig(BatchRolloutConfig):
+    """How episodes are sampled (every RolloutConfig key) and the batch shape; G >= 2."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})")
-        if self.batch_size % self.group_size:
-            raise ValueError(
-                f"rollout.batch_size={self.batch_size} is not a multiple of rollout.group_size={self.group_size}. "
-                "GRPO compares the G episodes of the same prompt with each other (advantage = reward − group mean), "
-                "so a batch is P whole groups: batch_size = prompts × G. "
-                f"Use batch_size={self.group_size * max(1, self.batch_size // self.group_size)} "
-                f"or {self.group_size * (self.batch_size // self.group_size + 1)}."
-            )
-        if self.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0 for GRPO: the group needs diverse samples")
 
 
 @dataclasses.dataclass
@@ -55,20 +31,13 @@ class AdvantageConfig:
     """What the advantage is computed from."""
 
     mode: Literal["episode", "turn"] = "episode"
-    """episode: one advantage per episode from its total reward; turn: per-turn discounted returns
-    of the env's per-step rewards, with the episode reward added at the last turn."""
+    """episode: one advantage per episode from its composed reward. turn: the composed reward is
+    placed on the turns (the env_steps term's share on its turns, every other term on the last;
+    `training.episodes.rewards_per_turn`), each turn's advantage is its discounted return-to-go
+    minus the group mean of the episode returns (`algorithms.grpo.turn_advantages`, which also
+    states the estimator's bias). With γ = 1 and no env_steps term it equals episode mode."""
     gamma: float = 1.0
     """Discount per policy turn for mode=turn."""
-
-
-@dataclasses.dataclass
-class RewardModelTerm:
-    """An optional learned reward term."""
-
-    path: str = ""
-    """A reward model folder from `agentic-rl rm` (empty: no reward-model term)."""
-    weight: float = 0.0
-    """Its weight in the total reward."""
 
 
 @dataclasses.dataclass
@@ -117,8 +86,6 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.updates_per_batch < 1 or self.micro_batch_size < 1:
             raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
-        if self.advantage.mode == "turn" and any(r.name == "env_steps" for r in self.rewards):
-            raise ValueError("advantage.mode=turn already uses the env's per-step rewards; remove the env_steps reward term")
         if self.old_logprobs == "detach" and self.updates_per_batch > 1:
             raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
                              "with updates_per_batch > 1 use sampling or recompute")
@@ -126,5 +93,3 @@ class GRPOConfig:
             raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
                              f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
                              f"or recompute, or rollout.dtype: {self.model.dtype}")
-        if self.reward_model.weight and not self.reward_model.path:
-            raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")

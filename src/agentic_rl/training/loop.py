@@ -41,6 +41,7 @@ from transformers import get_scheduler
 from agentic_rl.config import PositiveFloat
 from agentic_rl.errors import RunStopped
 from agentic_rl.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
+from agentic_rl.training.common import fit_deepspeed_to_loop
 from agentic_rl.training.run_dir import RunDir
 
 
@@ -150,11 +151,17 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
+    # A model may ask for its own learning rates per parameter group (PPO's value model); the
+    # schedule scales every group alike, and optim/lr logs the first group's.
+    groups = model.optimizer_groups(cfg.lr) if hasattr(model, "optimizer_groups") else [{"params": params}]
+    grouped = [id(p) for group in groups for p in group["params"]]
+    if len(grouped) != len(set(grouped)) or set(grouped) != {id(p) for p in params}:
+        raise ValueError(f"{type(model).__name__}.optimizer_groups must hold every trainable parameter exactly once")
     # The fused kernel makes one pass over parameter, gradient and both moments: 4.6x faster than
     # the default multi-tensor path on SmolLM2-135M's 134.5 M parameters on 2 CPU cores
     # (benchmarks/optimizer_step.py); the two differ by float rounding only.
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
                                   fused=fused)
     scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
     return optimizer, scheduler
@@ -171,6 +178,7 @@ def run_training(
 ) -> list[dict[str, float]]:
     """Train `model` on `objective` for loop.steps optimizer steps; return the logged rows."""
     optimizer, scheduler = build_optimizer(model, optim, loop.steps)
+    fit_deepspeed_to_loop(accelerator, optim)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     objective.bind(model, accelerator)
     start = _maybe_resume(objective, loop, accelerator, run_dir)
@@ -208,6 +216,9 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     for index, micro in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        # The accumulation boundary: DeepSpeed's engine reduces and steps inside backward on it
+        # (accelerate reads this flag there); DDP and FSDP are held back by no_sync instead.
+        accelerator.gradient_state._set_sync_gradients(last)
         with sync, accelerator.autocast():
             loss, metrics = objective.loss(model, micro)
             accelerator.backward(loss)

@@ -3,8 +3,8 @@
 `RunDir.log` refuses a key that is not here, so a new metric arrives with its definition. The
 report and `agentic-rl metrics` read the definitions from here. Keys are namespaced:
 `loss/` the objective, `optim/` the optimizer, `reward/` the reward terms, `rollout/` the
-sampled episodes, `train/` what a step trained on, `time/` seconds, `memory/` GPU memory,
-`sft/` and `rm/` their trainers. `{term}` and `{reason}` stand for one path segment.
+sampled episodes, `train/` what a step trained on, `value/` PPO's value model, `time/` seconds,
+`memory/` GPU memory, `sft/` and `rm/` their trainers. `{term}` and `{reason}` stand for one path segment.
 All values are floats; rollout and reward statistics are over the whole batch (every process).
 """
 
@@ -28,6 +28,13 @@ GLOSSARY: dict[str, str] = {
     "loss/clip_ratio_region": "Share of trained tokens whose ratio lies outside [1 − ε, 1 + ε_high].",
     "loss/kl": "Mean k3 estimate of KL(π_θ ‖ π_ref) per trained token (only with β > 0).",
     "loss/entropy": "Mean entropy (nats) of the policy's next-token distribution at trained tokens, at the rollout temperature.",
+    # the PPO objective (algorithms/ppo.py) and its value model
+    "loss/policy": "PPO: the clipped surrogate (plus β·k3 with kl_mode: loss, minus the entropy bonus), mean over policy tokens.",
+    "loss/value": "PPO: ½ · the clipped squared error of V against the GAE returns, mean over policy tokens.",
+    "value/mean": "PPO: mean V_old over the batch's policy tokens (values at sampling time).",
+    "value/returns_mean": "PPO: mean GAE return (the value target) over the batch's policy tokens.",
+    "value/explained_variance": "PPO: 1 − Var(R − V_old) / Var(R) over policy tokens: 1 a perfect critic, 0 no better than a constant, < 0 worse.",
+    "value/kl_in_reward": "PPO, kl_mode reward: mean β·(log π_old − log π_ref) subtracted from each policy token's reward.",
     # GRPO rewards
     "reward/total/mean": "Mean composed reward (the weighted sum of the terms) over the batch's episodes.",
     "reward/total/std": "Standard deviation of the composed reward over the batch's episodes.",

@@ -37,6 +37,7 @@ from agentic_rl.models.stage_output import FINAL_DIR
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
+from agentic_rl.training.scoring import require_replicated_weights
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
 
@@ -185,6 +186,7 @@ class RMObjective(StatelessObjective):
 def train_rm(cfg: RMConfig) -> dict[str, Any]:
     """Train the reward model; returns {"final", "heldout_accuracy", "heldout_accuracy_before", "pairs"}."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    require_replicated_weights(accelerator, "rm")  # rollouts / the reward head read whole weights
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
     pairs = build_pairs(cfg.pairs, "train", cfg.pairs.tasks, tokenizer, cfg.train.seed)

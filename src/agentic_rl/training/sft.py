@@ -26,7 +26,7 @@ from agentic_rl.models.stage_output import save_final
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
 from agentic_rl.training.run_dir import RunDir
-from agentic_rl.training.scoring import TokenScorer, unwrap_policy
+from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unwrap_policy
 
 
 @dataclasses.dataclass
@@ -164,6 +164,8 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     policy.train()
     scorer = TokenScorer(policy)
     history = run_training(objective, scorer, cfg.train, cfg.optim, accelerator, run_dir, description="sft")
-    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    whole = full_policy_state_dict(objective.model, accelerator)  # FSDP / ZeRO-3: gathered from the shards
+    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator,
+                       state_dict=whole)
     run_dir.close()
     return {"final": str(final), "history": history, "num_demos": len(demos)}

@@ -1,0 +1,294 @@
+"""What every on-policy RL objective (GRPO, PPO) does before its loss: draw prompts, roll out
+their episodes with the current weights, score them, gather what a multi-process run needs, and
+keep the rollout weights in sync after each optimizer step.
+
+    class GRPOObjective(EpisodeObjective): ...   # advantages from groups, the clipped GRPO loss
+    class PPOObjective(EpisodeObjective): ...    # GAE on a value model, the clipped PPO loss
+
+A subclass implements `_build_batch(step)`, `micro_batches` and `loss` (the loop's Objective,
+training/loop.py); the rest is here. Its config must carry the sections of episode_config.py
+(env, rollout, reward_model) plus rewards, selection, updates_per_batch, micro_batch_size and
+train.
+
+Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
+stride, so a group spans ranks:
+
+    global rows   0  1  2  3 | 4  5  6  7      (P = 2, G = 4, world = 2)
+    rank 0        0     2    | 4     6
+    rank 1           1     3 |    5     7
+Rewards and statistics are all-gathered and put back in global order, so every rank computes
+exactly what a single process would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+import torch
+
+from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.rewards.base import RewardComposer, RewardSpec
+from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
+from agentic_rl.training.groups import Group, PromptSelector
+from agentic_rl.training.scoring import unwrap_policy
+
+
+@dataclasses.dataclass
+class Collected:
+    """One step's episodes, scored and collated: what an objective builds its batch from."""
+
+    groups: list[Group]
+    trajectories: list[Trajectory]
+    """This process's episodes, in global row order."""
+    rewards: torch.Tensor
+    """(B,) composed rewards of every episode of every process, in global row order."""
+    local_rows: list[int]
+    """The global row of each local episode."""
+    tensors: TrajectoryBatch
+    """Collated (B_local, T) tensors; failed episodes have an all-zero loss mask (never trained)."""
+    metrics: dict[str, float]
+
+
+class EpisodeObjective:
+    """Rollouts, rewards and weight sync for an on-policy objective (module docstring)."""
+
+    def __init__(self, cfg: Any, tokenizer: Any, reference: torch.nn.Module | None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
+        self.make_env = cfg.env.make
+        self.task_pool = self.make_env().tasks("train", n=cfg.env.task_pool, seed=cfg.train.seed)
+        extra = {}
+        if cfg.reward_model.path:
+            from agentic_rl.rewards.reward_model import RewardModelReward
+
+            extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
+        self.composer = RewardComposer(cfg.rewards, extra)
+        self.cached: Any = None
+        self.selector = PromptSelector(self.task_pool, cfg.selection)
+
+    def bind(self, model, accelerator) -> None:
+        from agentic_rl.rollout.factory import build_engine
+
+        self.model, self.accelerator = model, accelerator
+        self.policy = unwrap_policy(model, accelerator)
+        if self.cfg.rollout.batch_size % accelerator.num_processes:
+            raise ValueError(f"rollout.batch_size={self.cfg.rollout.batch_size} must be a multiple of the "
+                             f"{accelerator.num_processes} processes")
+        local = self.cfg.rollout.batch_size // accelerator.num_processes
+        self.engine = build_engine(self.policy, self.tokenizer, self.cfg.rollout, seed=self.cfg.train.seed, max_concurrent=local)
+
+    def next_batch(self, step: int):
+        """A fresh rollout batch every μ = updates_per_batch steps; the cached one in between."""
+        if step % self.cfg.updates_per_batch == 0 or self.cached is None:
+            self.cached = self._build_batch(step)
+        self.cached.staleness = self.engine.weights_version - self.cached.weights_version
+        return self.cached
+
+    def _build_batch(self, step: int):
+        raise NotImplementedError
+
+    def _after_draw(self, groups: list[Group]) -> dict[str, float]:
+        """A hook between the rollouts and the batch (GRPO's guidance edits groups in place); metrics."""
+        return {}
+
+    # ---------------------------------------------------------------- rollouts
+
+    def _collect(self, step: int) -> Collected:
+        """Draw the step's prompts (with selection's band and dynamic sampling), roll out and score them."""
+        r, sel = self.cfg.rollout, self.cfg.selection
+        prompts = r.batch_size // r.group_size
+        rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
+        started = time.perf_counter()
+        self.policy.eval()
+        informative: list[Group] = []  # groups with reward variance
+        flat: list[Group] = []  # groups whose G rewards are all equal
+        first_round_share, rounds = 0.0, 0
+        for round_index in range(1 + (sel.max_rounds if sel.dynamic_sampling else 0)):
+            missing = prompts - len(informative) if sel.dynamic_sampling else prompts
+            if missing == 0:
+                break
+            tasks = self.selector.draw(rng, missing, exclude={group.task.id for group in informative + flat})
+            if not tasks:
+                break
+            groups = self._rollout_groups(tasks, step, round_index)
+            rounds += 1
+            if round_index == 0:
+                first_round_share = sum(g.has_variance for g in groups) / len(groups)
+            for group in groups:
+                self.selector.record(group)  # every group rolled out informs the band, used or not
+                (informative if group.has_variance or not sel.dynamic_sampling else flat).append(group)
+        groups = informative + flat[: prompts - len(informative)]
+        rollout_seconds = time.perf_counter() - started
+        extra = self._after_draw(groups)
+        trajs = [traj for group in groups for traj in group.local]
+        global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
+        local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
+        self.policy.train()
+        tensors = collate(trajs, self.tokenizer.pad_token_id)
+        for row, traj in enumerate(trajs):  # failed episodes are logged, never trained on
+            if traj.finish_reason == "error":
+                tensors.loss_mask[row] = 0
+        metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
+        metrics.update({
+            # the share of groups whose rewards differ (the groups that carry a gradient), as
+            # sampled, before dynamic sampling replaced any; and after selection (and guidance)
+            "rollout/groups_with_variance": first_round_share,
+            "train/groups_with_variance": sum(g.has_variance for g in groups) / len(groups),
+            "rollout/rounds": float(rounds),
+            "rollout/band_fallbacks": float(self.selector.band_fallbacks),
+            **extra,
+        })
+        return Collected(groups, trajs, global_rewards, local_rows, tensors, metrics)
+
+    def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list[Group]:
+        """Roll out G episodes of each task; rows are split across processes by stride (module doc)."""
+        acc, G = self.accelerator, self.cfg.rollout.group_size
+        rows = [t for t in tasks for _ in range(G)]  # (P_round * G,) in group order
+        local_rows = list(range(acc.process_index, len(rows), acc.num_processes))
+        with torch.no_grad():
+            seed = (self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index + 1_000_000_007 * round_index
+            trajs = self.engine.run([self.make_env() for _ in local_rows], [rows[i] for i in local_rows], seed=seed)
+        local = torch.tensor([[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
+                             dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
+        table = self._gather_in_global_order(local)  # (P_round * G, 2)
+        by_row = dict(zip(local_rows, trajs))
+        return [Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
+                       table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
+                for g, task in enumerate(tasks)]
+
+    # ---------------------------------------------------------------- gathering across processes
+
+    def _gather_in_global_order(self, local: torch.Tensor) -> torch.Tensor:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return local
+        gathered = acc.gather(local.to(acc.device)).cpu()  # (B,) as [rank0 rows..., rank1 rows...]
+        world, per_rank = acc.num_processes, local.shape[0]
+        order = torch.empty_like(gathered)
+        for rank in range(world):
+            order[rank::world] = gathered[rank * per_rank : (rank + 1) * per_rank]
+        return order  # (B,) in global row order
+
+    def _gather_objects(self, local: list) -> list:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return local
+        from accelerate.utils import gather_object
+
+        flat = gather_object([local])
+        world = acc.num_processes
+        out = [None] * sum(len(part) for part in flat)
+        for rank, part in enumerate(flat):
+            out[rank::world] = part
+        return out
+
+    def _sum_over_processes(self, value: float) -> float:
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return value
+        return float(acc.reduce(torch.tensor([value], dtype=torch.float64, device=acc.device), reduction="sum").cpu()[0])
+
+    # ---------------------------------------------------------------- scoring
+
+    @torch.no_grad()
+    def _score(self, tensors, reference: bool) -> torch.Tensor:
+        """(B_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches."""
+        temperature = self.cfg.rollout.temperature
+        out = torch.zeros_like(tensors.logprobs)
+        step = self.cfg.micro_batch_size
+        for start in range(0, tensors.input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            args = (tensors.input_ids[rows].to(self.accelerator.device), tensors.attention_mask[rows].to(self.accelerator.device),
+                    tensors.loss_mask[rows].to(self.accelerator.device))
+            if reference and self.reference is not None:
+                logps, _ = sequence_logprobs(self.reference, *args, temperature=temperature)
+            elif reference:
+                with self.policy.disable_adapter():  # π_ref = the base model: no second copy in memory
+                    logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
+            else:
+                logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
+            out[rows] = logps.float().cpu()
+        return out
+
+    def _batch_metrics(self, trajs: list[Trajectory], global_rewards: torch.Tensor, rollout_seconds: float) -> dict[str, float]:
+        """Rollout statistics over the whole batch: under DDP every rank gathers every episode's
+        numbers, so each rank logs the same values as one process would."""
+        names = list(trajs[0].reward_components) if trajs else []
+        stats = ["correct", "policy_tokens", "turns", "tool_calls", "tool_errors", "failed"]
+        local = torch.tensor([[t.reward_components[n] for n in names] + [
+            float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(len(t.policy_spans)),
+            float(t.info.get("tool_calls", 0)), float(t.info.get("tool_errors", 0)), float(t.finish_reason == "error"),
+        ] for t in trajs], dtype=torch.float64).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
+        table = self._gather_in_global_order(local)  # (B, K)
+        column = {key: table[:, i] for i, key in enumerate([*names, *stats])}
+        reasons = self._gather_objects([t.finish_reason for t in trajs])  # (B,)
+        metrics: dict[str, float] = {
+            "reward/total/mean": float(global_rewards.mean()),
+            "reward/total/std": float(global_rewards.std()) if global_rewards.numel() > 1 else 0.0,
+        }
+        for name in names:
+            metrics[f"reward/{name}/mean"] = float(column[name].mean())
+            metrics[f"reward/{name}/std"] = float(column[name].std()) if column[name].numel() > 1 else 0.0
+        episodes = max(1, table.shape[0])
+        metrics.update({
+            "rollout/accuracy": float(column["correct"].sum()) / episodes,
+            "rollout/completion_tokens/mean": float(column["policy_tokens"].sum()) / episodes,
+            "rollout/completion_tokens/max": float(column["policy_tokens"].max()) if table.shape[0] else 0.0,
+            "rollout/turns/mean": float(column["turns"].sum()) / episodes,
+            "rollout/tool_calls/mean": float(column["tool_calls"].sum()) / episodes,
+            "rollout/tool_errors/mean": float(column["tool_errors"].sum()) / episodes,
+            "rollout/failed": float(column["failed"].sum()),
+            # ranks decode at the same time: all of the batch's tokens over this rank's wall time
+            "rollout/tokens_per_second": float(column["policy_tokens"].sum()) / max(rollout_seconds, 1e-9),
+            "time/rollout": rollout_seconds,
+        })
+        for reason in sorted(set(reasons)):
+            metrics[f"rollout/finish/{reason}"] = reasons.count(reason) / len(reasons)
+        rank = f"[rank {self.accelerator.process_index}] " if self.accelerator.num_processes > 1 else ""
+        for traj in trajs:  # every rank reports its own failed episodes
+            if traj.finish_reason == "error":
+                print(f"{rank}episode failed (task {traj.task_id}): {traj.info.get('error')}", flush=True)
+        return metrics
+
+    # ---------------------------------------------------------------- after each optimizer step
+
+    def after_step(self, step: int) -> dict[str, float]:
+        metrics = dict(self.cached.metrics) if self.cached else {}
+        metrics["rollout/staleness"] = float(self.cached.staleness) if self.cached else 0.0
+        metrics["rollout/weights_version"] = float(self.engine.sync_weights())
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
+        # across μ > 1 updates must survive a resume.
+        keep = self.cached if self.cfg.updates_per_batch > 1 else None
+        return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.selector.outcomes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cached = state.get("cached")
+        self.selector.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
+        self.engine.sync_weights(int(state.get("weights_version", 0)))  # the backend reads the restored weights
+
+
+def rewards_per_turn(trajs: list[Trajectory], totals: list[float], specs: list[RewardSpec]) -> list[list[float]]:
+    """Each episode's composed reward, placed on its policy turns (GRPO's turn mode and PPO).
+
+    The sum over an episode's turns is exactly its composed reward `totals[i]`: the placement
+    moves reward, it never adds any. The `env_steps` term's share, w·γ_s^k·r_k for the env's
+    reward r_k of turn k, sits on turn k; everything else (accuracy, format, a reward model, ...)
+    sits on the last turn. Without an `env_steps` term the env's per-step rewards are not used at
+    all, as in episode mode (arith's last step reward repeats its correctness, which the accuracy
+    term already pays). An episode without a turn gets one, holding its reward.
+    """
+    env_terms = [(spec.weight, float(spec.params.get("gamma", 1.0))) for spec in specs if spec.name == "env_steps"]
+    out = []
+    for traj, total in zip(trajs, totals):
+        placed = [sum(weight * gamma**k for weight, gamma in env_terms) * reward for k, reward in enumerate(traj.turn_rewards)]
+        placed = placed or [0.0]
+        placed[-1] += total - sum(placed)
+        out.append(placed)
+    return out

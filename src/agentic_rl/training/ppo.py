@@ -1,0 +1,198 @@
+"""PPO over multi-turn agent episodes, with a value model and GAE, on the shared training loop.
+
+    agentic-rl ppo --config configs/experiments/demo-ppo.yaml [--set value.critic=separate ...]   (keys: ppo_config.py)
+
+Per optimizer step (rollouts as for GRPO: training/episodes.py):
+  1. draw P prompts, roll out G episodes of each (G = 1 by default) with the current weights;
+  2. rewards per token: the composed episode reward placed on its turns (`rewards_per_turn`: the
+     env_steps term's share on the last token of each turn, the rest on the episode's last
+     policy token; the sum is the episode's reward), and with KL in the reward
+     (loss.kl_mode: reward, β > 0) −β(log π_old − log π_ref) on every policy token;
+  3. one no-grad pass of the actor-critic: V_old at every policy token (and π_old with
+     old_logprobs: recompute); π_ref only when β > 0;
+  4. GAE(γ, λ) over each episode's policy tokens, across its tool observations
+     (algorithms/ppo.py), returns R = A + V_old; the advantages whitened over the whole batch;
+  5. the clipped surrogate + vf_coef · clipped value loss (+ β·k3 with kl_mode: loss), averaged
+     over the batch's policy tokens, with gradient accumulation over micro-batches.
+With μ = updates_per_batch > 1 the batch (its advantages, returns and V_old) serves μ steps.
+
+Under DDP the whitening statistics and the token count are summed over processes, so every
+rank normalises exactly as one process would; DDP averages gradients, and each rank's loss is
+divided by (the batch's policy tokens / processes), so that average is the full-batch mean.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentic_rl.algorithms.ppo import gae, kl_penalized_rewards, masked_moments, ppo_loss, token_rewards, whiten
+from agentic_rl.models.policy import load_policy
+from agentic_rl.models.stage_output import save_final
+from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch
+from agentic_rl.training.actor_critic import ActorCritic
+from agentic_rl.training.common import make_accelerator
+from agentic_rl.training.episodes import EpisodeObjective, rewards_per_turn
+from agentic_rl.training.loop import run_training
+from agentic_rl.training.ppo_config import PPOConfig
+from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.scoring import require_replicated_weights, unwrap_policy
+
+
+@dataclasses.dataclass
+class PPOBatch:
+    """This process's rows of one rollout batch, with everything PPO's loss needs. (B_local, T) tensors."""
+
+    trajectories: list[Trajectory]
+    tensors: TrajectoryBatch
+    old_logprobs: torch.Tensor | None
+    """π_old; None: π_θ.detach() (old_logprobs: detach)."""
+    ref_logprobs: torch.Tensor | None
+    """π_ref, for kl_mode: loss with β > 0 only."""
+    old_values: torch.Tensor
+    """V at sampling time: GAE's baseline and the value clip's anchor."""
+    advantages: torch.Tensor
+    """GAE advantages (whitened when loss.whiten_advantages), 0 off the policy tokens."""
+    returns: torch.Tensor
+    """Value targets R = A + V_old (before whitening), 0 off the policy tokens."""
+    tokens: float
+    """The loss's normaliser: the policy tokens of the whole batch over the number of processes."""
+    weights_version: int
+    metrics: dict[str, float]
+    staleness: int = 0
+
+
+@dataclasses.dataclass
+class PPOMicroBatch:
+    batch: PPOBatch
+    rows: list[int]
+
+
+class PPOObjective(EpisodeObjective):
+    """Rollouts, token rewards, values and GAE per batch; the clipped PPO loss per micro-batch."""
+
+    cfg: PPOConfig
+
+    def _build_batch(self, step: int) -> PPOBatch:
+        cfg = self.cfg
+        collected = self._collect(step)
+        trajs, t = collected.trajectories, collected.tensors
+        mask = t.loss_mask  # (B_local, T)
+        started = time.perf_counter()
+        old_values, recomputed = self._value_pass(t)  # (B_local, T) each
+        old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
+        ref = self._score(t, reference=True) if cfg.loss.needs_reference else None
+        collected.metrics["time/reference"] = time.perf_counter() - started
+        per_turn = rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards)
+        per_turn = [turns if bool(mask[row].any()) else [] for row, turns in enumerate(per_turn)]  # untrained rows: no reward
+        rewards = token_rewards(per_turn, [traj.policy_spans for traj in trajs], mask.shape[1])  # (B_local, T) float64
+        if ref is not None and cfg.loss.kl_mode == "reward":
+            behaviour = (old if old is not None else t.logprobs).double()  # the weights that sampled the tokens
+            shaped = kl_penalized_rewards(rewards, behaviour, ref.double(), mask, cfg.loss.beta)
+            collected.metrics["value/kl_in_reward"] = self._masked_mean(rewards - shaped, mask)
+            rewards = shaped
+        advantages, returns = gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam)  # (B_local, T)
+        moments = self._global_moments(advantages, mask)
+        if cfg.loss.whiten_advantages:
+            advantages = whiten(advantages, mask, moments=moments)
+        residual = self._global_moments(returns - old_values.double(), mask)
+        target = self._global_moments(returns, mask)
+        collected.metrics.update({
+            "value/mean": self._masked_mean(old_values.double(), mask),
+            "value/returns_mean": float(target[1] / target[0].clamp(min=1)),
+            "value/explained_variance": 1.0 - _variance(residual) / max(_variance(target), 1e-12),
+        })
+        return PPOBatch(trajs, t, old, ref if cfg.loss.kl_mode == "loss" else None, old_values, advantages.float(),
+                        returns.float(), tokens=float(moments[0]) / self.accelerator.num_processes,
+                        weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics)
+
+    @torch.no_grad()
+    def _value_pass(self, t: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V_old, log π_θ) at every policy token, (B_local, T) each, in micro-batches, with the
+        precision the loss will run in (so V_old is the value the first update starts from)."""
+        model = self.accelerator.unwrap_model(self.model)
+        values, logps = torch.zeros_like(t.logprobs), torch.zeros_like(t.logprobs)
+        device, step = self.accelerator.device, self.cfg.micro_batch_size
+        for start in range(0, t.input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            with self.accelerator.autocast():
+                lp, _, v = model(t.input_ids[rows].to(device), t.attention_mask[rows].to(device), t.loss_mask[rows].to(device),
+                                 self.cfg.rollout.temperature)
+            values[rows], logps[rows] = v.float().cpu(), lp.float().cpu()
+        return values, logps
+
+    def _global_moments(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(3,) [count, sum, sum of squares] over every process's policy tokens."""
+        local = masked_moments(values, mask)
+        if self.accelerator.num_processes == 1:
+            return local
+        return self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").cpu()
+
+    def _masked_mean(self, values: torch.Tensor, mask: torch.Tensor) -> float:
+        moments = self._global_moments(values, mask)
+        return float(moments[1] / moments[0].clamp(min=1))
+
+    # ---------------------------------------------------------------- micro-batches: the loss
+
+    def micro_batches(self, batch: PPOBatch) -> list[PPOMicroBatch]:
+        # Every row has a value loss, so none is inert; rows without a policy token add exactly 0.
+        size, n = self.cfg.micro_batch_size, len(batch.trajectories)
+        return [PPOMicroBatch(batch, list(range(start, min(start + size, n)))) for start in range(0, n, size)]
+
+    def loss(self, model, micro: PPOMicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        batch, device = micro.batch, self.accelerator.device
+        t, index = batch.tensors, torch.tensor(micro.rows, dtype=torch.long)
+        ids, attention, mask = t.input_ids[index], t.attention_mask[index], t.loss_mask[index]
+        length = int(attention.sum(-1).max())  # trim the right padding the whole micro-batch shares
+        ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
+
+        def rows_of(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[index][:, :length].to(device)
+
+        bonus = self.cfg.loss.entropy_coef > 0
+        logps, entropy, values = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T) each
+        old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
+        ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
+        loss, metrics = ppo_loss(logps, old, values, rows_of(batch.old_values), rows_of(batch.advantages),
+                                 rows_of(batch.returns), mask, self.cfg.loss, ref_logps=ref,
+                                 entropy=entropy if bonus else None, num_tokens=batch.tokens)
+        out = {k: float(v) for k, v in metrics.items()}
+        out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return loss, out
+
+
+def _variance(moments: torch.Tensor) -> float:
+    count, total, squares = (float(x) for x in moments)
+    if count < 2:
+        return 0.0
+    return max(squares - total * total / count, 0.0) / (count - 1)
+
+
+def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
+    """Run PPO; returns {"final", "history"}. `final/` holds the policy only (as GRPO's); the value
+    model lives in the checkpoints, for resume."""
+    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    require_replicated_weights(accelerator, "ppo")  # rollouts read whole weights
+    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
+    critic = None
+    if cfg.value.critic == "separate":
+        critic_cfg = dataclasses.replace(cfg.model, name=cfg.value.model or cfg.model.name)
+        critic, critic_tokenizer, _ = load_policy(critic_cfg, accelerator.device, log=accelerator.print)
+        if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"value.model={critic_cfg.name!r} has another tokenizer than the policy {cfg.model.name!r}; "
+                             "the critic reads the policy's token ids, so it needs the same vocabulary")
+    reference = None
+    if cfg.loss.needs_reference and not cfg.model.lora.enabled:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
+    objective = PPOObjective(cfg, tokenizer, reference)
+    model = ActorCritic(policy, critic, cfg.value.lr_multiplier)
+    history = run_training(objective, model, cfg.train, cfg.optim, accelerator, run_dir, description="ppo")
+    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    run_dir.close()
+    return {"final": str(final), "history": history}

@@ -1,0 +1,87 @@
+"""`PPOConfig`: every key of `agentic-rl ppo` (and of the pipeline's `ppo:` section), with its
+documentation and its one default. `agentic-rl config ppo` prints them; training/ppo.py trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from agentic_rl.algorithms.ppo import PPOLossConfig
+from agentic_rl.config import PositiveFloat, PositiveInt
+from agentic_rl.models.policy import ModelConfig
+from agentic_rl.rewards.base import RewardSpec
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, RewardModelTerm
+from agentic_rl.training.groups import SelectionConfig
+from agentic_rl.training.loop import LoopConfig, OptimConfig
+
+
+@dataclasses.dataclass
+class PPORolloutConfig(BatchRolloutConfig):
+    """How episodes are sampled (every RolloutConfig key) and the batch shape."""
+
+    group_size: int = 1
+    """Episodes per prompt (PPO's baseline is the value model, so 1 is enough; more gives the
+    value model several returns of one state)."""
+
+
+@dataclasses.dataclass
+class ValueConfig:
+    """The value model V(s): a scalar head read at every state the policy samples a token from."""
+
+    critic: Literal["shared", "separate"] = "shared"
+    """shared: a linear head on the policy's own backbone (the LoRA trunk is shared, so the value
+    loss also shapes the policy's features; no second model in memory). separate: a second copy
+    of the model with its own adapters and head (twice the weights and activations; the value loss
+    never touches the policy)."""
+    model: str = ""
+    """The separate critic's starting weights: any `model.name` (a built-in name, a folder, a
+    stage's `final/`); empty: the policy's own `model.name`. Ignored for critic: shared."""
+    lr_multiplier: PositiveFloat = 10.0
+    """The value head (and a separate critic) learn at optim.lr × this: the head starts at zero and
+    must fit the returns within a few steps, while the policy moves slowly."""
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """`agentic-rl ppo`: PPO with a value model and GAE on agent episodes."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy and its adapters."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """The environment."""
+    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("accuracy")])
+    """Reward terms (see `agentic-rl rewards list`). The env_steps term's share of each turn sits on
+    that turn's last token, every other term on the episode's last policy token."""
+    reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
+    """Optional reward-model term."""
+    rollout: PPORolloutConfig = dataclasses.field(default_factory=PPORolloutConfig)
+    """Sampling."""
+    loss: PPOLossConfig = dataclasses.field(default_factory=PPOLossConfig)
+    """The PPO objective: clip ranges, GAE's γ and λ, the KL and where it goes."""
+    value: ValueConfig = dataclasses.field(default_factory=ValueConfig)
+    """The value model."""
+    selection: SelectionConfig = dataclasses.field(default_factory=SelectionConfig)
+    """Which prompts a batch trains on (success-rate band; dynamic sampling needs group_size >= 2)."""
+    updates_per_batch: PositiveInt = 1
+    """μ: optimizer steps per rollout batch (PPO epochs; each one over the whole batch)."""
+    old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
+    """π_old: "sampling" uses the engine's log-probs; "recompute" re-scores the batch once before
+    the first update; "detach" uses π_θ.detach() (μ = 1 only). As for GRPO."""
+    micro_batch_size: PositiveInt = 8
+    """Episodes per forward/backward on each process."""
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """Optimizer (the value model's learning rate is scaled by value.lr_multiplier)."""
+    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/ppo"))
+    """Loop, output and checkpoints."""
+
+    def __post_init__(self) -> None:
+        if self.selection.dynamic_sampling and self.rollout.group_size < 2:
+            raise ValueError("selection.dynamic_sampling keeps groups whose rewards differ, which needs rollout.group_size >= 2")
+        if self.old_logprobs == "detach" and self.updates_per_batch > 1:
+            raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
+                             "with updates_per_batch > 1 use sampling or recompute")
+        if self.rollout.dtype != self.model.dtype and self.old_logprobs == "sampling":
+            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
+                             f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
+                             f"or recompute, or rollout.dtype: {self.model.dtype}")

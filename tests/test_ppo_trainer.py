@@ -1,0 +1,295 @@
+"""PPO trainer on tiny-qwen3: the actor-critic module, the batch's rewards, returns and
+advantages, micro-batching, the separate critic, and exact resume (in process and after SIGKILL).
+
+As in tests/test_grpo_trainer.py, the test-only `token_parity` reward varies with the sampled ids,
+so a random model's episodes earn different rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import test_grpo_trainer  # noqa: F401  (registers the token_parity reward)
+from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.algorithms.ppo import gae
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.models.backbone import backbone_and_head
+from agentic_rl.training.actor_critic import ActorCritic
+from agentic_rl.training.ppo import PPOObjective, train_ppo
+from agentic_rl.training.ppo_config import PPOConfig
+from agentic_rl.training.run_dir import read_metrics
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY = [
+    "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
+    "rollout.batch_size=4", "rollout.max_turn_tokens=8", "rollout.max_turns=1",
+    "rollout.max_episode_tokens=1024", "env.options={difficulty: 1}", "env.task_pool=8",
+    "rewards=[{name: token_parity}, {name: format, weight: 0.5}]",
+    "micro_batch_size=4", "train.progress=false",
+]
+
+
+def _cfg(output_dir: Path, *extra: str) -> PPOConfig:
+    return load_config(PPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
+
+
+def _adapters(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "final" / "adapter_model.safetensors")
+
+
+def _random_lora(policy) -> None:
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+
+
+def _bound(cfg: PPOConfig, critic: bool = False):
+    """(actor-critic, bound objective) with non-zero adapters."""
+    from agentic_rl.models.policy import load_policy
+    from agentic_rl.training.common import make_accelerator
+
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    _random_lora(policy)
+    separate = load_policy(cfg.model, log=lambda *a: None)[0] if critic else None
+    model = ActorCritic(policy, separate, cfg.value.lr_multiplier)
+    objective = PPOObjective(cfg, tokenizer, None)
+    objective.bind(model, make_accelerator("no", 0))
+    return model, objective
+
+
+def _ids(tokenizer, rows: int = 2):
+    text = ["<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\nIt is 5.", "<|im_start|>user\nHi<|im_end|>\n"]
+    batch = tokenizer(text[:rows], return_tensors="pt", padding=True)
+    mask = batch["attention_mask"].clone()
+    mask[:, :4] = 0  # the first tokens are "prompt"
+    return batch["input_ids"], batch["attention_mask"], mask
+
+
+def test_actor_critic_scores_like_the_policy_and_reads_values_from_the_sampling_states(tiny_qwen3, new_tiny_qwen3):
+    """Guards against a value head read at the wrong position (V must be the value of the state
+    the token is sampled from: the hidden state one position before it) or at untrained positions,
+    and against the value path changing the policy's log-probs."""
+    from agentic_rl.models.lora import LoraConfig, apply_lora
+
+    policy = apply_lora(new_tiny_qwen3().double(), LoraConfig(r=4))
+    _random_lora(policy)
+    model = ActorCritic(policy).double()
+    ids, attention, mask = _ids(tiny_qwen3[1])
+    logps, _, values = model(ids, attention, mask)
+    torch.testing.assert_close(logps, sequence_logprobs(policy, ids, attention, mask)[0], atol=0, rtol=0)
+    assert bool((values == 0).all()), "the head starts at zero"
+    with torch.no_grad():
+        model.value_head.weight.normal_(0, 1.0)
+        model.value_head.bias.fill_(0.25)
+    _, _, values = model(ids, attention, mask)
+    backbone, _ = backbone_and_head(policy)
+    hidden = backbone(input_ids=ids, attention_mask=attention).last_hidden_state  # (B, T, H), float64
+    expected = torch.zeros_like(values)
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if mask[b, t]:
+                expected[b, t] = float(hidden[b, t - 1] @ model.value_head.weight[0]) + 0.25
+    torch.testing.assert_close(values, expected, atol=1e-9, rtol=0)
+    assert bool((values[mask == 0] == 0).all())
+
+
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_the_value_loss_trains_the_shared_trunk_but_never_a_separate_critics_policy(tmp_path, critic):
+    """shared: the value gradient reaches the policy's adapters (one trunk); separate: it reaches
+    only the critic, and the optimizer groups put the value model at lr × lr_multiplier."""
+    cfg = _cfg(tmp_path, f"value.critic={critic}")
+    model, objective = _bound(cfg, critic=critic == "separate")
+    ids, attention, mask = _ids(objective.tokenizer)
+    with torch.no_grad():
+        model.value_head.weight.normal_(0, 0.1)
+    _, _, values = model(ids, attention, mask)
+    (values ** 2).sum().backward()
+    policy_grads = [p.grad for n, p in model.policy.named_parameters() if p.requires_grad]
+    reached = any(g is not None and float(g.abs().max()) > 0 for g in policy_grads)
+    assert reached == (critic == "shared")
+    if critic == "separate":
+        assert any(float(p.grad.abs().max()) > 0 for p in model.critic.parameters() if p.grad is not None)
+    groups = model.optimizer_groups(1e-3)
+    assert [g["lr"] for g in groups] == [1e-3, pytest.approx(1e-3 * cfg.value.lr_multiplier)]
+    assert sum(len(g["params"]) for g in groups) == sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tmp_path):
+    """With V ≡ 0 (a fresh head), γ = λ = 1 and no KL, GAE's return at every policy token is the
+    reward still to come: the whole episode reward, which sits on its last policy token. Guards
+    against rewards on the wrong token, returns leaking onto prompt or padding, and whitening over
+    the wrong positions."""
+    cfg = _cfg(tmp_path, "loss.lam=1.0", "loss.gamma=1.0")
+    _, objective = _bound(cfg)
+    batch = objective.next_batch(0)
+    mask = batch.tensors.loss_mask.bool()
+    totals = [traj.reward_components for traj in batch.trajectories]
+    assert len({round(t["token_parity"], 6) for t in totals}) > 1, "the test reward must vary"
+    for row, traj in enumerate(batch.trajectories):
+        total = sum(traj.reward_components[name] * w for name, w in (("token_parity", 1.0), ("format", 0.5)))
+        assert bool(mask[row].any())
+        torch.testing.assert_close(batch.returns[row][mask[row]], torch.full((int(mask[row].sum()),), total), atol=1e-6, rtol=0)
+        last = traj.policy_spans[-1].end - 1
+        assert bool(mask[row, last]) and not bool(mask[row, last + 1:].any())
+    assert bool((batch.returns[~mask] == 0).all()) and bool((batch.advantages[~mask] == 0).all())
+    assert bool((batch.old_values == 0).all())
+    kept = batch.advantages[mask].double()
+    assert kept.mean().item() == pytest.approx(0.0, abs=1e-6) and kept.std().item() == pytest.approx(1.0, abs=1e-4)
+    assert batch.tokens == float(mask.sum())
+    assert batch.metrics["value/explained_variance"] == pytest.approx(0.0, abs=1e-9)  # V ≡ 0 explains nothing
+
+
+def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
+    """A trained head (V ≠ 0), γ < 1, λ < 1, KL in the reward: the batch must hold exactly
+    whiten(GAE(rewards − β·(log π_old − log π_ref), V_old)), recomputed here from its parts."""
+    cfg = _cfg(tmp_path, "loss.lam=0.9", "loss.gamma=0.95", "loss.beta=0.1", "old_logprobs=recompute")
+    model, objective = _bound(cfg)
+    with torch.no_grad():
+        model.value_head.weight.normal_(0, 0.05)
+    batch = objective.next_batch(0)
+    t, mask = batch.tensors, batch.tensors.loss_mask
+    assert float(batch.old_values[mask.bool()].abs().min()) > 0
+    rewards = torch.zeros(mask.shape, dtype=torch.float64)
+    for row, traj in enumerate(batch.trajectories):
+        rewards[row, traj.policy_spans[-1].end - 1] = traj.reward_components["token_parity"] + 0.5 * traj.reward_components["format"]
+    ref = objective._score(t, reference=True).double()
+    rewards = rewards - 0.1 * (batch.old_logprobs.double() - ref) * mask
+    advantages, returns = gae(rewards, batch.old_values.double(), mask, 0.95, 0.9)
+    torch.testing.assert_close(batch.returns.double(), returns, atol=1e-5, rtol=0)
+    kept = advantages[mask.bool()]
+    torch.testing.assert_close(batch.advantages[mask.bool()].double(), (kept - kept.mean()) / kept.std(), atol=1e-4, rtol=0)
+    assert batch.metrics["value/kl_in_reward"] != 0
+
+
+def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path):
+    """Guards the token normaliser: the accumulated gradient of micro-batches of 1 equals the
+    full-batch one."""
+    cfg = _cfg(tmp_path, "loss.beta=0.04", "loss.kl_mode=loss", "rollout.max_turn_tokens=6")
+    model, objective = _bound(cfg)
+    with torch.no_grad():
+        model.value_head.weight.normal_(0, 0.05)
+    batch = objective.next_batch(0)
+
+    def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
+        objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
+        model.zero_grad(set_to_none=True)
+        micros = objective.micro_batches(batch)
+        assert len(micros) == -(-4 // micro_batch_size)
+        for micro in micros:
+            objective.loss(model, micro)[0].backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    full, split = gradient(4), gradient(1)
+    assert float(full["value_head.weight"].abs().max()) > 0
+    for name in full:
+        torch.testing.assert_close(split[name], full[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """An uninterrupted 4-step run (checkpoint every 2, KL in the reward), shared below."""
+    out = tmp_path_factory.mktemp("ppo") / "straight"
+    return out, train_ppo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+
+
+def test_ppo_end_to_end_trains_the_policy_and_the_value_head(straight_run):
+    out, result = straight_run
+    history = result["history"]
+    assert len(history) == 4
+    for step, row in enumerate(history, start=1):
+        assert all(torch.isfinite(torch.tensor(float(v))) for k, v in row.items() if k != "optim/grad_norm"), row
+        assert row["rollout/weights_version"] == float(step)
+        for key in ("loss/policy", "loss/value", "value/mean", "value/explained_variance", "value/kl_in_reward"):
+            assert key in row, key
+    assert history[0]["value/mean"] == 0.0, "a fresh head predicts 0"
+    assert history[-1]["value/mean"] != 0.0, "the value head must have learned something"
+    assert any(row["loss/value"] > 0 for row in history)
+    lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b)
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(straight_run, tmp_path, monkeypatch):
+    """Guards against a resume that loses the value head (it lives only in the checkpoint: the
+    shared trunk's next updates would then differ) or the rollout weights version."""
+
+    class Killed(Exception):
+        pass
+
+    original = PPOObjective.next_batch
+
+    def dies_at_step_2(self, step):
+        if step == 2:
+            raise Killed()
+        return original(self, step)
+
+    out = tmp_path / "split"
+    args = ("train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
+    monkeypatch.setattr(PPOObjective, "next_batch", dies_at_step_2)
+    with pytest.raises(Killed):
+        train_ppo(_cfg(out, *args))
+    monkeypatch.setattr(PPOObjective, "next_batch", original)
+    resumed = train_ppo(_cfg(out, *args))
+    assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
+    straight, _ = straight_run
+    expected, got = _adapters(straight), _adapters(out)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
+    assert [r["value/mean"] for r in a] == [r["value/mean"] for r in b]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
+def test_ppo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
+    out = tmp_path / "killed"
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import test_ppo_trainer as t\n"
+        "from agentic_rl.training.ppo import train_ppo\n"
+        "train_ppo(t._cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
+    ) % (str(REPO / "tests"), str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    marker = out / "checkpoints" / "step-000002" / "trainer_state.pt"
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), proc.stderr.read().decode()[-3000:]
+    if (out / "final").exists():
+        pytest.skip("the child finished before it could be killed (machine too fast for this check)")
+    resumed = train_ppo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    assert len(resumed["history"]) <= 2
+    straight, _ = straight_run
+    expected, got = _adapters(straight), _adapters(out)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+
+
+def test_a_separate_critic_trains_without_touching_the_policy_through_the_value_loss(tmp_path):
+    result = train_ppo(_cfg(tmp_path / "sep", "value.critic=separate", "train.steps=2"))
+    assert len(result["history"]) == 2 and result["history"][-1]["value/mean"] != 0.0
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("selection.dynamic_sampling=true", "needs rollout.group_size >= 2"),
+    ("rollout.batch_size=6 rollout.group_size=4", "batch_size = prompts × G"),
+    ("value.critic=both", "value.critic"),
+])
+def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
+    with pytest.raises(ConfigError) as info:
+        _cfg(tmp_path, *override.split())
+    assert fragment in str(info.value)
