@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from sigkill import run_until
 
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.envs.arith import ArithEnv
@@ -178,14 +175,8 @@ def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight
         "from agentic_rl.training.grpo import train_grpo\n"
         "train_grpo(t._cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
     ) % (str(REPO / "tests"), str(out))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 600
     marker = out / "checkpoints" / "step-000002" / "trainer_state.pt"
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert marker.exists(), proc.stderr.read().decode()[-3000:]
+    run_until(script, marker)
     if (out / "final").exists():
         pytest.skip("the child finished before it could be killed (machine too fast for this check)")
     resumed = train_grpo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))

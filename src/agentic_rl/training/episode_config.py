@@ -6,6 +6,7 @@ defaults; `grpo_config.py` and `ppo_config.py` embed them.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from agentic_rl.config import PositiveInt
 from agentic_rl.envs.base import EnvSpec
@@ -58,3 +59,17 @@ class RewardModelTerm:
     def __post_init__(self) -> None:
         if self.weight and not self.path:
             raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
+
+
+OldLogprobs = Literal["sampling", "recompute", "detach"]
+
+
+def check_old_logprobs(old_logprobs: str, updates_per_batch: int, rollout_dtype: str, model_dtype: str) -> None:
+    """The π_old choice against μ and the decode precision (GRPO and PPO alike)."""
+    if old_logprobs == "detach" and updates_per_batch > 1:
+        raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
+                         "with updates_per_batch > 1 use sampling or recompute")
+    if rollout_dtype != model_dtype and old_logprobs == "sampling":
+        raise ValueError(f"rollout.dtype={rollout_dtype} samples with other weights than the trained "
+                         f"{model_dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
+                         f"or recompute, or rollout.dtype: {model_dtype}")

@@ -11,7 +11,7 @@ from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.config import PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, RewardModelTerm
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
 from agentic_rl.training.groups import GuidanceConfig, SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -66,7 +66,7 @@ class GRPOConfig:
     """Off-policy oracle demonstrations in groups that all fail (off by default)."""
     updates_per_batch: PositiveInt = 1
     """μ: optimizer steps per rollout batch."""
-    old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
+    old_logprobs: OldLogprobs = "sampling"
     """π_old: "sampling" uses the engine's log-probs (free, exact when rollout and training share
     precision); "recompute" re-scores the batch once before the first update; "detach" uses
     π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
@@ -86,10 +86,4 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.updates_per_batch < 1 or self.micro_batch_size < 1:
             raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
-        if self.old_logprobs == "detach" and self.updates_per_batch > 1:
-            raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
-                             "with updates_per_batch > 1 use sampling or recompute")
-        if self.rollout.dtype != self.model.dtype and self.old_logprobs == "sampling":
-            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
-                             f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
-                             f"or recompute, or rollout.dtype: {self.model.dtype}")
+        check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)

@@ -11,7 +11,7 @@ from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.config import PositiveFloat, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, RewardModelTerm
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
 from agentic_rl.training.groups import SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -65,7 +65,7 @@ class PPOConfig:
     """Which prompts a batch trains on (success-rate band; dynamic sampling needs group_size >= 2)."""
     updates_per_batch: PositiveInt = 1
     """μ: optimizer steps per rollout batch (PPO epochs; each one over the whole batch)."""
-    old_logprobs: Literal["sampling", "recompute", "detach"] = "sampling"
+    old_logprobs: OldLogprobs = "sampling"
     """π_old: "sampling" uses the engine's log-probs; "recompute" re-scores the batch once before
     the first update; "detach" uses π_θ.detach() (μ = 1 only). As for GRPO."""
     micro_batch_size: PositiveInt = 8
@@ -78,10 +78,4 @@ class PPOConfig:
     def __post_init__(self) -> None:
         if self.selection.dynamic_sampling and self.rollout.group_size < 2:
             raise ValueError("selection.dynamic_sampling keeps groups whose rewards differ, which needs rollout.group_size >= 2")
-        if self.old_logprobs == "detach" and self.updates_per_batch > 1:
-            raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
-                             "with updates_per_batch > 1 use sampling or recompute")
-        if self.rollout.dtype != self.model.dtype and self.old_logprobs == "sampling":
-            raise ValueError(f"rollout.dtype={self.rollout.dtype} samples with other weights than the trained "
-                             f"{self.model.dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
-                             f"or recompute, or rollout.dtype: {self.model.dtype}")
+        check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
