@@ -156,4 +156,4 @@ def list_envs() -> list[str]:
 
 
 def _ensure_builtin_envs() -> None:
-    from agentic_rl.envs import arith, gsm8k, plan, self_correction  # noqa: F401
+    from agentic_rl.envs import arith, gsm8k, memory, plan, self_correction  # noqa: F401

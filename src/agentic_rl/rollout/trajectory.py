@@ -103,19 +103,24 @@ class Trajectory:
         return len(self.policy_spans) + sum(seq.num_turns for seq in self.previous)
 
     def sequences(self) -> list["Trajectory"]:
-        """Every token sequence of the episode, oldest first: `previous`, then this one."""
-        return [*self.previous, self]
+        """Every token sequence of the episode as a standalone Trajectory, oldest first: `previous`,
+        then this one without `previous` and with only its own turn rewards (so each one's
+        `num_policy_tokens` and `turn_rewards` are its own; the last keeps the episode's facts)."""
+        if not self.previous:
+            return [self]
+        own = self.turn_rewards_by_sequence()[-1]
+        return [*self.previous, dataclasses.replace(self, previous=[], turn_rewards=own)]
 
     def turn_rewards_by_sequence(self) -> list[list[float]]:
-        """The episode's `turn_rewards` split by sequence (one list per `sequences()` entry, one
-        reward per policy span of that sequence)."""
+        """The episode's `turn_rewards` split by sequence (one list per sequence, oldest first, one
+        reward per policy span of that sequence; empty lists when the episode has no turn rewards)."""
         out, start = [], 0
-        for seq in self.sequences():
+        for seq in [*self.previous, self]:
             count = len(seq.policy_spans)
             out.append(list(self.turn_rewards[start:start + count]))
             start += count
         assert start == len(self.turn_rewards) or not self.turn_rewards, (
-            f"{len(self.turn_rewards)} turn rewards for {start} policy turns over {len(self.sequences())} sequences")
+            f"{len(self.turn_rewards)} turn rewards for {start} policy turns over {len(self.previous) + 1} sequences")
         return out
 
     def check(self) -> None:
