@@ -195,3 +195,32 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
         assert [qwen3_tokenizer.decode(seq.input_ids[s.start:s.end]) for s in seq.policy_spans] == script
     for seq, context in zip(sequences[1:], contexts):
         assert seq.input_ids[: seq.prompt_length] == chat_format.prompt_ids(context, env.tool_schemas)
+
+
+def test_the_memory_config_stages_run(tmp_path):
+    """configs/memory.yaml's SFT and GRPO sections, on tiny-qwen3 for one step each (non-prefix
+    episodes through the whole pipeline: several-sequence demonstrations, then several-row episodes)."""
+    import dataclasses
+
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig
+    from agentic_rl.training.grpo import train_grpo
+    from agentic_rl.training.sft import build_demos, train_sft
+
+    cfg = load_config(PipelineConfig, "configs/memory.yaml")
+    for source in cfg.sft.sources:
+        env = source.env.make()
+        assert run_oracle("memory", n=10, split=source.split, **source.env.options)["accuracy"] == 1.0 and env.name == "memory"
+    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
+                              sources=[dataclasses.replace(s, n=4) for s in cfg.sft.sources],
+                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False))
+    from agentic_rl.models.loader import load_tokenizer
+
+    assert len(build_demos(sft.sources, load_tokenizer("tiny-qwen3"), 0)) > 8  # one example per token sequence
+    out = train_sft(sft)
+    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
+                               rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=4),
+                               env=dataclasses.replace(cfg.grpo.env, task_pool=8),
+                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
+    history = train_grpo(grpo)["history"]
+    assert len(history) == 1 and history[0]["rollout/sequences_per_episode"] > 1 and "reward/env_steps/mean" in history[0]

@@ -24,6 +24,14 @@ stride, so a group spans ranks:
 Rewards are all-gathered and put back in global order before the group statistics, so the
 advantages are exactly those of a single process; DDP then averages gradients, and every
 rank's loss is scaled so that average equals the full-batch loss.
+
+Episodes of several token sequences (an env that changes the context; training/episodes.py):
+each sequence is a row carrying its episode's advantage (turn mode: its turns' values). The
+per-sequence normalisers of loss_type grpo and dr_grpo count EPISODES, not rows, so an episode of
+three sequences weighs what an episode of one does (grpo: each row's token mean weighted by its
+share of the episode's tokens, `episode_token_shares`); this also keeps every rank's normaliser
+equal under DDP, where ranks may hold different numbers of rows (extra micro-batches are padded
+with zero-loss ones). dapo/token/bnpo are token sums and need nothing.
 """
 
 from __future__ import annotations
