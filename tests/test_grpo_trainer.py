@@ -82,6 +82,7 @@ def _first_batch(cfg: GRPOConfig):
     from agentic_rl.training.common import make_accelerator
     from agentic_rl.training.scoring import TokenScorer
 
+    torch.manual_seed(0)  # LoRA's init and the B noise below: the same batch whichever tests ran before
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
     with torch.no_grad():
         for name, p in policy.named_parameters():
@@ -348,7 +349,6 @@ def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_epis
     for mode in ("episode", "turn"):
         cfg = _cfg(tmp_path, f"advantage.mode={mode}", "advantage.gamma=1.0", f"loss.scale_rewards={scale}", "loss.beta=0",
                    "rollout.max_turns=2", "env.options={difficulty: 1, tool_success_reward: 0.3}")
-        torch.manual_seed(0)
         model, objective, batch = _first_batch(cfg)
         grads, micros = _accumulated_gradient(model, objective, batch)
         loss = sum(float(objective.loss(model, micro)[0]) for micro in micros)

@@ -57,6 +57,7 @@ def _bound(cfg: PPOConfig, critic: bool = False):
     from agentic_rl.models.policy import load_policy
     from agentic_rl.training.common import make_accelerator
 
+    torch.manual_seed(0)  # the same adapters whichever tests ran before
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
     _random_lora(policy)
     separate = load_policy(cfg.model, log=lambda *a: None)[0] if critic else None

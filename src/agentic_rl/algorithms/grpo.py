@@ -309,6 +309,7 @@ def grpo_loss(
     ref_logps: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    sequence_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped GRPO surrogate plus beta * k3 KL, minus entropy_coef * H, aggregated by `cfg.loss_type`.
 
@@ -323,6 +324,9 @@ def grpo_loss(
         num_items_in_batch: only for "dapo"/"token": the trained-token count to divide by (e.g. of
             the whole accumulation window); default: mask.sum() of this batch.
         entropy: (B, T) differentiable entropy of pi_theta per token; required iff cfg.entropy_coef > 0.
+        sequence_weights: only for "grpo": (B,) weight of each row's per-sequence mean (None: 1).
+            A trainer whose episode spans several rows passes each row's share of the episode's
+            tokens, so the episode's mean is over all its tokens (training/episodes.py).
     Returns:
         loss: scalar, differentiable w.r.t. logps.
         metrics: detached scalars, all means over trained tokens (over sequences for the clip
@@ -357,18 +361,24 @@ def grpo_loss(
         metrics["loss/kl"] = _masked_mean(per_token_kl.detach(), weights)
     if cfg.entropy_coef != 0.0:
         per_token_loss = per_token_loss - cfg.entropy_coef * torch.where(trained, entropy, 0.0)  # (B, T)
-    loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch)  # ()
+    if sequence_weights is not None and (cfg.loss_type != "grpo" or tuple(sequence_weights.shape) != (logps.shape[0],)):
+        raise ValueError(f"sequence_weights must be (B,) = ({logps.shape[0]},) and only with loss_type 'grpo' "
+                         f"(got {tuple(sequence_weights.shape)} with {cfg.loss_type!r})")
+    loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch, sequence_weights)  # ()
     metrics.update(_ratio_metrics(ratio.detach(), advantages, weights, cfg))
     return loss, metrics
 
 
 def _aggregate(
-    per_token_loss: torch.Tensor, weights: torch.Tensor, cfg: GRPOLossConfig, num_items: int | torch.Tensor | None
+    per_token_loss: torch.Tensor, weights: torch.Tensor, cfg: GRPOLossConfig, num_items: int | torch.Tensor | None,
+    sequence_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, T) per-token losses -> scalar, per cfg.loss_type (see GRPOLossConfig.loss_type)."""
     masked_sum = (per_token_loss * weights).sum()  # ()
     if cfg.loss_type == "grpo":
         per_sequence = (per_token_loss * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)  # (B,)
+        if sequence_weights is not None:
+            per_sequence = per_sequence * sequence_weights.to(per_sequence.dtype)  # (B,)
         return per_sequence.mean()
     if cfg.loss_type in ("dapo", "token"):
         count = weights.sum() if num_items is None else torch.as_tensor(num_items, dtype=weights.dtype)

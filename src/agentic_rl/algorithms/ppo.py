@@ -102,12 +102,15 @@ def kl_penalized_rewards(rewards: torch.Tensor, old_logps: torch.Tensor, ref_log
     return rewards - beta * penalty
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
-        ) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+        bootstrap: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), (B, T) each, 0 at every mask-0 position (module docstring).
 
     rewards: (B, T), non-zero only on policy tokens. values: (B, T) the value model's estimate at
     each position (read at policy tokens only). mask: (B, T) 1 on policy tokens.
+    bootstrap: (B, 2) the (value, advantage) of the policy token that follows each row's last one
+    in ANOTHER row (a later token sequence of the same episode: `sequence_gae`); None: 0, the
+    episode ends with the row.
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must all be (B, T)")
@@ -119,6 +122,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     advantages = torch.zeros_like(rewards)  # (B, T)
     next_value = torch.zeros_like(rewards[:, 0])  # (B,): V of the next policy token (0 past the end)
     next_advantage = torch.zeros_like(rewards[:, 0])  # (B,)
+    if bootstrap is not None:
+        next_value, next_advantage = bootstrap[:, 0].to(rewards.dtype).clone(), bootstrap[:, 1].to(rewards.dtype).clone()  # (B,) each
     for t in range(rewards.shape[1] - 1, -1, -1):  # right to left; mask-0 columns carry the state through
         here = on_policy[:, t]  # (B,)
         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
@@ -127,6 +132,37 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_value = torch.where(here, values[:, t], next_value)
         next_advantage = torch.where(here, advantage, next_advantage)
     returns = torch.where(on_policy, advantages + values, 0.0)  # (B, T): the value targets
+    return advantages, returns
+
+
+def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
+                 row_episode: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gae` for episodes that span several rows (token sequences of an episode whose history is
+    not a prefix: consecutive rows of one episode, oldest first; row_episode[r] names r's episode).
+
+    The return flows across sequences exactly as across an observation: a row's last policy token
+    bootstraps from the (value, advantage) of the next row's first policy token, so the result
+    equals `gae` over the concatenation of each episode's policy tokens. Rows are solved from each
+    episode's last sequence backwards, one batched `gae` call per depth; an episode of one row is
+    a plain `gae` row. (R, T) in, (advantages, returns) (R, T) out."""
+    rows = len(row_episode)
+    depth = [0] * rows  # later rows of the same episode
+    for r in range(rows - 2, -1, -1):
+        depth[r] = depth[r + 1] + 1 if row_episode[r + 1] == row_episode[r] else 0
+    advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)  # (R, T)
+    first = torch.zeros(rows, 2, dtype=rewards.dtype)  # (R, 2): (V, A) at each row's first policy token, or its bootstrap
+    has_policy = mask.bool().any(-1)  # (R,)
+    first_position = mask.float().argmax(-1)  # (R,)
+    for level in range(max(depth, default=-1) + 1):
+        index = torch.tensor([r for r in range(rows) if depth[r] == level], dtype=torch.long)  # (n,)
+        boot = torch.zeros(len(index), 2, dtype=rewards.dtype)  # (n, 2)
+        if level > 0:
+            boot = first[index + 1]
+        adv, ret = gae(rewards[index], values[index], mask[index], gamma, lam, boot)  # (n, T) each
+        advantages[index], returns[index] = adv, ret
+        at = first_position[index][:, None]  # (n, 1)
+        here = torch.stack([values[index].detach().gather(1, at)[:, 0].to(rewards.dtype), adv.gather(1, at)[:, 0]], -1)  # (n, 2)
+        first[index] = torch.where(has_policy[index][:, None], here, boot)
     return advantages, returns
 
 

@@ -46,6 +46,14 @@ class StepResult:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Per-step facts (tool_calls, tool_errors, ...). At done, also the episode summary:
     correct, final_answer, format_ok, tool_calls, tool_errors, turns."""
+    context: list[dict[str, Any]] | None = None
+    """None (almost every env): the observation is appended to what the policy has seen, so the
+    episode is one token sequence. Set (with done=False): the whole conversation the policy sees
+    from now on, ending with this step's observation, e.g. [system, task, the last W turns and
+    their observations] when older turns drop out of a bounded window. The rollout engine then
+    closes the episode's token sequence and starts a new one rendered from `context` like a
+    prompt (tool schemas included; a fresh KV cache); `observation` still goes to the episode's
+    log. See `Trajectory.previous`."""
 
 
 class Env:
@@ -148,4 +156,4 @@ def list_envs() -> list[str]:
 
 
 def _ensure_builtin_envs() -> None:
-    from agentic_rl.envs import arith, gsm8k, plan, self_correction  # noqa: F401
+    from agentic_rl.envs import arith, gsm8k, memory, plan, self_correction  # noqa: F401

@@ -72,6 +72,11 @@ class OracleEpisode:
     """How many oracle turns went through `env.step`."""
     turns_planned: int
     """How many turns the oracle had; more than `turns_played` when the episode ended early."""
+    sequences: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
+    """The conversation as the policy saw it, one list per token sequence: [conversation] for a
+    prefix episode; a new list from each `StepResult.context` on (see Trajectory.previous)."""
+    sequence_prompts: list[int] = dataclasses.field(default_factory=list)
+    """How many leading messages of each sequence are its prompt (the reset messages, or the context)."""
 
 
 def play_oracle(env: Env, task: Task) -> OracleEpisode:
@@ -80,6 +85,7 @@ def play_oracle(env: Env, task: Task) -> OracleEpisode:
     The one oracle loop: `run_oracle_episode` grades it here, and SFT's `oracle_demos`
     (rollout/demos.py) turns its conversation into a trajectory."""
     conversation = list(env.reset(task))
+    sequences, prompts = [list(conversation)], [len(conversation)]
     actions = env.oracle_actions(task)
     result = None
     tool_results: list[str] = []
@@ -88,12 +94,18 @@ def play_oracle(env: Env, task: Task) -> OracleEpisode:
         result = env.step(action)
         played += 1
         conversation.append({"role": "assistant", "content": action})
+        sequences[-1].append({"role": "assistant", "content": action})
         if result.done:
             break
         observation = result.observation or []
         conversation.extend(observation)
+        if result.context is not None:
+            sequences.append([dict(m) for m in result.context])
+            prompts.append(len(result.context))
+        else:
+            sequences[-1].extend(observation)
         tool_results += [message["content"] for message in observation if message["role"] == "tool"]
-    return OracleEpisode(conversation, result, tool_results, played, len(actions))
+    return OracleEpisode(conversation, result, tool_results, played, len(actions), sequences, prompts)
 
 
 def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:

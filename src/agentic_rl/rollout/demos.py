@@ -9,7 +9,9 @@ token, which is trained (the model must learn to stop).
 Three sources:
   * `oracle_demos(env, tasks, chat_format)`: the env's scripted oracle, run through the real env API
     by `envs.oracle.play_oracle`,
-    so tool results are real (arith's solver; GSM8K's `<<expr=value>>` annotations).
+    so tool results are real (arith's solver; GSM8K's `<<expr=value>>` annotations). An env that
+    changes the context (memory's window) gives demonstrations of several sequences, as the engine
+    does (Trajectory.previous); `demo_sequences` lists them for SFT.
   * `load_jsonl_demos(path, chat_format)`: a user's file, one conversation per line:
         {"messages": [{"role": "system", "content": "..."},
                       {"role": "user", "content": "What is 48/2 + 3?"},
@@ -46,9 +48,18 @@ def trajectory_from_messages(
     env: str = "demo",
     task_id: str = "",
     info: dict[str, Any] | None = None,
+    prompt_messages: int | None = None,
 ) -> Trajectory:
-    """Token-exact trajectory of a finished conversation: prompt, then (assistant, observation)*."""
+    """Token-exact trajectory of a finished conversation: prompt, then (assistant, observation)*.
+
+    prompt_messages: how many leading messages form the prompt (mask 0); None: every message
+    before the first assistant turn. A later sequence of a non-prefix episode passes the length of
+    its context, whose assistant turns are then context, not policy turns."""
     first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if prompt_messages is not None:
+        if not 0 < prompt_messages < len(messages) or messages[prompt_messages].get("role") != "assistant":
+            raise DemoError(f"prompt_messages={prompt_messages} must leave the prompt non-empty and be followed by an assistant turn")
+        first_assistant = prompt_messages
     if first_assistant is None or first_assistant == 0:
         raise DemoError("a demonstration needs at least one message before the first assistant turn, and one assistant turn")
     if messages[-1].get("role") != "assistant":
@@ -96,8 +107,20 @@ def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> li
         result = episode.result
         if result is None or not result.done or not result.info.get("correct"):
             raise DemoError(f"the oracle of env '{env.name}' did not solve task {task.id}: {result.info if result else None}")
-        demos.append(trajectory_from_messages(chat_format, episode.conversation, env.tool_schemas, env.name, task.id, result.info))
+        *earlier, last = [trajectory_from_messages(chat_format, messages, env.tool_schemas, env.name, task.id, prompt_messages=prompt)
+                          for messages, prompt in zip(episode.sequences, episode.sequence_prompts)]
+        last.info, last.messages, last.previous = dict(result.info), [dict(m) for m in episode.conversation], earlier
+        demos.append(last)
     return demos
+
+
+def demo_sequences(demos: Sequence[Trajectory]) -> list[Trajectory]:
+    """Every token sequence of every demonstration, as its own training example (SFT's unit).
+
+    A prefix episode is one sequence; an episode whose env changed the context (Trajectory.previous)
+    gives one example per sequence, each with its own prompt, so SFT teaches exactly what each
+    context of the episode showed the policy."""
+    return [seq for demo in demos for seq in demo.sequences()]
 
 
 def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajectory]:

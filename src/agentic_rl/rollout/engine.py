@@ -43,6 +43,17 @@ its own `SamplingParams` (and a generator of its own seed: the backend contract)
 at its own `max_turn_tokens` (the episode limit still applies) and end a turn at `stop_strings`
 (the backend's stop "stop_string": the turn is stepped like any un-cut turn).
 
+Episodes whose history is not a prefix: when `env.step` returns a `context` (StepResult.context:
+the conversation the policy sees from now on, e.g. a window that dropped old turns), the episode's
+current token sequence ends after the policy turn, its backend slot is released, and a new
+sequence starts from `chat_format.prompt_ids(context, tools)`, queued like a new episode (it needs
+a free slot; the KV cache starts fresh). Each sequence is token-exact on its own; the finished
+ones go to `Trajectory.previous`. The limits then read per sequence: max_episode_tokens bounds
+each sequence (it is the context the backend holds; a context that leaves no room ends the
+episode with "max_episode_tokens"), max_turns counts the episode's turns. A sequence's backend
+key is episode index + (number of episodes) x (sequence number), so its samples come from their
+own generator, a pure function of (seed, episode, sequence).
+
 Determinism (invariant 7): every episode has its own torch.Generator derived from (seed, episode
 index), the batch schedule depends only on sampled tokens and env results (tool calls run in
 threads but are joined in episode order before the next forward), so the same seed gives the
@@ -109,6 +120,12 @@ class _Episode:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     finish_reason: str = ""
     turn_budget_is_episode_room: bool = False
+    view: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The conversation the current sequence rendered (== messages until a context change)."""
+    previous: list[Trajectory] = dataclasses.field(default_factory=list)
+    """Finished token sequences of a non-prefix episode (Trajectory.previous)."""
+    key: int = 0
+    """The backend key of the current sequence."""
 
     def append(self, kind: str, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> None:
         if not ids:
@@ -121,7 +138,8 @@ class _Episode:
 
     @property
     def policy_turns(self) -> int:
-        return sum(1 for span in self.spans if span.kind == "policy")
+        """Turns of the whole episode, every sequence."""
+        return sum(1 for span in self.spans if span.kind == "policy") + sum(len(seq.policy_spans) for seq in self.previous)
 
 
 class RolloutEngine:
@@ -151,6 +169,7 @@ class RolloutEngine:
         self.tool_workers = tool_workers
         self.run_count = 0
         """Completed `run` calls; the default seed of a run is sampling.seed + run_count."""
+        self._episodes_in_run = 0
         self.last_stats: dict[str, float] = {}
 
     @property
@@ -179,6 +198,7 @@ class RolloutEngine:
         backend.begin(seed, self.sampling)
         version = backend.weights_version
         options = options or [_DEFAULT_OPTIONS] * len(envs)
+        self._episodes_in_run = len(envs)
         episodes = [self._start(index, env, task, option) for index, (env, task, option) in enumerate(zip(envs, tasks, options))]
         waiting = collections.deque(ep for ep in episodes if not ep.finish_reason)
         generated = 0
@@ -190,10 +210,10 @@ class RolloutEngine:
                         backend.submit(self._request(episode, list(episode.ids)))
                     outputs = backend.step()
                     generated += sum(len(o.token_ids) for o in outputs)
-                    self._after_turns([episodes[o.key] for o in outputs], outputs, backend, pool)
+                    self._after_turns([episodes[o.key % len(episodes)] for o in outputs], outputs, backend, pool, waiting)
         finally:
             for episode in episodes:  # frees the backend's slots even if something above raised
-                backend.release(episode.index)
+                backend.release(episode.key)
         self.run_count += 1
         self.last_stats = {"generated_tokens": generated, "forward_calls": backend.forward_calls}
         return [self._trajectory(ep, version) for ep in episodes]
@@ -201,12 +221,13 @@ class RolloutEngine:
     # ------------------------------------------------------------------ episode state machine
 
     def _start(self, index: int, env: Env, task: Task, options: EpisodeOptions) -> _Episode:
-        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns), options=options)
+        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns), options=options, key=index)
         try:
             episode.messages = [dict(m) for m in env.reset(task)]
         except Exception as exc:  # noqa: BLE001 - a broken env fails its episode, not the batch
             return self._fail(episode, f"env.reset raised {type(exc).__name__}: {exc}")
-        episode.append("prompt", self.chat_format.prompt_ids(episode.messages, env.tool_schemas))
+        episode.view = [dict(m) for m in episode.messages]
+        episode.append("prompt", self.chat_format.prompt_ids(episode.view, env.tool_schemas))
         if len(episode.ids) >= self.limits.max_episode_tokens:
             episode.finish_reason = "max_episode_tokens"
         return episode
@@ -214,7 +235,28 @@ class RolloutEngine:
     def _request(self, episode: _Episode, new_tokens: list[int]) -> TurnRequest:
         """The next turn of `episode` after `new_tokens`, with its own options."""
         options = episode.options
-        return TurnRequest(episode.index, new_tokens, self._turn_budget(episode), options.sampling, options.stop_strings)
+        return TurnRequest(episode.key, new_tokens, self._turn_budget(episode), options.sampling, options.stop_strings)
+
+    def _new_sequence(self, episode: _Episode, context: list[dict[str, Any]], episodes: int) -> bool:
+        """Close the episode's token sequence and start one rendered from `context` (module
+        docstring). False (the episode is over) when the context leaves no room to generate."""
+        done = Trajectory(episode.ids, episode.mask, episode.logprobs, episode.spans,
+                          turn_rewards=episode.turn_rewards[-sum(1 for s in episode.spans if s.kind == "policy"):],
+                          env=episode.env.name, task_id=episode.task.id, messages=episode.view)
+        done.check()
+        episode.previous.append(done)
+        episode.ids, episode.mask, episode.logprobs, episode.spans = [], [], [], []
+        episode.key += episodes
+        episode.view = [dict(m) for m in context]
+        try:
+            episode.append("prompt", self.chat_format.prompt_ids(episode.view, episode.env.tool_schemas))
+        except Exception as exc:  # noqa: BLE001 - e.g. a context message the template rejects
+            self._fail(episode, f"rendering the new context failed: {type(exc).__name__}: {exc}")
+            return False
+        if not episode.ids or len(episode.ids) >= self.limits.max_episode_tokens:
+            episode.finish_reason = "max_episode_tokens"
+            return False
+        return True
 
     def _turn_budget(self, episode: _Episode) -> int:
         room = self.limits.max_episode_tokens - len(episode.ids)
@@ -222,8 +264,10 @@ class RolloutEngine:
         episode.turn_budget_is_episode_room = room <= turn_limit
         return min(room, turn_limit)
 
-    def _after_turns(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, pool) -> None:
-        """Record finished turns, step their envs (in parallel, joined in order), then continue or end each."""
+    def _after_turns(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, pool,
+                     waiting: collections.deque | None = None) -> None:
+        """Record finished turns, step their envs (in parallel, joined in order), then continue or
+        end each; an episode that starts a new sequence goes back to `waiting` (it needs a slot)."""
         texts = []
         for episode, output in zip(episodes, outputs):
             full_text = self.chat_format.decode_turn(output.token_ids)
@@ -231,15 +275,20 @@ class RolloutEngine:
             texts.append((full_text, self.chat_format.decode_turn(content_ids)))
             episode.append("policy", output.token_ids, output.logprobs)
             episode.messages.append({"role": "assistant", "content": texts[-1][1]})
+            episode.view.append({"role": "assistant", "content": texts[-1][1]})
         if self.tool_workers > 1 and len(episodes) > 1:
             futures = [pool.submit(_safe_step, ep.env, content) for ep, (_, content) in zip(episodes, texts)]
             results = [future.result() for future in futures]  # joined in episode order: deterministic
         else:
             results = [_safe_step(ep.env, content) for ep, (_, content) in zip(episodes, texts)]
         for episode, output, (full_text, _), result in zip(episodes, outputs, texts, results):
+            key = episode.key
             request = self._continue_or_finish(episode, output, full_text, result)
             if request is None:
-                backend.release(episode.index)
+                backend.release(key)
+                if episode.key != key and not episode.finish_reason:  # a new sequence: queued like a new episode
+                    assert waiting is not None, "a context change needs the run's waiting queue"
+                    waiting.append(episode)
             else:
                 backend.submit(request)
 
@@ -267,9 +316,13 @@ class RolloutEngine:
             self._fail(episode, "env.step returned done=False without an observation")
         if episode.finish_reason:
             return None
+        if result.context is not None:  # the history is not a prefix: a new token sequence
+            episode.messages.extend(dict(m) for m in result.observation)  # type: ignore[union-attr]
+            self._new_sequence(episode, result.context, self._episodes_in_run)
+            return None
         try:
             observation_ids = self.chat_format.observation_ids(
-                episode.messages[:-1], full_text, result.observation, episode.env.tool_schemas
+                episode.view[:-1], full_text, result.observation, episode.env.tool_schemas
             )
         except Exception as exc:  # noqa: BLE001 - e.g. an observation message the template rejects
             self._fail(episode, f"rendering the observation failed: {type(exc).__name__}: {exc}")
@@ -279,6 +332,7 @@ class RolloutEngine:
             return None
         episode.append("observation", observation_ids)
         episode.messages.extend(dict(m) for m in result.observation)
+        episode.view.extend(dict(m) for m in result.observation)
         return self._request(episode, observation_ids)
 
     def _fail(self, episode: _Episode, message: str) -> _Episode:
@@ -287,6 +341,8 @@ class RolloutEngine:
         return episode
 
     def _trajectory(self, episode: _Episode, version: int) -> Trajectory:
+        for seq in episode.previous:
+            seq.weights_version, seq.finish_reason = version, "context"
         trajectory = Trajectory(
             input_ids=episode.ids,
             loss_mask=episode.mask,
@@ -299,6 +355,7 @@ class RolloutEngine:
             finish_reason=episode.finish_reason,
             messages=episode.messages,
             info=episode.info,
+            previous=episode.previous,
         )
         trajectory.check()
         return trajectory

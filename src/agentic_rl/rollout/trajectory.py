@@ -10,6 +10,18 @@ Layout of one two-turn episode (P prompt, A policy, O observation):
     ids        P P P P A A A A O O O O A A A
     loss_mask  0 0 0 0 1 1 1 1 0 0 0 0 1 1 1      (1 also on the token that ends each turn)
     spans      [prompt 0:4][policy 4:8][observation 8:12][policy 12:15]
+
+Episodes whose history is not a prefix (an env that drops old turns from what the policy sees,
+`StepResult.context`) have several token sequences, each token-exact on its own:
+
+    sequence 0   P P A A O O A A           the policy saw this context ...
+    sequence 1   P' P' P' A A O O A A      ... then a re-rendered one (P': the env's context)
+
+The episode's Trajectory holds its LAST sequence in the token fields and the earlier ones, oldest
+first, in `previous` (each a Trajectory with its own ids, mask, log-probs, spans and turn
+rewards). Episode facts (reward, reward_components, info, finish_reason, messages: the whole
+conversation) live on the episode's Trajectory only, and its `turn_rewards` hold every turn of
+the episode, in order. `sequences()` lists them all; a trainer trains each as its own row.
 """
 
 from __future__ import annotations
@@ -59,6 +71,10 @@ class Trajectory:
     """Total scalar reward, set by the reward composer."""
     reward_components: dict[str, float] = dataclasses.field(default_factory=dict)
     """Each named reward term's (unweighted) value, set by the reward composer."""
+    previous: list["Trajectory"] = dataclasses.field(default_factory=list)
+    """Earlier token sequences of a non-prefix episode, oldest first (module docstring); [] for
+    an episode that is one sequence. Each holds its own turns' rewards; `messages` of each is the
+    conversation that sequence rendered (its context, then its turns and observations)."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -78,10 +94,41 @@ class Trajectory:
 
     @property
     def num_policy_tokens(self) -> int:
-        return int(sum(self.loss_mask))
+        """Policy tokens of the whole episode (every sequence)."""
+        return int(sum(self.loss_mask)) + sum(seq.num_policy_tokens for seq in self.previous)
+
+    @property
+    def num_turns(self) -> int:
+        """Policy turns of the whole episode (every sequence)."""
+        return len(self.policy_spans) + sum(seq.num_turns for seq in self.previous)
+
+    def sequences(self) -> list["Trajectory"]:
+        """Every token sequence of the episode as a standalone Trajectory, oldest first: `previous`,
+        then this one without `previous` and with only its own turn rewards (so each one's
+        `num_policy_tokens` and `turn_rewards` are its own; the last keeps the episode's facts)."""
+        if not self.previous:
+            return [self]
+        own = self.turn_rewards_by_sequence()[-1]
+        return [*self.previous, dataclasses.replace(self, previous=[], turn_rewards=own)]
+
+    def turn_rewards_by_sequence(self) -> list[list[float]]:
+        """The episode's `turn_rewards` split by sequence (one list per sequence, oldest first, one
+        reward per policy span of that sequence; empty lists when the episode has no turn rewards)."""
+        out, start = [], 0
+        for seq in [*self.previous, self]:
+            count = len(seq.policy_spans)
+            out.append(list(self.turn_rewards[start:start + count]))
+            start += count
+        assert start == len(self.turn_rewards) or not self.turn_rewards, (
+            f"{len(self.turn_rewards)} turn rewards for {start} policy turns over {len(self.previous) + 1} sequences")
+        return out
 
     def check(self) -> None:
-        """Assert the internal invariants: spans tile the ids, mask is 1 exactly on policy spans."""
+        """Assert the internal invariants: spans tile the ids, mask is 1 exactly on policy spans
+        (in every sequence of the episode)."""
+        for seq in self.previous:
+            assert not seq.previous, "a previous sequence cannot have sequences of its own"
+            seq.check()
         position = 0
         for span in self.spans:
             assert span.start == position, f"span {span} does not start at {position}"

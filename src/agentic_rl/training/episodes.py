@@ -18,6 +18,15 @@ stride, so a group spans ranks:
     rank 1           1     3 |    5     7
 Rewards and statistics are all-gathered and put back in global order, so every rank computes
 exactly what a single process would.
+
+Episodes whose history is not a prefix (an env that changes the context, e.g. memory's window)
+hold several token sequences (Trajectory.previous). Rewards, groups and advantages are per
+episode, as always; only after them is each episode expanded into one training row per sequence,
+each with its own mask and log-probs and its episode's advantage (or its turns' share of the
+per-turn values). The stride split stays over episodes, so a rank may hold more rows than another:
+
+    episodes      e0 (1 sequence)   e1 (3 sequences)   e2 (1)      local rows: 5
+    rows          r0                r1 r2 r3           r4          row_episode [0, 1, 1, 1, 2]
 """
 
 from __future__ import annotations
@@ -48,8 +57,30 @@ class Collected:
     local_rows: list[int]
     """The global row of each local episode."""
     tensors: TrajectoryBatch
-    """Collated (B_local, T) tensors; failed episodes have an all-zero loss mask (never trained)."""
+    """Collated (R_local, T) tensors, one row per token sequence (module docstring; R_local = B_local
+    when every episode is one sequence); failed episodes have an all-zero loss mask (never trained)."""
     metrics: dict[str, float]
+    sequences: list[Trajectory] = dataclasses.field(default_factory=list)
+    """The (R_local,) token sequences the tensors hold, in episode order (Trajectory.sequences())."""
+    row_episode: list[int] = dataclasses.field(default_factory=list)
+    """(R_local,) the local episode (index into `trajectories`) of each row."""
+
+    def rows_of(self, per_episode: list) -> list:
+        """A per-episode list spread over the rows: each row gets its episode's entry."""
+        return [per_episode[episode] for episode in self.row_episode]
+
+    def turns_by_row(self, per_episode_turns: list[list[float]]) -> list[list[float]]:
+        """Per-episode per-turn values (one per policy turn of the episode) split over its rows:
+        each row gets the values of the turns that sequence holds."""
+        out = []
+        for episode, values in enumerate(per_episode_turns):
+            start = 0
+            for seq in self.trajectories[episode].sequences():
+                count = len(seq.policy_spans)
+                out.append(list(values[start:start + count]) if values else [])
+                start += count
+            assert not values or start == len(values), f"episode {episode}: {len(values)} turn values for {start} turns"
+        return out
 
 
 class EpisodeObjective:
@@ -128,9 +159,11 @@ class EpisodeObjective:
         global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
         local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
         self.policy.train()
-        tensors = collate(trajs, self.tokenizer.pad_token_id)
-        for row, traj in enumerate(trajs):  # failed episodes are logged, never trained on
-            if traj.finish_reason == "error":
+        sequences = [seq for traj in trajs for seq in traj.sequences()]  # (R_local,) rows
+        row_episode = [episode for episode, traj in enumerate(trajs) for _ in traj.sequences()]  # (R_local,)
+        tensors = collate(sequences, self.tokenizer.pad_token_id)
+        for row, episode in enumerate(row_episode):  # failed episodes are logged, never trained on
+            if trajs[episode].finish_reason == "error":
                 tensors.loss_mask[row] = 0
         metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
         metrics.update({
@@ -142,7 +175,8 @@ class EpisodeObjective:
             "rollout/band_fallbacks": float(self.selector.band_fallbacks),
             **extra,
         })
-        return Collected(groups, trajs, global_rewards, local_rows, tensors, metrics)
+        metrics["rollout/sequences_per_episode"] = len(sequences) / max(1, len(trajs))  # this rank's; 1: every history a prefix
+        return Collected(groups, trajs, global_rewards, local_rows, tensors, metrics, sequences, row_episode)
 
     def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list[Group]:
         """Roll out G episodes of each task; rows are split across processes by stride (module doc)."""
@@ -220,7 +254,7 @@ class EpisodeObjective:
         names = list(trajs[0].reward_components) if trajs else []
         stats = ["correct", "policy_tokens", "turns", "tool_calls", "tool_errors", "failed"]
         local = torch.tensor([[t.reward_components[n] for n in names] + [
-            float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(len(t.policy_spans)),
+            float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(t.num_turns),
             float(t.info.get("tool_calls", 0)), float(t.info.get("tool_errors", 0)), float(t.finish_reason == "error"),
         ] for t in trajs], dtype=torch.float64).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
         table = self._gather_in_global_order(local)  # (B, K)
@@ -292,3 +326,27 @@ def rewards_per_turn(trajs: list[Trajectory], totals: list[float], specs: list[R
         placed[-1] += total - sum(placed)
         out.append(placed)
     return out
+
+
+def episode_token_shares(loss_mask: torch.Tensor, row_episode: list[int]) -> torch.Tensor:
+    """(R,) each row's share of its episode's policy tokens: 1 for an episode of one row, and the
+    shares of an episode's rows sum to 1 (0 for rows of an episode with no trained token).
+
+    loss_type grpo averages each episode's loss over its policy tokens, then over episodes; an
+    episode of several rows (sequences) is one episode, so each row's per-row mean is weighted by
+    its token share: Σ_r share_r · mean_r = (Σ_r Σ_t l_rt) / (the episode's tokens)."""
+    tokens = loss_mask.sum(-1).double()  # (R,)
+    episode = torch.tensor(row_episode, dtype=torch.long)  # (R,)
+    per_episode = torch.zeros(int(episode.max()) + 1 if len(row_episode) else 0, dtype=torch.float64).index_add_(0, episode, tokens)
+    return (tokens / per_episode[episode].clamp(min=1.0)).float()  # (R,)
+
+
+def pad_micro_batches(micros: list, accelerator: Any, make_dummy) -> list:
+    """Append dummy micro-batches until every process has as many as the one with the most: DDP
+    all-reduces in the last backward of each rank, so all ranks must run the same number of them.
+    Ranks can differ when episodes hold different numbers of token sequences."""
+    if accelerator.num_processes == 1:
+        return micros
+    count = torch.tensor([len(micros)], device=accelerator.device)
+    most = int(accelerator.gather(count).max().cpu())
+    return micros + [make_dummy() for _ in range(most - len(micros))]

@@ -24,6 +24,14 @@ stride, so a group spans ranks:
 Rewards are all-gathered and put back in global order before the group statistics, so the
 advantages are exactly those of a single process; DDP then averages gradients, and every
 rank's loss is scaled so that average equals the full-batch loss.
+
+Episodes of several token sequences (an env that changes the context; training/episodes.py):
+each sequence is a row carrying its episode's advantage (turn mode: its turns' values). The
+per-sequence normalisers of loss_type grpo and dr_grpo count EPISODES, not rows, so an episode of
+three sequences weighs what an episode of one does (grpo: each row's token mean weighted by its
+share of the episode's tokens, `episode_token_shares`); this also keeps every rank's normaliser
+equal under DDP, where ranks may hold different numbers of rows (extra micro-batches are padded
+with zero-loss ones). dapo/token/bnpo are token sums and need nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +52,8 @@ from agentic_rl.algorithms.grpo import (
 )
 from agentic_rl.models.policy import load_policy
 from agentic_rl.models.stage_output import save_final
-from agentic_rl.rollout.trajectory import Trajectory
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.episodes import EpisodeObjective, rewards_per_turn
+from agentic_rl.training.episodes import Collected, EpisodeObjective, episode_token_shares, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.grpo_batch import MicroBatch, RolloutBatch
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import Group, guide
@@ -75,36 +82,40 @@ class GRPOObjective(EpisodeObjective):
     def _build_batch(self, step: int) -> RolloutBatch:
         collected = self._collect(step)
         trajs, tensors = collected.trajectories, collected.tensors
-        advantages = self._advantages(trajs, collected.rewards, collected.local_rows)
-        off_policy = torch.tensor([bool(traj.info.get("off_policy")) for traj in trajs], dtype=torch.bool)  # (B_local,)
+        advantages = self._advantages(collected)
+        off_policy = torch.tensor(collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool)  # (R_local,)
         started = time.perf_counter()
         old = {"recompute": lambda: self._score(tensors, reference=False), "sampling": lambda: tensors.logprobs,
                "detach": lambda: None}[self.cfg.old_logprobs]()
         ref = self._score(tensors, reference=True) if self.cfg.loss.needs_reference else None
         collected.metrics["time/reference"] = time.perf_counter() - started
-        return RolloutBatch(trajs, tensors, advantages, old, ref, off_policy,
-                            weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics)
+        return RolloutBatch(collected.sequences, tensors, advantages, old, ref, off_policy,
+                            weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics,
+                            episodes=len(trajs), row_weights=episode_token_shares(tensors.loss_mask, collected.row_episode))
 
-    def _advantages(self, trajs: list[Trajectory], global_rewards: torch.Tensor, local_rows: list[int]):
-        cfg = self.cfg
+    def _advantages(self, collected: Collected):
+        """Per row: its episode's advantage (R_local,), or the values of the turns it holds (turn mode)."""
+        cfg, trajs, global_rewards, local_rows = self.cfg, collected.trajectories, collected.rewards, collected.local_rows
         if cfg.advantage.mode == "episode":
-            return group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[local_rows]  # (B_local,)
+            per_episode = group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[local_rows]  # (B_local,)
+            return per_episode[torch.tensor(collected.row_episode, dtype=torch.long)]  # (R_local,)
         # Turn mode: the composed reward placed on the turns (env_steps' share on its turns, the rest on the last).
         all_turns = self._gather_objects(rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards))
         returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
         per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards)
-        return [per_turn[i] for i in local_rows]  # ragged per-turn values, spread over tokens per micro-batch
+        return collected.turns_by_row([per_turn[i] for i in local_rows])  # ragged per-turn values, spread over tokens per micro-batch
 
     # ---------------------------------------------------------------- micro-batches: the loss
 
     def micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
-        n = len(batch.trajectories)
+        n = batch.episodes or len(batch.trajectories)  # per-sequence means count episodes (RolloutBatch.episodes)
         size = self.cfg.micro_batch_size
         tokens_local = float(batch.tensors.loss_mask.sum())
         rows = self._rows_to_train(batch)
         batch.metrics["train/episodes_trained"] = float(len(rows))
-        return [MicroBatch(batch, rows[start : start + size], len(rows[start : start + size]) / n, tokens_local)
-                for start in range(0, len(rows), size)]
+        micros = [MicroBatch(batch, rows[start : start + size], len(rows[start : start + size]) / n, tokens_local)
+                  for start in range(0, len(rows), size)]
+        return pad_micro_batches(micros, self.accelerator, lambda: MicroBatch(batch, [0], 0.0, tokens_local, dummy=True))
 
     def _rows_to_train(self, batch: RolloutBatch) -> list[int]:
         """The local rows to run forward/backward on, in batch order.
@@ -153,10 +164,13 @@ class GRPOObjective(EpisodeObjective):
             old = torch.where(off_policy[:, None], logps.detach(), old)
         ref = batch.ref_logprobs[index][:, :length].to(device) if batch.ref_logprobs is not None else None
         num_items = micro.tokens if self.cfg.loss.loss_type in ("dapo", "token") else None
+        weights = batch.row_weights[index].to(device) if batch.row_weights is not None and self.cfg.loss.loss_type == "grpo" else None
         loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items,
-                                  entropy=entropy if bonus else None)
+                                  entropy=entropy if bonus else None, sequence_weights=weights)
         if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
-            loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of rows
+            loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of episodes
+        if micro.dummy:
+            loss = loss * 0.0  # DDP padding: a backward pass with no gradient (MicroBatch.dummy)
         trained = mask.sum().clamp(min=1)
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / trained)

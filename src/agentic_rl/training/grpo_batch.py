@@ -1,6 +1,8 @@
 """The batches GRPO trains on: one rollout batch per μ updates, split into micro-batches.
 
-Shapes: B_local episodes on this process (B = P·G over all processes), T tokens per padded row.
+Shapes: B_local episodes on this process (B = P·G over all processes), R_local rows (token
+sequences: R_local = B_local unless an env changes the context, training/episodes.py), T tokens
+per padded row.
 """
 
 from __future__ import annotations
@@ -17,23 +19,31 @@ class RolloutBatch:
     """This process's rows of one rollout batch, with everything the loss needs."""
 
     trajectories: list[Trajectory]
-    """The B_local episodes, in global row order (groups whole, split by stride across processes)."""
+    """The R_local rows' token sequences, episodes in global row order (groups whole, split by
+    stride across processes), an episode's sequences oldest first."""
     tensors: TrajectoryBatch
-    """Collated ids, attention, loss mask and sampling log-probs: (B_local, T) each."""
+    """Collated ids, attention, loss mask and sampling log-probs: (R_local, T) each."""
     advantages: torch.Tensor | list[list[float]]
-    """(B_local,) one per episode (advantage.mode episode), or per row its turns' values (mode turn)."""
+    """(R_local,) each row its episode's advantage (advantage.mode episode), or per row the values
+    of the turns it holds (mode turn)."""
     old_logprobs: torch.Tensor | None
-    """(B_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy)."""
+    """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy)."""
     ref_logprobs: torch.Tensor | None
-    """(B_local, T) π_ref, computed only when the loss needs a reference (β > 0)."""
+    """(R_local, T) π_ref, computed only when the loss needs a reference (β > 0)."""
     off_policy: torch.Tensor
-    """(B_local,) bool: oracle demonstrations added by guidance (no π_old: their ratio is 1)."""
+    """(R_local,) bool: oracle demonstrations added by guidance (no π_old: their ratio is 1)."""
     weights_version: int
     """The weights that sampled the batch."""
     metrics: dict[str, float]
     """Rollout statistics, logged with the step that trains on the batch."""
     staleness: int = 0
     """Optimizer steps since the batch was sampled (0 for the first of its μ updates)."""
+    episodes: int = 0
+    """B_local: the episodes the rows come from (the "per sequence" normaliser of loss_type grpo
+    and dr_grpo counts episodes, so an episode of several sequences counts once)."""
+    row_weights: torch.Tensor | None = None
+    """(R_local,) each row's share of its episode's policy tokens (1 for an episode of one
+    sequence): the weight of the row's per-sequence mean in loss_type grpo."""
 
 
 @dataclasses.dataclass
@@ -44,6 +54,9 @@ class MicroBatch:
     rows: list[int]
     """Row indices into the batch, in group order (a group's rows share their prompt)."""
     share: float
-    """len(rows) / B_local: the weight of a per-sequence-mean loss (loss_type grpo, dr_grpo)."""
+    """len(rows) / B_local (episodes): the weight of a per-sequence-mean loss (loss_type grpo, dr_grpo)."""
     tokens: float
     """Trained tokens of the whole local batch: the normaliser of loss_type dapo."""
+    dummy: bool = False
+    """A padding micro-batch (its loss times 0): under DDP every rank must run as many backward
+    passes, and non-prefix episodes can leave ranks with different numbers of rows."""

@@ -45,6 +45,7 @@ GLOSSARY: dict[str, str] = {
     "rollout/completion_tokens/mean": "Policy (generated) tokens per episode, mean.",
     "rollout/completion_tokens/max": "Policy tokens of the longest episode.",
     "rollout/turns/mean": "Policy turns per episode, mean.",
+    "rollout/sequences_per_episode": "Token sequences (training rows) per episode of this process, mean: 1 when every history is a prefix; more when an env changes the context (memory's window).",
     "rollout/tool_calls/mean": "Tool calls per episode, mean.",
     "rollout/tool_errors/mean": "Failed tool calls per episode, mean.",
     "rollout/failed": "Episodes that ended in an error (env or rendering); logged, never trained on.",
@@ -60,7 +61,7 @@ GLOSSARY: dict[str, str] = {
     # what a GRPO step trained on
     "train/groups_with_variance": "Share of the trained batch's groups whose rewards differ, after dynamic sampling and guidance.",
     "train/guided_groups": "Groups in which an oracle demonstration replaced an episode (guidance).",
-    "train/episodes_trained": "Episodes of this process that ran forward/backward (the rest had zero advantage and no gradient).",
+    "train/episodes_trained": "Rows (token sequences; one per episode unless an env changes the context) of this process that ran forward/backward (the rest had zero advantage and no gradient).",
     # SFT
     "sft/tokens": "Trained (assistant) tokens per micro-batch, averaged over the step's micro-batches.",
     "sft/padding_fraction": "Share of a micro-batch's token positions that are padding, averaged over the step's micro-batches.",

@@ -11,7 +11,10 @@ Per optimizer step (rollouts as for GRPO: training/episodes.py):
   3. one no-grad pass of the actor-critic: V_old at every policy token (and π_old with
      old_logprobs: recompute); π_ref only when β > 0;
   4. GAE(γ, λ) over each episode's policy tokens, across its tool observations
-     (algorithms/ppo.py), returns R = A + V_old; the advantages whitened over the whole batch;
+     (algorithms/ppo.py), returns R = A + V_old; the advantages whitened over the whole batch.
+     An episode of several token sequences (an env that changes the context: one row each,
+     training/episodes.py) runs GAE across them too (`sequence_gae`: a sequence's last policy
+     token bootstraps from the next sequence's first), so its credit is what one sequence gets;
   5. the clipped surrogate + vf_coef · clipped value loss (+ β·k3 with kl_mode: loss), averaged
      over the batch's policy tokens, with gradient accumulation over micro-batches.
 With μ = updates_per_batch > 1 the batch (its advantages, returns and V_old) serves μ steps.
@@ -31,13 +34,13 @@ from typing import Any
 
 import torch
 
-from agentic_rl.algorithms.ppo import gae, kl_penalized_rewards, masked_moments, ppo_loss, token_rewards, whiten
+from agentic_rl.algorithms.ppo import kl_penalized_rewards, masked_moments, ppo_loss, sequence_gae, token_rewards, whiten
 from agentic_rl.models.policy import load_policy
 from agentic_rl.models.stage_output import save_final
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.episodes import EpisodeObjective, rewards_per_turn
+from agentic_rl.training.episodes import EpisodeObjective, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.loop import run_training
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.run_dir import RunDir
@@ -46,7 +49,8 @@ from agentic_rl.training.scoring import require_replicated_weights, unwrap_polic
 
 @dataclasses.dataclass
 class PPOBatch:
-    """This process's rows of one rollout batch, with everything PPO's loss needs. (B_local, T) tensors."""
+    """This process's rows of one rollout batch, with everything PPO's loss needs. (R_local, T) tensors:
+    one row per token sequence (one per episode unless an env changes the context)."""
 
     trajectories: list[Trajectory]
     tensors: TrajectoryBatch
@@ -71,6 +75,8 @@ class PPOBatch:
 class PPOMicroBatch:
     batch: PPOBatch
     rows: list[int]
+    dummy: bool = False
+    """DDP padding (its loss times 0; see grpo_batch.MicroBatch.dummy)."""
 
 
 class PPOObjective(EpisodeObjective):
@@ -88,15 +94,16 @@ class PPOObjective(EpisodeObjective):
         old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
         ref = self._score(t, reference=True) if cfg.loss.needs_reference else None
         collected.metrics["time/reference"] = time.perf_counter() - started
-        per_turn = rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards)
+        per_turn = collected.turns_by_row(rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards))
         per_turn = [turns if bool(mask[row].any()) else [] for row, turns in enumerate(per_turn)]  # untrained rows: no reward
-        rewards = token_rewards(per_turn, [traj.policy_spans for traj in trajs], mask.shape[1])  # (B_local, T) float64
+        rewards = token_rewards(per_turn, [seq.policy_spans for seq in collected.sequences], mask.shape[1])  # (R_local, T) float64
         if ref is not None and cfg.loss.kl_mode == "reward":
             behaviour = (old if old is not None else t.logprobs).double()  # the weights that sampled the tokens
             shaped = kl_penalized_rewards(rewards, behaviour, ref.double(), mask, cfg.loss.beta)
             collected.metrics["value/kl_in_reward"] = self._masked_mean(rewards - shaped, mask)
             rewards = shaped
-        advantages, returns = gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam)  # (B_local, T)
+        advantages, returns = sequence_gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam,
+                                           collected.row_episode)  # (R_local, T)
         moments = self._global_moments(advantages, mask)
         if cfg.loss.whiten_advantages:
             advantages = whiten(advantages, mask, moments=moments)
@@ -107,7 +114,7 @@ class PPOObjective(EpisodeObjective):
             "value/returns_mean": float(target[1] / target[0].clamp(min=1)),
             "value/explained_variance": 1.0 - _variance(residual) / max(_variance(target), 1e-12),
         })
-        return PPOBatch(trajs, t, old, ref if cfg.loss.kl_mode == "loss" else None, old_values, advantages.float(),
+        return PPOBatch(collected.sequences, t, old, ref if cfg.loss.kl_mode == "loss" else None, old_values, advantages.float(),
                         returns.float(), tokens=float(moments[0]) / self.accelerator.num_processes,
                         weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics)
 
@@ -142,7 +149,8 @@ class PPOObjective(EpisodeObjective):
     def micro_batches(self, batch: PPOBatch) -> list[PPOMicroBatch]:
         # Every row has a value loss, so none is inert; rows without a policy token add exactly 0.
         size, n = self.cfg.micro_batch_size, len(batch.trajectories)
-        return [PPOMicroBatch(batch, list(range(start, min(start + size, n)))) for start in range(0, n, size)]
+        micros = [PPOMicroBatch(batch, list(range(start, min(start + size, n)))) for start in range(0, n, size)]
+        return pad_micro_batches(micros, self.accelerator, lambda: PPOMicroBatch(batch, [0], dummy=True))
 
     def loss(self, model, micro: PPOMicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         batch, device = micro.batch, self.accelerator.device
@@ -163,7 +171,7 @@ class PPOObjective(EpisodeObjective):
                                  entropy=entropy if bonus else None, num_tokens=batch.tokens)
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-        return loss, out
+        return (loss * 0.0 if micro.dummy else loss), out
 
 
 def _variance(moments: torch.Tensor) -> float:

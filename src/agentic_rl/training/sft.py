@@ -41,7 +41,8 @@ class DemoSource:
     split: Literal["train", "test"] = "train"
     """Task split for kind=oracle (keep test for evaluation)."""
     n: int = 64
-    """Number of demonstrations for kind=oracle."""
+    """Number of oracle episodes for kind=oracle. An episode whose env changes the context (memory's
+    window) gives one demonstration per token sequence, each with the context the policy saw."""
     path: str = ""
     """The JSONL file for kind=jsonl."""
 
@@ -84,7 +85,7 @@ class SFTConfig:
 
 def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Trajectory]:
     from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.rollout.demos import load_jsonl_demos, oracle_demos
+    from agentic_rl.rollout.demos import demo_sequences, load_jsonl_demos, oracle_demos
 
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     demos: list[Trajectory] = []
@@ -94,7 +95,7 @@ def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Tr
             continue
         env = source.env.make()
         tasks = env.tasks(source.split, n=source.n, seed=seed)
-        demos.extend(oracle_demos(env, tasks, chat_format))
+        demos.extend(demo_sequences(oracle_demos(env, tasks, chat_format)))  # one example per token sequence
     return demos
 
 
