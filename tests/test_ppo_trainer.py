@@ -285,3 +285,19 @@ def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragme
     with pytest.raises(ConfigError) as info:
         _cfg(tmp_path, *override.split())
     assert fragment in str(info.value)
+
+
+def test_explained_variance_by_hand_and_undefined_when_every_return_is_equal():
+    """Returns [1, 0, 0, 1] (mean 0.5, unbiased variance 1/3): V = R explains all of it, V = 0.5
+    none, V = [0.5, 0.5, 0, 0] less than none (R − V = [0.5, −0.5, 0, 1], variance 5/12: 1 − 5/4);
+    all-equal returns have no variance to explain."""
+    import math
+
+    from agentic_rl.algorithms.ppo import masked_moments
+    from agentic_rl.training.ppo import _explained_variance
+
+    returns, mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]]), torch.ones(1, 4)
+    for values, expected in ((returns, 1.0), (torch.full((1, 4), 0.5), 0.0), (torch.tensor([[0.5, 0.5, 0.0, 0.0]]), -0.25)):
+        got = _explained_variance(masked_moments(returns - values, mask), masked_moments(returns, mask))
+        assert got == pytest.approx(expected, abs=1e-9), values
+    assert math.isnan(_explained_variance(masked_moments(torch.zeros(1, 4), mask), masked_moments(torch.zeros(1, 4), mask)))

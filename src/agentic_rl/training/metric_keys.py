@@ -33,7 +33,7 @@ GLOSSARY: dict[str, str] = {
     "loss/value": "PPO: ½ · the clipped squared error of V against the GAE returns, mean over policy tokens.",
     "value/mean": "PPO: mean V_old over the batch's policy tokens (values at sampling time).",
     "value/returns_mean": "PPO: mean GAE return (the value target) over the batch's policy tokens.",
-    "value/explained_variance": "PPO: 1 − Var(R − V_old) / Var(R) over policy tokens: 1 a perfect critic, 0 no better than a constant, < 0 worse.",
+    "value/explained_variance": "PPO: 1 − Var(R − V_old) / Var(R) over policy tokens: 1 a perfect critic, 0 no better than a constant, < 0 worse; null when every return is equal (undefined).",
     "value/kl_in_reward": "PPO, kl_mode reward: mean β·(log π_old − log π_ref) subtracted from each policy token's reward.",
     # GRPO rewards
     "reward/total/mean": "Mean composed reward (the weighted sum of the terms) over the batch's episodes.",

@@ -112,7 +112,7 @@ class PPOObjective(EpisodeObjective):
         collected.metrics.update({
             "value/mean": self._masked_mean(old_values.double(), mask),
             "value/returns_mean": float(target[1] / target[0].clamp(min=1)),
-            "value/explained_variance": 1.0 - _variance(residual) / max(_variance(target), 1e-12),
+            "value/explained_variance": _explained_variance(residual, target),
         })
         return PPOBatch(collected.sequences, t, old, ref if cfg.loss.kl_mode == "loss" else None, old_values, advantages.float(),
                         returns.float(), tokens=float(moments[0]) / self.accelerator.num_processes,
@@ -172,6 +172,13 @@ class PPOObjective(EpisodeObjective):
         out = {k: float(v) for k, v in metrics.items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return (loss * 0.0 if micro.dummy else loss), out
+
+
+def _explained_variance(residual: torch.Tensor, target: torch.Tensor) -> float:
+    """1 − Var(R − V) / Var(R) from the moments of the residual and the returns; NaN (logged as
+    null) when every return is equal, where it is undefined (a batch whose episodes all failed)."""
+    target_variance = _variance(target)
+    return 1.0 - _variance(residual) / target_variance if target_variance > 1e-12 else float("nan")
 
 
 def _variance(moments: torch.Tensor) -> float:
