@@ -27,10 +27,11 @@ def main(out: Path) -> None:
     records: list[dict] = []
     original_advantages, original_after = GRPOObjective._advantages, GRPOObjective.after_step
 
-    def advantages(self, trajs, global_rewards, local_rows):
-        result = original_advantages(self, trajs, global_rewards, local_rows)
-        records.append({"rows": list(local_rows), "task_ids": [t.task_id for t in trajs],
-                        "local_rewards": [t.reward for t in trajs], "global_rewards": global_rewards.tolist(),
+    def advantages(self, collected):
+        result = original_advantages(self, collected)
+        trajs = collected.trajectories
+        records.append({"rows": list(collected.local_rows), "task_ids": [t.task_id for t in trajs],
+                        "local_rewards": [t.reward for t in trajs], "global_rewards": collected.rewards.tolist(),
                         "advantages": result.tolist()})
         return result
 
