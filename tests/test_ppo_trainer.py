@@ -301,3 +301,12 @@ def test_explained_variance_by_hand_and_undefined_when_every_return_is_equal():
         got = _explained_variance(masked_moments(returns - values, mask), masked_moments(returns, mask))
         assert got == pytest.approx(expected, abs=1e-9), values
     assert math.isnan(_explained_variance(masked_moments(torch.zeros(1, 4), mask), masked_moments(torch.zeros(1, 4), mask)))
+
+
+def test_a_batch_whose_episodes_all_failed_trains_on_nothing_and_the_run_goes_on(tmp_path):
+    """Guards against PPO stopping a run when a whole batch failed (its tools raised): no policy
+    token to whiten or to fit the value to, so the step changes nothing but the optimizer's clock."""
+    result = train_ppo(_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
+                            "rollout.group_size=4", "train.steps=1"))
+    row = result["history"][0]
+    assert row["rollout/failed"] == 4.0 and row["loss/total"] == 0.0

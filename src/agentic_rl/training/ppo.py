@@ -88,9 +88,9 @@ class PPOObjective(EpisodeObjective):
         cfg = self.cfg
         collected = self._collect(step)
         trajs, t = collected.trajectories, collected.tensors
-        mask = t.loss_mask  # (B_local, T)
+        mask = t.loss_mask  # (R_local, T): one row per token sequence
         started = time.perf_counter()
-        old_values, recomputed = self._value_pass(t)  # (B_local, T) each
+        old_values, recomputed = self._value_pass(t)  # (R_local, T) each
         old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
         ref = self._score(t, reference=True) if cfg.loss.needs_reference else None
         collected.metrics["time/reference"] = time.perf_counter() - started
@@ -105,7 +105,7 @@ class PPOObjective(EpisodeObjective):
         advantages, returns = sequence_gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam,
                                            collected.row_episode)  # (R_local, T)
         moments = self._global_moments(advantages, mask)
-        if cfg.loss.whiten_advantages:
+        if cfg.loss.whiten_advantages and float(moments[0]) >= 2:  # fewer trained tokens (every episode failed): nothing to whiten
             advantages = whiten(advantages, mask, moments=moments)
         residual = self._global_moments(returns - old_values.double(), mask)
         target = self._global_moments(returns, mask)
@@ -120,7 +120,7 @@ class PPOObjective(EpisodeObjective):
 
     @torch.no_grad()
     def _value_pass(self, t: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(V_old, log π_θ) at every policy token, (B_local, T) each, in micro-batches, with the
+        """(V_old, log π_θ) at every policy token, (R_local, T) each, in micro-batches, with the
         precision the loss will run in (so V_old is the value the first update starts from)."""
         model = self.accelerator.unwrap_model(self.model)
         values, logps = torch.zeros_like(t.logprobs), torch.zeros_like(t.logprobs)
