@@ -230,7 +230,7 @@ class EpisodeObjective:
 
     @torch.no_grad()
     def _score(self, tensors, reference: bool) -> torch.Tensor:
-        """(B_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches."""
+        """(R_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches."""
         temperature = self.cfg.rollout.temperature
         out = torch.zeros_like(tensors.logprobs)
         step = self.cfg.micro_batch_size

@@ -129,7 +129,7 @@ class GRPOObjective(EpisodeObjective):
         rows = list(range(n))
         if cfg.skip_zero_advantage and cfg.loss.zero_advantage_rows_are_inert:
             advantages = batch.advantages
-            has_tokens = tensors.loss_mask.sum(-1) > 0  # (B_local,)
+            has_tokens = tensors.loss_mask.sum(-1) > 0  # (R_local,)
             if isinstance(advantages, torch.Tensor):
                 live = (advantages != 0) & has_tokens
             else:
