@@ -1,4 +1,5 @@
-"""A child process killed with SIGKILL the moment a file appears: the resume tests' real crash."""
+"""The resume tests' crashes: a child process killed with SIGKILL the moment a file appears
+(`run_until`), and a run interrupted in process at a given step, then rerun (`interrupt_then_resume`)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,25 @@ def run_until(script: str, marker: Path, timeout: float = 600) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert marker.exists(), proc.stderr.read().decode()[-3000:]
+
+
+def interrupt_then_resume(monkeypatch, objective_cls, train, cfg, step: int = 2):
+    """Run `train(cfg)` until `objective_cls.next_batch(step)` raises, then run it again (it
+    resumes from the newest checkpoint); returns the second run's result."""
+    import pytest
+
+    class Killed(Exception):
+        pass
+
+    original = objective_cls.next_batch
+
+    def dies(self, at):
+        if at == step:
+            raise Killed()
+        return original(self, at)
+
+    monkeypatch.setattr(objective_cls, "next_batch", dies)
+    with pytest.raises(Killed):
+        train(cfg)
+    monkeypatch.setattr(objective_cls, "next_batch", original)
+    return train(cfg)

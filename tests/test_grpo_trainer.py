@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from sigkill import run_until
+from sigkill import interrupt_then_resume, run_until
 
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.envs.arith import ArithEnv
@@ -137,23 +137,9 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
     """Guards against a resume that re-samples different rollouts (engine seeds/RNG), trains the
     FastRunner on stale weights after loading, or loses optimizer/scheduler state (invariant 7)."""
 
-    class Killed(Exception):
-        pass
-
-    original = GRPOObjective.next_batch
-
-    def dies_at_step_2(self, step):
-        if step == 2:
-            raise Killed()
-        return original(self, step)
-
     out = tmp_path / "split"
-    cfg_args = ("train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
-    monkeypatch.setattr(GRPOObjective, "next_batch", dies_at_step_2)
-    with pytest.raises(Killed):
-        train_grpo(_cfg(out, *cfg_args))
-    monkeypatch.setattr(GRPOObjective, "next_batch", original)
-    resumed = train_grpo(_cfg(out, *cfg_args))
+    resumed = interrupt_then_resume(monkeypatch, GRPOObjective, train_grpo,
+                                    _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert len(resumed["history"]) == 2
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run

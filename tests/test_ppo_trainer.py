@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import test_grpo_trainer  # noqa: F401  (registers the token_parity reward)
-from sigkill import run_until
+from sigkill import interrupt_then_resume, run_until
 from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.algorithms.ppo import gae
 from agentic_rl.config import ConfigError, load_config
@@ -223,23 +223,9 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
     """Guards against a resume that loses the value head (it lives only in the checkpoint: the
     shared trunk's next updates would then differ) or the rollout weights version."""
 
-    class Killed(Exception):
-        pass
-
-    original = PPOObjective.next_batch
-
-    def dies_at_step_2(self, step):
-        if step == 2:
-            raise Killed()
-        return original(self, step)
-
     out = tmp_path / "split"
-    args = ("train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
-    monkeypatch.setattr(PPOObjective, "next_batch", dies_at_step_2)
-    with pytest.raises(Killed):
-        train_ppo(_cfg(out, *args))
-    monkeypatch.setattr(PPOObjective, "next_batch", original)
-    resumed = train_ppo(_cfg(out, *args))
+    resumed = interrupt_then_resume(monkeypatch, PPOObjective, train_ppo,
+                                    _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run
     expected, got = _adapters(straight), _adapters(out)
