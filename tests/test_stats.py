@@ -117,7 +117,7 @@ def test_compare_command_on_eval_files_and_stage_folders(tmp_path):
     stage = tmp_path / "eval_grpo"
     stage.mkdir()
     (stage / "DONE.json").write_text(json.dumps({"model": "m", "evals": {"new": grpo}}))
-    rows = compare_paths(tmp_path / "sft.json", stage)
+    rows = compare_paths([tmp_path / "sft.json"], [stage])
     assert [(r["label"], r["metric"], r["verdict"]) for r in rows] == [("new", "pass@1", "B better")]
     done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "sft.json"), str(stage)],
                           capture_output=True, text=True, timeout=120)
@@ -142,8 +142,46 @@ def test_compare_several_b_adds_their_per_problem_mean(tmp_path):
         return path
     a = write("sft", [0, 0, 0, 1, 1, 0])
     seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
-    rows = compare_paths(a, *seeds)
+    rows = compare_paths([a], seeds)
     assert [row["b"] for row in rows] == [str(p) for p in seeds] + ["mean of 3"]
     mean = rows[-1]
     assert mean["mean_b"] == pytest.approx((1 + 2 / 3 + 1 / 3 + 1 + 2 / 3 + 0) / 6)
     assert mean["difference"] == pytest.approx(mean["mean_b"] - 2 / 6) and mean["mcnemar_p"] is None
+
+
+def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_path):
+    """Three runs against three (e.g. PPO seeds against GRPO seeds): A is the per-problem mean of
+    the A inputs, as B's mean is of the B inputs; hand-computed means, no McNemar (not binary)."""
+    import json
+    import subprocess
+    import sys
+
+    ids = [f"t{i}" for i in range(4)]
+    def write(name, greedy, order=ids):
+        path = tmp_path / f"{name}.json"
+        by_id = dict(zip(ids, greedy))
+        path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": list(order), "greedy": [by_id[i] for i in order]}}))
+        return path
+    a = [write("g0", [1, 0, 0, 1]), write("g1", [1, 1, 0, 0], order=ids[::-1]), write("g2", [0, 0, 0, 1])]
+    b = [write("p0", [1, 1, 1, 1]), write("p1", [0, 1, 1, 1])]
+    rows = compare_paths(a, b)
+    assert [(row["a"], row["b"]) for row in rows] == [("mean of 3", str(b[0])), ("mean of 3", str(b[1])), ("mean of 3", "mean of 2")]
+    # A's per-problem means: t0 2/3, t1 1/3, t2 0, t3 2/3 -> 5/12; B's mean: 1/2, 1, 1, 1 -> 7/8.
+    mean = rows[-1]
+    assert mean["mean_a"] == pytest.approx(5 / 12) and mean["mean_b"] == pytest.approx(7 / 8)
+    assert mean["difference"] == pytest.approx(7 / 8 - 5 / 12) and mean["mcnemar_p"] is None
+    assert mean["b_better"] == 3 and mean["a_better"] == 1  # t0: 1/2 against 2/3
+    assert rows[0]["difference"] == pytest.approx(1 - 5 / 12)
+
+    cli = [sys.executable, "-m", "agentic_rl.cli", "compare"]
+    done = subprocess.run(cli + ["--json", "--a", *map(str, a), "--b", *map(str, b)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])[-1]["difference"] == pytest.approx(7 / 8 - 5 / 12)
+    mixed = subprocess.run(cli + [str(a[0]), "--a", str(a[1]), "--b", str(b[0])], capture_output=True, text=True, timeout=120)
+    assert mixed.returncode == 2 and "not a mix" in mixed.stderr
+    lonely = subprocess.run(cli + [str(a[0])], capture_output=True, text=True, timeout=120)
+    assert lonely.returncode == 2 and "needs A and at least one B" in lonely.stderr
+    different = tmp_path / "odd.json"
+    different.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ["t0", "t1", "t2", "x"], "greedy": [1, 1, 1, 1]}}))
+    with pytest.raises(ValueError, match="the A inputs hold different problems"):
+        compare_paths([a[0], different], b)

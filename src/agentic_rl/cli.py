@@ -7,6 +7,7 @@
     agentic-rl rewards list
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
     agentic-rl compare sft.json grpo.json [more.json]  (paired difference, 95% CI, McNemar; several B: also their mean)
+    agentic-rl compare --a g0.json g1.json --b p0.json p1.json  (several A: A is their per-problem mean)
     agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
     agentic-rl chat  --model M [--env arith]           (a terminal conversation; tool calls shown as they run)
     agentic-rl serve --model M [--env arith] [--host H --port P]   (OpenAI-compatible HTTP server)
@@ -215,9 +216,18 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.compare import compare_paths, format_rows
 
-    rows = compare_paths(args.a, *args.b)
+    if args.a or args.b:
+        if args.inputs or not (args.a and args.b):
+            raise ValueError("compare takes either positional inputs (A B [B ...]) or both --a and --b, not a mix")
+        paths_a, paths_b = args.a, args.b
+    elif len(args.inputs) < 2:
+        raise ValueError("compare needs A and at least one B: `agentic-rl compare A B [B ...]` or `--a A [A ...] --b B [B ...]`")
+    else:
+        paths_a, paths_b = args.inputs[:1], args.inputs[1:]
+    rows = compare_paths(paths_a, paths_b)
     if not args.json:
-        print(f"A = {args.a}\nB = {', '.join(args.b)}\n")
+        mean_a = " (their per-problem mean)" if len(paths_a) > 1 else ""
+        print(f"A = {', '.join(paths_a)}{mean_a}\nB = {', '.join(paths_b)}\n")
         print("\n".join(format_rows(rows)))
         print()
     _print_json(rows)
@@ -343,9 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
-    p.add_argument("a", help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json")
-    p.add_argument("b", nargs="+", help="B: the same, for the other model; several (e.g. one per seed) are each compared, "
-                   "and so is their per-problem mean")
+    p.add_argument("inputs", nargs="*", metavar="A B [B ...]",
+                   help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json; "
+                   "B: the same, for the other model; several B (e.g. one per seed) are each compared, and so is their per-problem mean")
+    p.add_argument("--a", nargs="+", metavar="A", help="several A inputs (e.g. one run per seed): A is their per-problem mean; use with --b")
+    p.add_argument("--b", nargs="+", metavar="B", help="the B inputs, with --a")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_compare)
 

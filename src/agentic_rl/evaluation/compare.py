@@ -3,6 +3,7 @@
     agentic-rl compare runs/demo/eval_sft runs/demo/eval_grpo
     agentic-rl compare sft.json grpo.json            # files from `agentic-rl eval --out`
     agentic-rl compare sft.json s0.json s1.json s2.json   # several B (e.g. seeds) and their mean
+    agentic-rl compare --a g0.json g1.json g2.json --b p0.json p1.json p2.json   # mean against mean
 
 An input is an evaluation result (`eval --out FILE`), a pipeline stage's DONE.json, or the
 stage's folder. A stage holds several evaluations (by label); every label present on both sides
@@ -13,14 +14,15 @@ exactly the same problems: comparing different problem sets is not a paired comp
 With several B inputs (e.g. one GRPO run per seed), each is compared with A, and so is their mean:
 per problem, the mean of the B outcomes (greedy pass@1), against A's. Its interval resamples
 problems, not runs: with a handful of seeds, the spread between the per-seed rows is the larger
-uncertainty, and it is printed right above.
+uncertainty, and it is printed right above. With several A inputs (`--a`), A is their per-problem
+mean in the same way: e.g. three PPO seeds against three GRPO seeds, run from the same start.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from agentic_rl.evaluation.runner import compared_metrics, per_problem_scores
 from agentic_rl.evaluation.stats import paired_difference
@@ -70,32 +72,35 @@ def compare_evaluations(a: dict[str, Any], b: dict[str, Any], label: str = "") -
     return rows
 
 
-def compare_paths(path_a: str | Path, *paths_b: str | Path) -> list[dict[str, Any]]:
+def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Compare every evaluation label all inputs share: A against each B (row "b": its path) and,
-    with several B, against their per-problem mean (row "b": "mean of N")."""
-    if not paths_b:
-        raise ValueError("compare needs at least one B input")
-    left, rights = load_evaluations(path_a), [load_evaluations(path) for path in paths_b]
-    shared = [label for label in left if all(label in right for right in rights)]
+    with several B, against their per-problem mean (row "b": "mean of N"). With several A, the A
+    side is their per-problem mean (row "a": "mean of N"); with one, row "a" is its path."""
+    if not paths_a or not paths_b:
+        raise ValueError("compare needs at least one A input and one B input")
+    lefts, rights = [load_evaluations(path) for path in paths_a], [load_evaluations(path) for path in paths_b]
+    shared = [label for label in lefts[0] if all(label in side for side in lefts[1:] + rights)]
     if not shared:
-        raise ValueError(f"{path_a} ({sorted(left)}) and {', '.join(map(str, paths_b))} share no evaluation label")
+        raise ValueError(f"{', '.join(map(str, paths_a))} and {', '.join(map(str, paths_b))} share no evaluation label")
+    name_a = str(paths_a[0]) if len(lefts) == 1 else f"mean of {len(lefts)}"
     rows = []
     for label in shared:
+        left = lefts[0][label] if len(lefts) == 1 else mean_evaluation([side[label] for side in lefts], label, "A")
         for path, right in zip(paths_b, rights):
-            rows += [{"b": str(path), **row} for row in compare_evaluations(left[label], right[label], label)]
+            rows += [{"a": name_a, "b": str(path), **row} for row in compare_evaluations(left, right[label], label)]
         if len(rights) > 1:
-            mean = mean_evaluation([right[label] for right in rights], label)
-            rows += [{"b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left[label], mean, label)]
+            mean = mean_evaluation([right[label] for right in rights], label, "B")
+            rows += [{"a": name_a, "b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left, mean, label)]
     return rows
 
 
-def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "") -> dict[str, Any]:
+def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: str = "B") -> dict[str, Any]:
     """An evaluation whose greedy outcome per problem is the mean of `evaluations`' (same problems)."""
     ids = evaluations[0]["per_task"]["id"]
     by_id = []
     for evaluation in evaluations:
         if sorted(evaluation["per_task"]["id"]) != sorted(ids):
-            raise ValueError(f"evaluation '{label}': the B inputs hold different problems; evaluate them on the same ones")
+            raise ValueError(f"evaluation '{label}': the {side} inputs hold different problems; evaluate them on the same ones")
         by_id.append(dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["greedy"])))
     return {"k": 1, "per_task": {"id": list(ids), "greedy": [sum(b[i] for b in by_id) / len(by_id) for i in ids]}}
 
