@@ -262,6 +262,56 @@ def test_a_separate_critic_trains_without_touching_the_policy_through_the_value_
     assert len(result["history"]) == 2 and result["history"][-1]["value/mean"] != 0.0
 
 
+def _tiny_reward_model(tmp_path: Path) -> tuple[Path, Path]:
+    """(an `agentic-rl rm` folder, its base): tiny-qwen3 saved as a model folder (so the RM's LoRA
+    adapters name their base, as with a real model), with non-zero adapters and score head."""
+    from agentic_rl.models.loader import TINY_QWEN3, build_tiny_qwen3, load_tokenizer
+    from agentic_rl.models.policy import ModelConfig
+    from agentic_rl.models.reward_scorer import load_reward_model, save_reward_model
+
+    base = tmp_path / "base"
+    build_tiny_qwen3().save_pretrained(base)
+    load_tokenizer(TINY_QWEN3).save_pretrained(base)
+    torch.manual_seed(0)
+    classifier, tokenizer, name = load_reward_model(load_config(ModelConfig, None, overrides=[f"name={base}", "lora.r=4"]),
+                                                    log=lambda *a: None)
+    with torch.no_grad():
+        for key, p in classifier.named_parameters():
+            if "lora_B" in key or "score" in key:
+                p.normal_(0, 0.5)
+    save_reward_model(classifier, tokenizer, tmp_path / "rm", name)
+    return tmp_path / "rm", base
+
+
+def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores_it(tmp_path):
+    """value.model = an RM folder: V(s_t), read where token t is sampled, equals the RM's score of
+    the conversation up to token t (the RM pools the last real token's hidden state: the same
+    state). Guards against a head left at zero, the RM's adapters not merged (their deltas lost),
+    and a value read one position off. Only the critic's fresh adapters and the head train."""
+    from agentic_rl.models.policy import load_policy
+    from agentic_rl.models.reward_scorer import load_trained_reward_model
+    from agentic_rl.training.ppo import load_critic
+
+    rm, base = _tiny_reward_model(tmp_path)
+    cfg = _cfg(tmp_path / "run", f"model.name={base}", "value.critic=separate", f"value.model={rm}")
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    critic, head_weight = load_critic(cfg, tokenizer, log=lambda *a: None)
+    model = ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
+    ids, attention, mask = _ids(tokenizer, rows=1)  # (1, T), no padding
+    with torch.no_grad():
+        _, _, values = model(ids, attention, mask)
+        scorer, _ = load_trained_reward_model(rm)
+        positions = [t for t in range(ids.shape[1]) if mask[0, t]]
+        expected = torch.tensor([float(scorer(ids[:, :t], attention[:, :t])[0]) for t in positions])
+    assert len(positions) >= 10 and float(expected.abs().min()) > 0
+    torch.testing.assert_close(values[0, positions], expected, atol=1e-5, rtol=1e-5)
+    trainable = [key for key, p in critic.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in key for key in trainable)
+
+    result = train_ppo(_cfg(tmp_path / "ppo", f"model.name={base}", "value.critic=separate", f"value.model={rm}", "train.steps=1"))
+    assert result["history"][0]["value/mean"] != 0.0, "V_old of the first batch comes from the RM's head, not a zero head"
+
+
 @pytest.mark.parametrize("override, fragment", [
     ("selection.dynamic_sampling=true", "needs rollout.group_size >= 2"),
     ("rollout.batch_size=6 rollout.group_size=4", "batch_size = prompts × G"),

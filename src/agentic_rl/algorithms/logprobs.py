@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agentic_rl.models.backbone import backbone_and_head, backbone_hidden, shared_prefix_length
+from agentic_rl.models.backbone import backbone_and_head, backbone_hidden, backbone_of, shared_prefix_length
 
 _FLOATS_PER_CHUNK = 1 << 25  # ~128 MiB of float32 per row chunk: rows = max(1, this // V)
 
@@ -168,7 +168,7 @@ def scored_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_ma
         )
     if bool(loss_mask[:, 0].any()):
         raise ValueError("loss_mask[:, 0] must be 0: the first token has no context to be predicted from")
-    backbone, _ = backbone_and_head(model)
+    backbone = backbone_of(model)  # a causal LM, or a critic's bare decoder
     scored = loss_mask[:, 1:].bool()  # (B, T-1): position t-1 predicts token t, which is trained
     prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
     hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H): positions P..T-1

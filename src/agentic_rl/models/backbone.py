@@ -27,10 +27,18 @@ def unwrap_causal_lm(model: nn.Module) -> nn.Module:
     return get_base_model() if callable(get_base_model) else model
 
 
+def backbone_of(model: nn.Module) -> nn.Module:
+    """The decoder stack returning hidden states, under any PEFT wrapper, of a causal LM, a
+    sequence classifier (a reward model) or a bare decoder (a critic started from one): transformers'
+    `get_decoder` finds the stack in each, and a bare decoder is its own."""
+    inner = unwrap_causal_lm(model)
+    return inner.get_decoder() if hasattr(inner, "get_decoder") else inner.model
+
+
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """(backbone: the decoder stack returning hidden states, head: the LM head) of a causal LM."""
     causal_lm = unwrap_causal_lm(model)
-    backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
+    backbone = backbone_of(causal_lm)
     head = causal_lm.get_output_embeddings()
     if head is None:
         raise ValueError(f"{type(causal_lm).__name__} has no output embeddings (LM head); it is not a causal LM")

@@ -5,6 +5,7 @@ folder `agentic-rl rm` leaves (classifier weights or LoRA adapters, tokenizer, `
     scores = RewardScorer(classifier)(input_ids, attention_mask)        # (B,)
     save_reward_model(classifier, tokenizer, "runs/rm/final", base)
     scorer, tokenizer = load_trained_reward_model("runs/rm/final")       # for the reward term
+    critic, tokenizer, score = load_reward_backbone("runs/rm/final", ModelConfig())   # PPO's critic
 
 The score is pooled by the attention mask, not by searching for pad ids: SmolLM2's pad id is its
 end-of-turn id, which every trajectory contains.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from agentic_rl.models.backbone import backbone_hidden, shared_prefix_length
+from agentic_rl.models.backbone import backbone_hidden, backbone_of, shared_prefix_length, unwrap_causal_lm
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.stage_output import DTYPES, load_base_and_tokenizer
@@ -36,9 +37,7 @@ class RewardScorer(torch.nn.Module):
         self.classifier = classifier
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        inner = self.classifier
-        inner = inner.base_model.model if hasattr(inner, "peft_config") else inner
-        backbone = getattr(inner, inner.base_model_prefix)
+        backbone = backbone_of(self.classifier)
         last = attention_mask.long().cumsum(-1).argmax(-1)  # (B,): index of the last real token (right padding)
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         pooled_at = torch.zeros_like(input_ids)
@@ -46,7 +45,7 @@ class RewardScorer(torch.nn.Module):
         prefix = shared_prefix_length(input_ids, attention_mask, pooled_at)
         hidden = backbone_hidden(backbone, input_ids, attention_mask, prefix)  # (B, T-P, H)
         pooled = hidden[rows, last - prefix]  # (B, H)
-        return inner.score(pooled).squeeze(-1).float()  # (B,)
+        return unwrap_causal_lm(self.classifier).score(pooled).squeeze(-1).float()  # (B,)
 
 
 def load_reward_model(cfg: ModelConfig, device: Any = "cpu", log=print):
@@ -103,3 +102,32 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
     else:
         classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
     return RewardScorer(classifier.eval().to(device)), tokenizer
+
+
+def is_reward_model_folder(path: str | Path) -> bool:
+    """Whether `path` is a folder `save_reward_model` wrote."""
+    return (Path(path) / RM_RECORD).exists()
+
+
+def load_reward_backbone(folder: str | Path, cfg: ModelConfig, device: Any = "cpu", log=print):
+    """(decoder with fresh LoRA per cfg.lora, tokenizer, score weight (1, H)): a trained reward
+    model as the start of PPO's separate critic. The RM's own adapters are merged first; its
+    score head is returned, not wrapped, so the critic's value head can start from it: the
+    critic's first V(s) is the RM's score of the conversation up to s. cfg.name is ignored (the
+    folder is the model); cfg.dtype, cfg.lora and cfg.gradient_checkpointing apply."""
+    scorer, tokenizer = load_trained_reward_model(folder, device)
+    classifier = scorer.classifier
+    score = classifier.score
+    if score.bias is not None or score.out_features != 1:
+        raise ValueError(f"{folder}: the reward model's score head is {score}; a critic starts from a bias-free "
+                         "Linear(hidden, 1), as `agentic-rl rm` trains")
+    weight = score.weight.detach().clone().float()  # (1, H)
+    decoder = backbone_of(classifier).to(DTYPES[cfg.dtype])
+    if cfg.gradient_checkpointing:
+        decoder.gradient_checkpointing_enable()
+        decoder.config.use_cache = False
+    critic = apply_lora(decoder, cfg.lora, task_type="FEATURE_EXTRACTION")
+    if not cfg.lora.enabled:
+        critic.requires_grad_(True)
+    log(describe_trainable(critic))
+    return critic, tokenizer, weight

@@ -36,6 +36,7 @@ import torch
 
 from agentic_rl.algorithms.ppo import kl_penalized_rewards, masked_moments, ppo_loss, sequence_gae, token_rewards, whiten
 from agentic_rl.models.policy import load_policy
+from agentic_rl.models.reward_scorer import is_reward_model_folder, load_reward_backbone
 from agentic_rl.models.stage_output import save_final
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch
 from agentic_rl.training.actor_critic import ActorCritic
@@ -188,6 +189,24 @@ def _variance(moments: torch.Tensor) -> float:
     return max(squares - total * total / count, 0.0) / (count - 1)
 
 
+def load_critic(cfg: PPOConfig, tokenizer: Any, device: Any = "cpu", log=print) -> tuple[torch.nn.Module | None, torch.Tensor | None]:
+    """(critic, its value head's first weight): (None, None) for critic: shared; for separate, a
+    copy of `value.model` (default: the policy's model) with fresh adapters and a zero head, or,
+    when `value.model` is an `agentic-rl rm` folder, the reward model's decoder and score weights."""
+    if cfg.value.critic != "separate":
+        return None, None
+    name = cfg.value.model or cfg.model.name
+    if is_reward_model_folder(name):
+        critic, critic_tokenizer, head_weight = load_reward_backbone(name, cfg.model, device, log=log)
+    else:
+        critic, critic_tokenizer, _ = load_policy(dataclasses.replace(cfg.model, name=name), device, log=log)
+        head_weight = None
+    if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"value.model={name!r} has another tokenizer than the policy {cfg.model.name!r}; "
+                         "the critic reads the policy's token ids, so it needs the same vocabulary")
+    return critic, head_weight
+
+
 def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     """Run PPO; returns {"final", "history"}. `final/` holds the policy only (as GRPO's); the value
     model lives in the checkpoints, for resume."""
@@ -195,18 +214,12 @@ def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     require_replicated_weights(accelerator, "ppo")  # rollouts read whole weights
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
-    critic = None
-    if cfg.value.critic == "separate":
-        critic_cfg = dataclasses.replace(cfg.model, name=cfg.value.model or cfg.model.name)
-        critic, critic_tokenizer, _ = load_policy(critic_cfg, accelerator.device, log=accelerator.print)
-        if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(f"value.model={critic_cfg.name!r} has another tokenizer than the policy {cfg.model.name!r}; "
-                             "the critic reads the policy's token ids, so it needs the same vocabulary")
+    critic, head_weight = load_critic(cfg, tokenizer, accelerator.device, log=accelerator.print)
     reference = None
     if cfg.loss.needs_reference and not cfg.model.lora.enabled:
         reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
     objective = PPOObjective(cfg, tokenizer, reference)
-    model = ActorCritic(policy, critic, cfg.value.lr_multiplier)
+    model = ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
     history = run_training(objective, model, cfg.train, cfg.optim, accelerator, run_dir, description="ppo")
     final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
     run_dir.close()

@@ -36,7 +36,10 @@ class ValueConfig:
     never touches the policy)."""
     model: str = ""
     """The separate critic's starting weights: any `model.name` (a built-in name, a folder, a
-    stage's `final/`); empty: the policy's own `model.name`. Ignored for critic: shared."""
+    stage's `final/`), or a reward model from `agentic-rl rm` (its `final/`): then the critic is
+    the RM's decoder and the value head starts from the RM's score head, so V(s) starts as the
+    RM's score of the conversation up to s instead of 0. Empty: the policy's own `model.name`.
+    Ignored for critic: shared."""
     lr_multiplier: PositiveFloat = 1.0
     """The value head (and a separate critic) learn at optim.lr × this. Mind Adam's first steps:
     they move every weight by about the learning rate, so a zero-initialised head's value jumps
