@@ -54,11 +54,48 @@ def test_a_mask_shifted_by_one_fails_at_the_first_bad_token(qwen3_tokenizer, shi
     first = demo.policy_spans[0].start
     mask = [0] + demo.loss_mask[:-1] if shift > 0 else demo.loss_mask[1:] + [0]
     shifted = dataclasses.replace(demo, loss_mask=mask)
-    position, message = mask_problem(chat_format, shifted)
-    assert position == first + shift  # right: the turn's first token lost its 1 / left: one token early
+    sequence, position, message = mask_problem(chat_format, shifted)
+    assert sequence == 0 and position == first + shift  # right: the turn's first token lost its 1 / left: one token early
     assert "has mask 1 but is not the model's text" in message or "stops before the turn does" in message
     result = check_masks(chat_format, [demo, shifted])
     assert not result.passed and any("<-- first bad token" in line for line in result.detail)
+
+
+def _memory_demo(tokenizer):
+    env = make_env("memory", facts=2, distractors=4, gap=2, window=2)
+    (demo,) = oracle_demos(env, env.tasks("test", n=1, seed=0), ChatFormat.for_tokenizer(tokenizer))
+    return demo
+
+
+def test_the_mask_check_reads_every_token_sequence_of_a_non_prefix_episode(qwen3_tokenizer):
+    """An episode whose env drops old turns has several token sequences; together, oldest first,
+    their masks are the episode's turns. Guards against the check reading only the last sequence
+    (it failed every memory episode), and against it missing a bad mask in an earlier sequence or
+    a lost sequence."""
+    chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
+    demo = _memory_demo(qwen3_tokenizer)
+    assert len(demo.previous) >= 2, "the window must have dropped turns more than once"
+    assert mask_problem(chat_format, demo) is None
+    first = demo.previous[1]
+    start = first.policy_spans[0].start
+    broken = dataclasses.replace(first, loss_mask=[0] + first.loss_mask[:-1])  # one token late
+    shifted = dataclasses.replace(demo, previous=[demo.previous[0], broken, *demo.previous[2:]])
+    sequence, position, message = mask_problem(chat_format, shifted)
+    assert (sequence, position) == (1, start + 1) and "has mask 1 but is not the model's text" in message
+    result = check_masks(chat_format, [demo, shifted])
+    assert not result.passed and "token sequence 1" in result.summary
+    lost = dataclasses.replace(demo, previous=demo.previous[1:])
+    turns = sum(1 for m in demo.messages if m["role"] == "assistant")
+    lost_turns = len(demo.previous[0].policy_spans)
+    assert mask_problem(chat_format, lost)[2] == f"{turns - lost_turns} masked runs for {turns} assistant turns"
+
+
+def test_every_check_passes_on_the_memory_env_and_counts_every_sequence(tiny_qwen3):
+    model, tokenizer = tiny_qwen3
+    cfg = load_config(AuditConfig, None, ["model=tiny-qwen3", "n=2", "env.name=memory", "dtypes=[float32]"])
+    results = run_audit(model, tokenizer, cfg)
+    assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
+    assert "token sequences" in results[1].summary
 
 
 def test_the_cli_exits_1_on_a_failure_and_prints_the_report(tmp_path):

@@ -9,14 +9,19 @@ Four checks, each PASS or FAIL with its numbers; the first failing episode is sh
              token prefix, at every assistant turn of an oracle episode (the engine extends
              episodes incrementally, so a template that rewrites earlier turns, or a tokenizer
              that merges across the boundary, would make the trained tokens differ from what a
-             re-rendering gives). Where not: the first token that differs.
+             re-rendering gives). Where not: the first token that differs. In an episode whose
+             history is not a prefix (an env that drops old turns), within each token sequence:
+             from its prompt (the env's context) on.
   mask       In sampled episodes, the tokens with loss mask 1 are exactly the model's turns: each
              masked run decodes to its assistant message (plus the end-of-turn marker the model
-             generated), and nothing else is masked. Where not: the first bad token.
+             generated), and nothing else is masked. Over every token sequence of the episode,
+             oldest first, the masked runs are the episode's turns in order, each exactly once.
+             Where not: the first bad token.
   logprobs   The sampler's log-probs against one training forward pass (fp32) over the same
-             tokens, max and mean absolute difference, for each decode dtype asked for. float32
-             decoding must agree within `tolerance`; bfloat16 decoding is reported (its log-probs
-             are not π_old: use old_logprobs detach or recompute).
+             tokens (every token sequence of every episode), max and mean absolute difference,
+             for each decode dtype asked for. float32 decoding must agree within `tolerance`;
+             bfloat16 decoding is reported (its log-probs are not π_old: use old_logprobs detach
+             or recompute).
   weights    After an update of the weights and `engine.sync_weights()`, the engine reports the
              trainer's version and its samples score like the updated model.
 
@@ -74,17 +79,19 @@ def check_template(chat_format: ChatFormat, cfg: AuditConfig) -> CheckResult:
     env = cfg.env.make()
     checked = 0
     for task in env.tasks(cfg.split, n=cfg.n, seed=cfg.seed):
-        conversation = play_oracle(env, task).conversation
-        cuts = [i for i, message in enumerate(conversation) if message["role"] == "assistant"] + [len(conversation)]
-        for before, after in zip(cuts, cuts[1:]):  # prompt up to turn k, then one turn and its observation more
-            shorter = chat_format.prompt_ids(conversation[:before], env.tool_schemas)
-            longer = chat_format.prompt_ids(conversation[:after], env.tool_schemas)
-            checked += 1
-            differs = _first_difference(shorter, longer[: len(shorter)])
-            if differs is not None:
-                return CheckResult("template", False, (
-                    f"task {task.id}: rendering {after} messages rewrites the rendering of the first {before}; "
-                    f"first differing token at position {differs}"), _token_table(chat_format, shorter, longer, differs))
+        episode = play_oracle(env, task)
+        for number, (messages, prompt) in enumerate(zip(episode.sequences, episode.sequence_prompts)):
+            cuts = [i for i, message in enumerate(messages) if message["role"] == "assistant" and i >= prompt] + [len(messages)]
+            for before, after in zip(cuts, cuts[1:]):  # prompt up to turn k, then one turn and its observation more
+                shorter = chat_format.prompt_ids(messages[:before], env.tool_schemas)
+                longer = chat_format.prompt_ids(messages[:after], env.tool_schemas)
+                checked += 1
+                differs = _first_difference(shorter, longer[: len(shorter)])
+                if differs is not None:
+                    where = f"task {task.id}" + (f", token sequence {number}" if len(episode.sequences) > 1 else "")
+                    return CheckResult("template", False, (
+                        f"{where}: rendering {after} messages rewrites the rendering of the first {before}; "
+                        f"first differing token at position {differs}"), _token_table(chat_format, shorter, longer, differs))
     return CheckResult("template", True, f"{checked} turn boundaries of {cfg.n} oracle episodes keep their prefix exactly")
 
 
@@ -115,20 +122,46 @@ def _show(chat_format: ChatFormat, ids: list[int], position: int) -> str:
 
 def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> CheckResult:
     """Every masked run decodes to its assistant message, in order, and nothing else is masked."""
-    turns = 0
+    turns = sequences = 0
     for trajectory in trajectories:
         problem = mask_problem(chat_format, trajectory)
         if problem is not None:
-            position, message = problem
-            return CheckResult("mask", False, f"task {trajectory.task_id}: {message}",
-                               _mask_table(chat_format, trajectory, position))
+            number, position, message = problem
+            where = f"task {trajectory.task_id}" + (f", token sequence {number}" if trajectory.previous else "")
+            return CheckResult("mask", False, f"{where}: {message}",
+                               _mask_table(chat_format, trajectory.sequences()[number], position))
         turns += sum(1 for m in trajectory.messages if m["role"] == "assistant")
-    return CheckResult("mask", True, f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns")
+        sequences += len(trajectory.previous) + 1
+    over = f" in {sequences} token sequences" if sequences > len(trajectories) else ""
+    return CheckResult("mask", True, f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns{over}")
 
 
-def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, str] | None:
-    """(position of the first bad token, what is wrong), or None when the mask is exactly the model's turns."""
-    ids, mask = trajectory.input_ids, trajectory.loss_mask
+def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, int, str] | None:
+    """(token sequence, position in it of the first bad token, what is wrong), or None when the
+    masks of the episode's sequences, oldest first, are exactly the model's turns in order."""
+    runs = [(number, begin, end) for number, sequence in enumerate(trajectory.sequences())
+            for begin, end in _masked_runs(sequence.loss_mask)]
+    turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
+    if len(runs) != len(turns):
+        number, begin, end = runs[len(turns)] if len(runs) > len(turns) else runs[-1] if runs else (0, 0, 0)
+        return number, begin if len(runs) > len(turns) else end, f"{len(runs)} masked runs for {len(turns)} assistant turns"
+    decode = chat_format.decode_turn
+    sequences = trajectory.sequences()
+    for (number, begin, end), expected in zip(runs, turns):
+        ids = sequences[number].input_ids
+        content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is
+        for position in range(begin, content_end):                                 # masked, not message text
+            if not expected.startswith(decode(ids[begin : position + 1])):
+                return number, position, (f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
+                                          f"text here (the turn reads {expected[:40]!r})")
+        if decode(ids[begin:content_end]) != expected:
+            return number, content_end, (f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
+                                         f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}")
+    return None
+
+
+def _masked_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[begin, end) of every run of 1s in `mask`."""
     runs, start = [], None
     for position, bit in enumerate(list(mask) + [0]):
         if bit and start is None:
@@ -136,21 +169,7 @@ def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, 
         elif not bit and start is not None:
             runs.append((start, position))
             start = None
-    turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
-    if len(runs) != len(turns):
-        position = runs[len(turns)][0] if len(runs) > len(turns) else (runs[-1][1] if runs else 0)
-        return position, f"{len(runs)} masked runs for {len(turns)} assistant turns"
-    decode = chat_format.decode_turn
-    for (begin, end), expected in zip(runs, turns):
-        content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is
-        for position in range(begin, content_end):                                 # masked, not message text
-            if not expected.startswith(decode(ids[begin : position + 1])):
-                return position, (f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
-                                  f"text here (the turn reads {expected[:40]!r})")
-        if decode(ids[begin:content_end]) != expected:
-            return content_end, (f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
-                                 f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}")
-    return None
+    return runs
 
 
 def _mask_table(chat_format: ChatFormat, trajectory: Trajectory, at: int) -> list[str]:
@@ -177,12 +196,13 @@ def _sample(model: Any, tokenizer: Any, cfg: AuditConfig, dtype: str, seed_offse
 
 
 def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], temperature: float) -> torch.Tensor:
-    """|sampler log-prob − training forward log-prob| at every masked token of `trajectories` (1-D, float64)."""
+    """|sampler log-prob − training forward log-prob| at every masked token of every token sequence
+    of `trajectories` (1-D, float64)."""
     from agentic_rl.algorithms.logprobs import sequence_logprobs
     from agentic_rl.rollout.trajectory import collate
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batch = collate(trajectories, pad)
+    batch = collate([sequence for trajectory in trajectories for sequence in trajectory.sequences()], pad)
     with torch.no_grad():
         logps, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature)
     trained = batch.loss_mask.bool()
