@@ -116,3 +116,14 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
     plain_grads = torch.autograd.grad(expected.sum(), params)
     for mine, theirs in zip(shared_grads, plain_grads):  # float32 RMSNorm inside: float32 rounding
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_corrupted_pairs_refuse_an_env_that_drops_turns():
+    """memory's episodes are several token sequences: a corrupted re-render of the whole
+    conversation would differ from the chosen side in shape, not only in its answer."""
+    from agentic_rl.training.reward_model import PairsConfig, build_pairs
+    from agentic_rl.models.loader import TINY_QWEN3, load_tokenizer
+
+    cfg = load_config(PairsConfig, None, overrides=["source=corrupted", "env.name=memory", "env.options={facts: 2, gap: 2, window: 2}"])
+    with pytest.raises(ValueError, match="env 'memory' drops turns.*use pairs.source=sampled"):
+        build_pairs(cfg, "train", 2, load_tokenizer(TINY_QWEN3), 0)

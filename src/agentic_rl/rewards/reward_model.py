@@ -2,6 +2,8 @@
 
 Scores each trajectory's exact token ids (no re-tokenization) with the reward model's score at
 the last real token, batched. The value is the raw score r(x, y); its weight sets the scale.
+An episode of several token sequences (an env that drops old turns, Trajectory.previous) is
+scored on its last sequence: the context the policy gave its answer from.
 """
 
 from __future__ import annotations

@@ -116,6 +116,11 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
     rng = random.Random(seed)
     pairs = []
     for demo in oracle_demos(env, tasks, chat_format):
+        if demo.previous:  # the reward term scores an episode's last token sequence, not a re-render of it all
+            raise ValueError(
+                f"pairs.source=corrupted: env '{env.name}' drops turns from what the policy sees (task {demo.task_id} has "
+                f"{len(demo.previous) + 1} token sequences), so a corrupted copy of the whole conversation would not look "
+                "like anything the policy sees, and the RM would learn that difference; use pairs.source=sampled")
         wrong = corrupt_messages(demo.messages, rng)
         if wrong is None:
             continue
