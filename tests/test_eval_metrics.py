@@ -1,6 +1,7 @@
 """Evaluation metrics on constructed cases: pass@k against its exact formula, maj@k with ties,
 and the per-episode statistics against hand-computed values."""
 
+import dataclasses
 import itertools
 from fractions import Fraction
 
@@ -88,6 +89,14 @@ def test_episode_statistics_hand_values():
     assert stats["accuracy/difficulty_1"] == 1.0 and stats["accuracy/difficulty_2"] == 0.0
     # tasks that list no reference steps: no solution_steps metric rather than a 0
     assert "solution_steps" not in episode_statistics([_episode(True, 1, 0)], tasks[:1])
+    assert stats["truncated_rate"] == 0.0
+
+
+def test_truncated_rate_counts_the_episodes_a_rollout_limit_cut_off():
+    reasons = ["answered", "max_episode_tokens", "max_turns", "max_turn_tokens", "env_done", "error"]
+    trajs = [dataclasses.replace(_episode(False, 1, 0), finish_reason=reason) for reason in reasons]
+    tasks = [Task(f"t/{i}", "q", "1", {}) for i in range(len(reasons))]
+    assert episode_statistics(trajs, tasks)["truncated_rate"] == pytest.approx(3 / 6)
 
 
 def test_sampled_metrics_histogram_and_per_problem_counts():

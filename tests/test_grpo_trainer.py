@@ -245,6 +245,23 @@ def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on
         assert _finite(row)
 
 
+def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, capsys, qwen3_tokenizer):
+    """Guards against a run whose episodes cannot finish inside rollout.max_episode_tokens (plan's
+    two-door houses need ~1100 tokens; the default is 1024) training on that silently: the share
+    is logged per step and a warning names the key to raise."""
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.models.chat_format import ChatFormat
+
+    env = make_env("arith", difficulty=1)
+    prompt = min(len(ChatFormat.for_tokenizer(qwen3_tokenizer).prompt_ids(env.reset(task), env.tool_schemas))
+                 for task in env.tasks("train", n=50, seed=0))  # room for at most 3 tokens in any episode
+    cfg = _cfg(tmp_path, f"rollout.max_episode_tokens={prompt + 3}", "rollout.max_turn_tokens=8")
+    _, objective, batch = _first_batch(cfg)
+    assert batch.metrics["rollout/finish/max_episode_tokens"] == 1.0
+    out = capsys.readouterr().out
+    assert "WARNING: 100% of this batch's episodes ended at rollout.max_episode_tokens" in out and f"({prompt + 3} tokens" in out
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     """Guards against micro-batch losses scaled by the wrong share (e.g. per-micro-batch means

@@ -243,6 +243,10 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
         result, interval, k = out[label], out[label]["ci95"]["pass@1"], out[label]["k"]
         sampled = f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}" if k > 1 else ""
         log(f"[pipeline]   {label}: pass@1 = {result['pass@1']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] on {result['n']} problems{sampled}")
+        if result["truncated_rate"] > 0.1:
+            log(f"[pipeline]   {label}: WARNING {result['truncated_rate']:.0%} of the episodes were cut off by a rollout limit "
+                f"(max_episode_tokens {eval_cfg.rollout.max_episode_tokens}, max_turns {eval_cfg.rollout.max_turns}, "
+                f"max_turn_tokens {eval_cfg.rollout.max_turn_tokens}); raise it in this eval's rollout section")
     return {"model": model_name, "evals": out}
 
 

@@ -22,7 +22,7 @@ from agentic_rl.training.metric_keys import describe_metric
 
 _STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_ppo": "after PPO",
                 "eval_control": "SFT control"}
-_COLUMNS = ("format_error_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
+_COLUMNS = ("format_error_rate", "truncated_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
 COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_ppo"), ("eval_sft", "eval_control"),
                ("eval_control", "eval_grpo"), ("eval_control", "eval_ppo"))
 """(A, B) stage pairs the report compares, B − A: each stage against the one it started from,

@@ -86,6 +86,10 @@ def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str
     return out
 
 
+TRUNCATED = ("max_episode_tokens", "max_turn_tokens", "max_turns")
+"""Finish reasons of an episode a rollout limit cut off."""
+
+
 def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
     """pass@1 and the per-episode statistics of one episode per task."""
     calls = [t.info.get("tool_calls", 0) for t in trajs]
@@ -97,6 +101,9 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
         "tool_calls_per_episode": mean(calls),
         "tool_success_rate": (sum(calls) - sum(errors)) / sum(calls) if sum(calls) else float("nan"),
         "failed_episodes": sum(t.finish_reason == "error" for t in trajs),
+        # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
+        # finish: a high share means the limits, not the model, decide the accuracy
+        "truncated_rate": mean([float(t.finish_reason in TRUNCATED) for t in trajs]),
     }
     with_steps = [t for t in trajs if t.info.get("solution_steps_total")]
     if with_steps:  # the mean share of reference intermediate results reproduced, in order

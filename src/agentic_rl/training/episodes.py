@@ -282,6 +282,12 @@ class EpisodeObjective:
         })
         for reason in sorted(set(reasons)):
             metrics[f"rollout/finish/{reason}"] = reasons.count(reason) / len(reasons)
+        cut = reasons.count("max_episode_tokens") / max(1, len(reasons))
+        if cut >= 0.5:  # such an episode ends before it can succeed: the reward measures the limit
+            self.accelerator.print(
+                f"WARNING: {cut:.0%} of this batch's episodes ended at rollout.max_episode_tokens "
+                f"({self.cfg.rollout.max_episode_tokens} tokens, prompt included) before they could finish; raise it "
+                "(rollout/finish/max_episode_tokens in metrics.jsonl)", flush=True)
         rank = f"[rank {self.accelerator.process_index}] " if self.accelerator.num_processes > 1 else ""
         for traj in trajs:  # every rank reports its own failed episodes
             if traj.finish_reason == "error":
