@@ -127,3 +127,26 @@ def test_the_plan_config_stages_run(tmp_path):
                                train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
     history = train_grpo(grpo)["history"]
     assert len(history) == 1 and "reward/env_steps/mean" in history[0]
+
+
+def test_the_plan_config_gives_every_episode_room_for_all_its_turns():
+    """Guards against the first plan run's mistake: the default max_episode_tokens (1024) cut every
+    two-door episode before the goal (the optimal plan alone needs ~1100 tokens), so GRPO learned
+    from step costs only. Each rollout section must fit its longest prompt plus max_turns turns of
+    max_turn_tokens, each followed by the longest observation, over 100 oracle worlds, in the
+    embedded model's own template."""
+    from agentic_rl.config import load_config
+    from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.models.loader import load_tokenizer
+    from agentic_rl.pipeline import PipelineConfig
+
+    cfg = load_config(PipelineConfig, "configs/plan.yaml")
+    chat_format = ChatFormat.for_tokenizer(load_tokenizer(cfg.model))
+    sections = [(e.name, e.env, e.rollout) for e in cfg.evals] + [("grpo", cfg.grpo.env, cfg.grpo.rollout)]
+    for name, env_cfg, rollout in sections:
+        env = env_cfg.make()
+        demos = oracle_demos(env, env.tasks("test", n=100, seed=0), chat_format)
+        prompt = max(d.prompt_length for d in demos)
+        observation = max(s.end - s.start for d in demos for s in d.spans if s.kind == "observation")
+        needed = prompt + rollout.max_turns * (rollout.max_turn_tokens + observation)
+        assert needed <= rollout.max_episode_tokens, (name, needed, rollout.max_episode_tokens)
