@@ -96,7 +96,9 @@ def test_truncated_rate_counts_the_episodes_a_rollout_limit_cut_off():
     reasons = ["answered", "max_episode_tokens", "max_turns", "max_turn_tokens", "env_done", "error"]
     trajs = [dataclasses.replace(_episode(False, 1, 0), finish_reason=reason) for reason in reasons]
     tasks = [Task(f"t/{i}", "q", "1", {}) for i in range(len(reasons))]
-    assert episode_statistics(trajs, tasks)["truncated_rate"] == pytest.approx(3 / 6)
+    stats = episode_statistics(trajs, tasks)
+    assert stats["truncated_rate"] == pytest.approx(3 / 6)
+    assert stats["finish_reasons"] == {reason: pytest.approx(1 / 6) for reason in sorted(reasons)}
 
 
 def test_sampled_metrics_histogram_and_per_problem_counts():

@@ -133,3 +133,17 @@ def test_a_control_without_what_it_is_matched_on_fails_at_load(skip, fragment):
 
     with pytest.raises(ConfigError, match=fragment):
         load_config(PipelineConfig, CONFIG, overrides=[f"skip={skip}"])
+
+
+def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
+    """Guards against a stage's accuracy decided by a rollout limit without a word (configs/plan.yaml's
+    first run): tiny-qwen3 rambles past max_turn_tokens 4 in every episode."""
+    from agentic_rl.config import load_config
+    from agentic_rl.evaluation.config import EvalConfig
+    from agentic_rl.pipeline import _evaluate
+
+    cfg = load_config(EvalConfig, None, ["env.options={difficulty: 1}", "n=3", "batch_size=3", "rollout.max_turn_tokens=4"])
+    lines: list[str] = []
+    result = _evaluate("tiny-qwen3", [cfg], lines.append)
+    assert result["evals"][cfg.name]["finish_reasons"] == {"max_turn_tokens": 1.0}
+    assert any("WARNING 100% of the episodes were cut off by a rollout limit (100% at max_turn_tokens 4)" in line for line in lines), lines

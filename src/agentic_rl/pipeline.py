@@ -232,7 +232,7 @@ def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 
 def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
-    from agentic_rl.evaluation.runner import evaluate
+    from agentic_rl.evaluation.runner import TRUNCATED, evaluate
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     model, tokenizer, _ = load_base_and_tokenizer(model_name, "float32")
@@ -244,9 +244,11 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
         sampled = f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}" if k > 1 else ""
         log(f"[pipeline]   {label}: pass@1 = {result['pass@1']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] on {result['n']} problems{sampled}")
         if result["truncated_rate"] > 0.1:
+            limits = ", ".join(f"{share:.0%} at {reason} {getattr(eval_cfg.rollout, reason)}"
+                               for reason, share in result["finish_reasons"].items() if reason in TRUNCATED)
             log(f"[pipeline]   {label}: WARNING {result['truncated_rate']:.0%} of the episodes were cut off by a rollout limit "
-                f"(max_episode_tokens {eval_cfg.rollout.max_episode_tokens}, max_turns {eval_cfg.rollout.max_turns}, "
-                f"max_turn_tokens {eval_cfg.rollout.max_turn_tokens}); raise it in this eval's rollout section")
+                f"({limits}): a model that rambles hits max_turn_tokens; one that cannot finish in time, the others "
+                "(raise them in this eval's rollout section)")
     return {"model": model_name, "evals": out}
 
 

@@ -13,7 +13,7 @@ episode and their success rate, accuracy by difficulty (arith) or by number of s
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -104,6 +104,7 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
         # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
         # finish: a high share means the limits, not the model, decide the accuracy
         "truncated_rate": mean([float(t.finish_reason in TRUNCATED) for t in trajs]),
+        "finish_reasons": {reason: count / len(trajs) for reason, count in sorted(Counter(t.finish_reason for t in trajs).items())},
     }
     with_steps = [t for t in trajs if t.info.get("solution_steps_total")]
     if with_steps:  # the mean share of reference intermediate results reproduced, in order
