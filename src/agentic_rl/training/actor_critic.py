@@ -9,8 +9,9 @@ values[b, t] is the value of the state before token t. The head starts at zero (
 first batch's advantages are the plain returns, and nothing random enters the first step. A
 separate critic started from a reward model (`value.model` an `agentic-rl rm` folder) is that
 model's decoder, and its head starts from the RM's score weights: its first V(s) is the RM's
-score of the conversation up to s (Bradley-Terry scores: right in order, arbitrary in offset,
-which GAE's δ_t = r_t + γV(s_t+1) − V(s_t) sees only at the episode's last token, where V(end) = 0).
+score of the conversation up to s (Bradley-Terry scores: right in order, arbitrary in offset;
+with γ = 1, the default, GAE's δ_t = r_t + γV(s_t+1) − V(s_t) sees an offset only at the
+episode's last token, where V(end) = 0, and the value loss then learns it away).
 
 Memory: shared adds H + 1 parameters and no activations; separate adds a whole second model
 (its weights, adapters, activations and optimizer state): measured in benchmarks/ppo_vs_grpo.py.
