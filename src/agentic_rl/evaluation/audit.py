@@ -139,14 +139,13 @@ def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> Chec
 def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, int, str] | None:
     """(token sequence, position in it of the first bad token, what is wrong), or None when the
     masks of the episode's sequences, oldest first, are exactly the model's turns in order."""
-    runs = [(number, begin, end) for number, sequence in enumerate(trajectory.sequences())
-            for begin, end in _masked_runs(sequence.loss_mask)]
+    sequences = trajectory.sequences()
+    runs = [(number, begin, end) for number, sequence in enumerate(sequences) for begin, end in _masked_runs(sequence.loss_mask)]
     turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
     if len(runs) != len(turns):
         number, begin, end = runs[len(turns)] if len(runs) > len(turns) else runs[-1] if runs else (0, 0, 0)
         return number, begin if len(runs) > len(turns) else end, f"{len(runs)} masked runs for {len(turns)} assistant turns"
     decode = chat_format.decode_turn
-    sequences = trajectory.sequences()
     for (number, begin, end), expected in zip(runs, turns):
         ids = sequences[number].input_ids
         content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is

@@ -101,11 +101,11 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
         "tool_calls_per_episode": mean(calls),
         "tool_success_rate": (sum(calls) - sum(errors)) / sum(calls) if sum(calls) else float("nan"),
         "failed_episodes": sum(t.finish_reason == "error" for t in trajs),
-        # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
-        # finish: a high share means the limits, not the model, decide the accuracy
-        "truncated_rate": mean([float(t.finish_reason in TRUNCATED) for t in trajs]),
         "finish_reasons": {reason: count / len(trajs) for reason, count in sorted(Counter(t.finish_reason for t in trajs).items())},
     }
+    # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
+    # finish: a high share means the limits, not the model, decide the accuracy
+    result["truncated_rate"] = sum(share for reason, share in result["finish_reasons"].items() if reason in TRUNCATED)
     with_steps = [t for t in trajs if t.info.get("solution_steps_total")]
     if with_steps:  # the mean share of reference intermediate results reproduced, in order
         result["solution_steps"] = mean([solution_steps(t) for t in with_steps])

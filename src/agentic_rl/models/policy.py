@@ -34,11 +34,17 @@ def load_policy(cfg: ModelConfig, device: Any = "cpu", log=print):
     base_name = cfg.name
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return make_trainable(model, cfg, log=log), tokenizer, base_name
+
+
+def make_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", log=print):
+    """`model` ready to train per cfg: gradient checkpointing if asked, then LoRA adapters (or every
+    weight trainable when cfg.lora.enabled is false); logs what trains."""
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    policy = apply_lora(model, cfg.lora)
+    trainable = apply_lora(model, cfg.lora, task_type=task_type)
     if not cfg.lora.enabled:
-        policy.requires_grad_(True)
-    log(describe_trainable(policy))
-    return policy, tokenizer, base_name
+        trainable.requires_grad_(True)
+    log(describe_trainable(trainable))
+    return trainable

@@ -22,7 +22,7 @@ import torch
 
 from agentic_rl.models.backbone import backbone_hidden, backbone_of, shared_prefix_length, unwrap_causal_lm
 from agentic_rl.models.lora import apply_lora, describe_trainable
-from agentic_rl.models.policy import ModelConfig
+from agentic_rl.models.policy import ModelConfig, make_trainable
 from agentic_rl.models.stage_output import DTYPES, load_base_and_tokenizer
 from agentic_rl.strict_json import write_json
 
@@ -90,10 +90,9 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     folder = Path(folder)
-    record = folder / RM_RECORD
-    if not record.exists():
+    if not is_reward_model_folder(folder):
         raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
-    meta = json.loads(record.read_text())
+    meta = json.loads((folder / RM_RECORD).read_text())
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if meta.get("lora"):
         from peft import AutoPeftModelForSequenceClassification
@@ -122,12 +121,5 @@ def load_reward_backbone(folder: str | Path, cfg: ModelConfig, device: Any = "cp
         raise ValueError(f"{folder}: the reward model's score head is {score}; a critic starts from a bias-free "
                          "Linear(hidden, 1), as `agentic-rl rm` trains")
     weight = score.weight.detach().clone().float()  # (1, H)
-    decoder = backbone_of(classifier).to(DTYPES[cfg.dtype])
-    if cfg.gradient_checkpointing:
-        decoder.gradient_checkpointing_enable()
-        decoder.config.use_cache = False
-    critic = apply_lora(decoder, cfg.lora, task_type="FEATURE_EXTRACTION")
-    if not cfg.lora.enabled:
-        critic.requires_grad_(True)
-    log(describe_trainable(critic))
+    critic = make_trainable(backbone_of(classifier).to(DTYPES[cfg.dtype]), cfg, "FEATURE_EXTRACTION", log)
     return critic, tokenizer, weight
