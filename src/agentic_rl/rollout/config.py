@@ -15,7 +15,7 @@ from typing import Literal
 from agentic_rl.config import PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
-RolloutDtype = Literal["float32", "bfloat16"]
+RolloutDtype = Literal["float32", "bfloat16", "auto"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +69,10 @@ class RolloutConfig:
     model is supported, else hf)."""
     dtype: RolloutDtype = "float32"
     """Decode precision (fast backend). bfloat16 decodes from bf16 copies of the weights: ~1.6x
-    faster on CPU, but its sampling log-probs then differ from a float32 model's, so a trainer
-    must not use them as π_old (GRPO: old_logprobs detach or recompute)."""
+    faster on CPUs with bf16 kernels (AVX512, AMX), 60x slower on AVX2-only ones; its sampling
+    log-probs differ from a float32 model's, so a trainer must not use them as π_old (GRPO:
+    old_logprobs detach or recompute). auto: bfloat16 where bf16 is fast, else float32
+    (models/precision.py); the run logs which."""
     tool_workers: PositiveInt = 4
     """Threads running the tool calls of different episodes in parallel."""
 

@@ -22,11 +22,19 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
     """FastRunner when asked for (or "auto" and the model is supported), else HFRunner.
 
     dtype="bfloat16" decodes from bf16 copies of the weights (FastRunner only): about 2x faster
-    on CPU, where decoding is bound by reading the weights. Sampling log-probs then come from
-    bf16 weights, so trainers must not use them as π_old (see GRPOConfig.old_logprobs).
+    on CPUs with bf16 kernels, where decoding is bound by reading the weights. Sampling log-probs
+    then come from bf16 weights, so trainers must not use them as π_old (see
+    GRPOConfig.old_logprobs). dtype="auto": bfloat16 only where bf16 is fast (models/precision.py).
     """
     import torch
 
+    from agentic_rl.models.precision import resolve_rollout_dtype
+
+    if dtype == "auto":
+        dtype = resolve_rollout_dtype(dtype, next(model.parameters()).device)  # type: ignore[assignment]
+        print(f"rollout.dtype: auto -> {dtype} on this machine (models/precision.py)", flush=True)
+    else:
+        resolve_rollout_dtype(dtype, next(model.parameters()).device)  # warns where bfloat16 is slow
     if kind in ("auto", "fast"):
         try:
             from agentic_rl.rollout.fast_runner import FastRunner

@@ -46,10 +46,11 @@ key/value heads, hd head dim, Nqkv = (nh + 2·nkv)·hd.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
+
+from agentic_rl.models.precision import mkldnn_linear_works
 
 Projection = tuple[torch.Tensor, torch.Tensor | None]  # (weight operand, bias or None)
 
@@ -117,23 +118,6 @@ def mkldnn_project_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: tor
 
 
 PROJECTIONS = {"mm": (mm_project, mm_project_add), "mkldnn": (mkldnn_project, mkldnn_project_add)}
-
-
-@functools.cache
-def mkldnn_linear_works(dtype: torch.dtype) -> bool:
-    """Whether this torch build runs a oneDNN linear on prepacked weights in `dtype` (CPU).
-
-    Probed once on an 8x8 weight, so that "auto" falls back to torch.mm wherever oneDNN is
-    missing or lacks the kernel (e.g. bf16 on some non-x86 CPUs) instead of failing mid-run.
-    """
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.eye(8, dtype=dtype), 1)
-        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 8, dtype=dtype), w, None, "none", [], "")
-        return bool(torch.equal(out.float(), torch.ones(1, 8)))
-    except Exception:  # noqa: BLE001 - any failure means: use torch.mm
-        return False
 
 
 def choose_linear(linear: str, device: torch.device, dtype: torch.dtype) -> str:

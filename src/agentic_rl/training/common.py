@@ -11,6 +11,8 @@ import random
 import numpy as np
 import torch
 
+from agentic_rl.models.precision import resolve_mixed_precision
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -31,7 +33,10 @@ def make_accelerator(mixed_precision: str = "no", seed: int = 0):
     # runs on CPU; otherwise every rank silently trains alone and they race on output_dir.
     launched_world = int(os.environ.get("WORLD_SIZE", "1"))
     cpu_only = launched_world > 1 and not torch.cuda.is_available()
-    accelerator = Accelerator(mixed_precision=mixed_precision, kwargs_handlers=[ddp], cpu=cpu_only)
+    resolved = resolve_mixed_precision(mixed_precision)
+    if resolved != mixed_precision:
+        print(f"train.mixed_precision: {mixed_precision} -> {resolved} on this machine (models/precision.py)", flush=True)
+    accelerator = Accelerator(mixed_precision=resolved, kwargs_handlers=[ddp], cpu=cpu_only)
     if cpu_only and _fsdp_requested():
         _shard_on_cpu(accelerator)
     if accelerator.num_processes != launched_world:

@@ -89,8 +89,10 @@ class LoopConfig:
     """How many recent checkpoints to keep."""
     resume: bool = True
     """Continue from the newest complete checkpoint in output_dir, if any."""
-    mixed_precision: Literal["no", "bf16"] = "no"
-    """Autocast precision for forward/backward (bf16 needs hardware support to pay off)."""
+    mixed_precision: Literal["no", "bf16", "auto"] = "no"
+    """Autocast precision for forward/backward. bf16 needs hardware support to pay off (a CPU
+    with bf16 kernels, AVX512 or AMX, or a bf16 GPU; on AVX2-only CPUs a bf16 step is many times
+    slower). auto: bf16 where it is fast, else no (models/precision.py); the run logs which."""
     log_every: int = 1
     """Log metrics every N steps."""
     progress: bool = True
