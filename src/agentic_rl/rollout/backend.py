@@ -126,6 +126,7 @@ class _RowState:
     max_new_tokens: int = 0
     turn_ids: list[int] = dataclasses.field(default_factory=list)
     turn_logprobs: list[float] = dataclasses.field(default_factory=list)
+    cached: list[int] = dataclasses.field(default_factory=list)  # the tokens the slot's cache holds, in order
 
 
 class RunnerBackend:
@@ -146,7 +147,9 @@ class RunnerBackend:
         self.forward_calls = 0
         self._rows: dict[int, _RowState] = {}
         self.min_shared_prefix = 16
-        """Shortest common prompt prefix worth a separate prefill (see `_share_prompt_prefix`)."""
+        """Shortest common prompt prefix worth a separate prefill or a fork (see `_share_prompt_prefix`)."""
+        self.prefix_forks = 0
+        """New episodes that forked their prompt's prefix from a running one's cache (a statistic)."""
 
     def begin(self, seed: int, sampling: SamplingParams) -> None:
         if self._rows:
@@ -197,6 +200,7 @@ class RunnerBackend:
         tokens, logprobs = _sample_rows(logits, rows)  # (B,), (B,)
         finished = []
         for key, row, token, logprob in zip(keys, rows, tokens.tolist(), logprobs.tolist()):
+            row.cached.extend(row.pending)  # type: ignore[arg-type]
             row.pending = None
             row.turn_ids.append(token)
             row.turn_logprobs.append(logprob)
@@ -222,17 +226,26 @@ class RunnerBackend:
         return any(stop in text for stop in row.stop_strings)
 
     def _share_prompt_prefix(self, rows: list[_RowState]) -> None:
-        """Prefill the longest prefix shared by the new episodes' prompts once, then fork it.
+        """Prefill each new episode's prompt only where no cache holds it yet.
 
         The G episodes of a prompt have identical prompts, and all episodes of an env share its
-        system prompt and tool schemas, so most prompt tokens are common. The shared prefix is
-        computed once in the first new slot and copied into the others (its KV cache is exactly
-        what each would have computed); only the differing suffixes are prefilled per episode.
-        At least one token of every prompt stays in its own chunk, to produce its logits.
+        system prompt and tool schemas, so most prompt tokens are common. Two ways to reuse them,
+        both copying a KV cache that is exactly what a prefill would compute:
+          * a new episode whose prompt starts like the cache of an episode already running (one
+            admitted when a slot frees up, or the next token sequence of an episode whose history
+            is not a prefix, engine.py) forks that longest common prefix from it;
+          * the new episodes left, when several start in one step, prefill their longest common
+            prefix once in the first one's slot, and the others fork it.
+        Only the differing suffixes are prefilled per episode. At least one token of every prompt
+        stays in its own chunk, to produce its logits.
         """
         if type(self.runner).fork is Runner.fork:  # this runner cannot copy caches
             return
         new = [row for row in rows if self.runner.length(row.slot) == 0 and row.pending]
+        if not new:
+            return
+        self._fork_from_running(new)
+        new = [row for row in new if self.runner.length(row.slot) == 0]
         if len(new) < 2:
             return
         prefix = min(len(row.pending) for row in new) - 1  # type: ignore[arg-type]
@@ -251,7 +264,36 @@ class RunnerBackend:
         for row in new[1:]:
             self.runner.fork(new[0].slot, row.slot, prefix)
         for row in new:
+            row.cached = list(first[:prefix])  # type: ignore[index]
             row.pending = row.pending[prefix:]  # type: ignore[index]
+
+    def _fork_from_running(self, new: list[_RowState]) -> None:
+        """Fork into each new row the longest prefix of its prompt that a running row's cache
+        holds (at least `min_shared_prefix` tokens; a row forked here may serve the next one)."""
+        sources = [row for row in self._rows.values() if row.cached]
+        for row in new:
+            pending = row.pending
+            assert pending is not None
+            best, source = 0, None
+            for other in sources:
+                same = _common_prefix_length(other.cached, pending, len(pending) - 1)
+                if same > best:
+                    best, source = same, other
+            if source is None or best < self.min_shared_prefix:
+                continue
+            self.runner.fork(source.slot, row.slot, best)
+            self.prefix_forks += 1
+            row.cached, row.pending = list(pending[:best]), pending[best:]
+            sources.append(row)
+
+
+def _common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _sample_rows(logits: torch.Tensor, rows: list[_RowState]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,8 @@ Episodes whose history is not a prefix: when `env.step` returns a `context` (Ste
 the conversation the policy sees from now on, e.g. a window that dropped old turns), the episode's
 current token sequence ends after the policy turn, its backend slot is released, and a new
 sequence starts from `chat_format.prompt_ids(context, tools)`, queued like a new episode (it needs
-a free slot; the KV cache starts fresh). Each sequence is token-exact on its own; the finished
+a free slot; the backend forks the longest prefix of it that a running episode's cache holds,
+e.g. the system prompt and tool schemas, and prefills the rest). Each sequence is token-exact on its own; the finished
 ones go to `Trajectory.previous`. The limits then read per sequence: max_episode_tokens bounds
 each sequence (it is the context the backend holds; a context that leaves no room ends the
 episode with "max_episode_tokens"), max_turns counts the episode's turns. A sequence's backend
