@@ -70,8 +70,9 @@ def check_old_logprobs(old_logprobs: str, updates_per_batch: int, rollout_dtype:
     if old_logprobs == "detach" and updates_per_batch > 1:
         raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
                          "with updates_per_batch > 1 use sampling or recompute")
-    rollout_dtype = resolve_rollout_dtype(rollout_dtype) if rollout_dtype == "auto" else rollout_dtype
-    if rollout_dtype != model_dtype and old_logprobs == "sampling":
-        raise ValueError(f"rollout.dtype={rollout_dtype} samples with other weights than the trained "
+    decodes = resolve_rollout_dtype(rollout_dtype) if rollout_dtype == "auto" else rollout_dtype
+    if decodes != model_dtype and old_logprobs == "sampling":
+        named = rollout_dtype if decodes == rollout_dtype else f"{rollout_dtype} ({decodes} on this machine)"
+        raise ValueError(f"rollout.dtype={named} samples with other weights than the trained "
                          f"{model_dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
                          f"or recompute, or rollout.dtype: {model_dtype}")
