@@ -21,9 +21,21 @@ def _cfg(model="tiny-qwen3", *overrides):
 
 def test_every_check_passes_on_tiny_qwen3(tiny_qwen3):
     model, tokenizer = tiny_qwen3
-    results = run_audit(model, tokenizer, _cfg())
+    results = run_audit(model, tokenizer, _cfg("tiny-qwen3", "dtypes=[float32, bfloat16]"))
     assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
     assert "float32 decode: max" in results[2].summary and "bfloat16 decode" in results[2].summary
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_default_audits_bfloat16_decoding_only_where_bf16_is_fast(tiny_qwen3, monkeypatch, fast):
+    """Guards against an audit that spends minutes in bf16's scalar fallback on an AVX2-only CPU,
+    or one that stops checking bf16 decoding where the runs use it."""
+    from agentic_rl.models import precision
+
+    monkeypatch.setattr(precision, "mkldnn_linear_works", lambda dtype: fast)
+    model, tokenizer = tiny_qwen3
+    summary = run_audit(model, tokenizer, _cfg())[2].summary  # dtypes: [float32, auto]
+    assert "float32 decode: max" in summary and ("bfloat16 decode" in summary) == fast
 
 
 def test_a_template_that_rewrites_earlier_turns_fails_at_its_first_differing_token(qwen3_tokenizer):

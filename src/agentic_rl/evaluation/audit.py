@@ -38,6 +38,7 @@ import torch
 
 from agentic_rl.evaluation.config import AuditConfig
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.precision import resolve_rollout_dtype
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -54,7 +55,9 @@ def run_audit(model: Any, tokenizer: Any, cfg: AuditConfig) -> list[CheckResult]
     """Every check, in order. The model is not changed (the weights check works on a copy)."""
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     results = [check_template(chat_format, cfg)]
-    trajectories = {dtype: _sample(model, tokenizer, cfg, dtype) for dtype in cfg.dtypes}
+    device = next(model.parameters()).device
+    dtypes = dict.fromkeys(resolve_rollout_dtype(dtype, device) if dtype == "auto" else dtype for dtype in cfg.dtypes)
+    trajectories = {dtype: _sample(model, tokenizer, cfg, dtype) for dtype in dtypes}
     results.append(check_masks(chat_format, [t for ts in trajectories.values() for t in ts]))
     results.append(check_logprobs(model, tokenizer, trajectories, cfg))
     results.append(check_weight_sync(model, tokenizer, cfg))

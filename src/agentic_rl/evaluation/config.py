@@ -69,14 +69,15 @@ class AuditConfig:
     """Task and sampling seed."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(max_turn_tokens=64, max_turns=4))
     """How episodes are sampled (temperature 1 by default: the log-prob check needs sampled tokens)."""
-    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32", "bfloat16"])
+    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
     """Decode precisions whose sampler log-probs are compared with the fp32 training forward
-    (bfloat16 needs the fast backend: Llama and Qwen3 models)."""
+    (bfloat16 needs the fast backend: Llama and Qwen3 models). auto: bfloat16 where this machine
+    runs bf16 fast, else float32 (models/precision.py); a dtype listed twice is checked once."""
     tolerance: PositiveFloat = 1e-3
     """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
 
     def __post_init__(self) -> None:
         require_model(self.model)
-        unknown = sorted(set(self.dtypes) - {"float32", "bfloat16"})
+        unknown = sorted(set(self.dtypes) - {"float32", "bfloat16", "auto"})
         if unknown or not self.dtypes:
-            raise ValueError(f"dtypes must be a non-empty list of float32 and bfloat16, got {self.dtypes}")
+            raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")
