@@ -1,9 +1,10 @@
 """Rollouts of episodes whose history is not a prefix: forking the running prefix vs prefilling every sequence.
 
-    .venv/bin/python benchmarks/nonprefix_fork.py [--episodes 16] [--repeats 2] [--dtype auto]
+    .venv/bin/python benchmarks/nonprefix_fork.py [--episodes 8] [--max-turns 8] [--repeats 2] [--dtype auto]
 
 Model: the embedded SmolLM2-135M-Instruct (no adapters), greedy, on `memory` tasks of
-configs/memory.yaml's two-facts evaluation (facts 2, distractors 6, gap 3, window 2, 18 turns).
+configs/memory.yaml's two-facts evaluation (facts 2, distractors 6, gap 3, window 2), cut at
+`--max-turns` (the evaluation allows 18; 8 keeps one side under a few minutes on 2 fp32 cores).
 Once its window is full every turn starts a new token sequence (engine.py), whose prompt opens
 with the system prompt and the memory tools' schemas that every running episode's cache holds.
 
@@ -34,8 +35,8 @@ MODEL = "smollm2-135m-instruct"
 OPTIONS = {"facts": 2, "distractors": 6, "gap": 3, "window": 2}
 
 
-def run(model, tokenizer, tasks, dtype: str, fork: bool) -> tuple[float, int, int, list[list[list[int]]]]:
-    rollout = RolloutConfig(max_turn_tokens=48, max_turns=18, temperature=0, dtype=dtype)
+def run(model, tokenizer, tasks, dtype: str, max_turns: int, fork: bool) -> tuple[float, int, int, list[list[list[int]]]]:
+    rollout = RolloutConfig(max_turn_tokens=48, max_turns=max_turns, temperature=0, dtype=dtype)
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     backend = engine.backend
     if not fork:
@@ -58,7 +59,8 @@ def run(model, tokenizer, tasks, dtype: str, fork: bool) -> tuple[float, int, in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
@@ -69,14 +71,14 @@ def main() -> None:
     ids: dict[str, list] = {}
     for _ in range(args.repeats):
         for side in ("prefill", "fork"):
-            seconds, computed, forks, sequences = run(model, tokenizer, tasks, args.dtype, side == "fork")
+            seconds, computed, forks, sequences = run(model, tokenizer, tasks, args.dtype, args.max_turns, side == "fork")
             times[side].append(seconds)
             stats[side], ids[side] = (computed, forks), sequences
     if ids["fork"] != ids["prefill"]:
         raise SystemExit("the two sides produced different trajectories")
     sequences = sum(len(e) for e in ids["fork"])
     print(f"{args.episodes} memory episodes, {sequences} token sequences, greedy, rollout.dtype={args.dtype}, "
-          f"{torch.get_num_threads()} threads")
+          f"max_turns {args.max_turns}, {torch.get_num_threads()} threads")
     for side in ("prefill", "fork"):
         t = times[side]
         print(f"{side:8s} median {statistics.median(t):7.1f} s  [min {min(t):.1f}, max {max(t):.1f}]  "
