@@ -1,6 +1,6 @@
 """The GRPO recipe levers on tiny-qwen3: dynamic sampling, the success-rate band, guided groups
-(off-policy oracle demonstrations) and the entropy bonus. Each test fails when its lever is
-switched off or broken."""
+(off-policy oracle demonstrations), the entropy bonus and μ > 1 updates per rollout batch. Each
+test fails when its lever is switched off or broken."""
 
 from __future__ import annotations
 
@@ -116,3 +116,86 @@ def test_entropy_bonus_gives_a_gradient_where_every_advantage_is_zero(tmp_path):
     for micro in micros:
         loss, metrics = objective.loss(model, micro)
         assert float(loss) == pytest.approx(-0.01 * metrics["loss/entropy"] * micro.share, rel=1e-5)
+
+
+def _step_in_place(model, grads: dict[str, torch.Tensor], lr: float) -> None:
+    """One plain SGD step on the adapters (the test's stand-in for the loop's optimizer)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in grads:
+                param -= lr * grads[name]
+
+
+def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_pi_old(tmp_path):
+    """μ = updates_per_batch = 2: the second optimizer step trains on the first step's rollouts, and
+    π_old stays the sampler's log-probs, so once the weights have moved the ratio leaves 1 and the
+    clip acts; the third step rolls out afresh with the new weights. Guards against rolling out
+    again at every step (μ silently 1) and against π_old taken from the current weights (the
+    ratio pinned at 1: the clip never acts, the trust region is gone)."""
+    from test_grpo_loss import reference_loss
+
+    cfg = _cfg(tmp_path, "updates_per_batch=2", "old_logprobs=sampling", "loss.beta=0", "loss.epsilon=0.01")
+    model, objective, batch = _first_batch(cfg)
+    assert batch.old_logprobs is batch.tensors.logprobs  # the engine's, recorded while sampling
+    grads, micros = _accumulated_gradient(model, objective, batch)
+    assert micros and all(objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros)
+    _step_in_place(model, grads, lr=1.0)
+    objective.after_step(0)  # the engine syncs the new weights (version 1)
+
+    again = objective.next_batch(1)
+    assert again is batch and again.staleness == 1
+    moved = False
+    for micro in objective.micro_batches(again):
+        loss, metrics = objective.loss(model, micro)
+        index = torch.tensor(micro.rows)
+        t = again.tensors
+        length = int(t.attention_mask[index].sum(-1).max())
+        ids, attention, mask = t.input_ids[index, :length], t.attention_mask[index, :length], t.loss_mask[index, :length]
+        with torch.no_grad():
+            logps, _ = model(ids, attention, mask, cfg.rollout.temperature)  # π_θ after the update
+        expected = reference_loss(logps.double(), t.logprobs[index, :length].double(), again.advantages[index].double(),
+                                  mask, cfg.loss, None) * micro.share
+        assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+        moved |= abs(metrics["loss/ratio_mean"] - 1.0) > 1e-3 and metrics["loss/clip_ratio_region"] > 0
+    assert moved, "after one update the ratio against the sampler's log-probs must leave 1 and be clipped"
+    objective.after_step(1)
+
+    fresh = objective.next_batch(2)
+    assert fresh is not batch and fresh.staleness == 0
+    assert {t.weights_version for t in fresh.trajectories} == {objective.engine.weights_version}
+
+
+def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path):
+    """old_logprobs: recompute under bf16 autocast: π_old must come from the same bf16 forward the
+    loss runs, so the first update's ratio is exactly 1. Guards against π_old scored in fp32
+    outside the loop's autocast, which put the fp32-bf16 gap (here 5e-4 nats per token on
+    average, 1.3e-3 at most) into every ratio before any update."""
+    from agentic_rl.models.policy import load_policy
+    from agentic_rl.training.common import make_accelerator
+    from agentic_rl.training.grpo import GRPOObjective
+    from agentic_rl.training.scoring import TokenScorer
+
+    from accelerate.state import AcceleratorState, GradientState
+
+    cfg = _cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
+    torch.manual_seed(0)
+    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
+    model = TokenScorer(policy)
+    AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's process-wide state binds one precision
+    GradientState._reset_state()
+    try:
+        accelerator = make_accelerator("bf16", 0)
+        objective = GRPOObjective(cfg, tokenizer, None)
+        objective.bind(model, accelerator)
+        batch = objective.next_batch(0)
+        t, mask = batch.tensors, batch.tensors.loss_mask.bool()
+        with torch.no_grad(), accelerator.autocast():
+            logps, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+    with torch.no_grad():
+        fp32, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
+    gap = float((logps.float() - fp32)[mask].abs().mean())
+    assert gap > 1e-4, "the test needs bf16 and fp32 log-probs that differ"
+    assert float((logps.float() - batch.old_logprobs)[mask].abs().max()) < 1e-6 < gap

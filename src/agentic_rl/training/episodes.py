@@ -230,7 +230,11 @@ class EpisodeObjective:
 
     @torch.no_grad()
     def _score(self, tensors, reference: bool) -> torch.Tensor:
-        """(R_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches."""
+        """(R_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches.
+
+        They run in the precision the loss runs in (the loop's autocast, e.g. bf16): π_old
+        recomputed in fp32 against a bf16 π_θ would put the precision gap into every ratio, so
+        the first of μ updates would not start at ratio 1 and the clip would act on rounding."""
         temperature = self.cfg.rollout.temperature
         out = torch.zeros_like(tensors.logprobs)
         step = self.cfg.micro_batch_size
@@ -238,13 +242,14 @@ class EpisodeObjective:
             rows = slice(start, start + step)
             args = (tensors.input_ids[rows].to(self.accelerator.device), tensors.attention_mask[rows].to(self.accelerator.device),
                     tensors.loss_mask[rows].to(self.accelerator.device))
-            if reference and self.reference is not None:
-                logps, _ = sequence_logprobs(self.reference, *args, temperature=temperature)
-            elif reference:
-                with self.policy.disable_adapter():  # π_ref = the base model: no second copy in memory
+            with self.accelerator.autocast():
+                if reference and self.reference is not None:
+                    logps, _ = sequence_logprobs(self.reference, *args, temperature=temperature)
+                elif reference:
+                    with self.policy.disable_adapter():  # π_ref = the base model: no second copy in memory
+                        logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
+                else:
                     logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
-            else:
-                logps, _ = sequence_logprobs(self.policy, *args, temperature=temperature)
             out[rows] = logps.float().cpu()
         return out
 
