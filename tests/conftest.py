@@ -48,12 +48,9 @@ def _collect_garbage_after_each_test():
     gc.collect()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_accelerator_state_for_each_module():
+def _reset_accelerator_state() -> None:
     """accelerate keeps one process-wide state: the first Accelerator's mixed precision would bind
-    every later test in the process (a bf16 trainer test after a float32 one fails to start). Reset
-    after each module, once the module's own fixtures (a TRL trainer shared by its tests) are gone."""
-    yield
+    every later test in the process (a bf16 trainer test after a float32 one fails to start)."""
     import sys
 
     if "accelerate.state" in sys.modules:
@@ -61,6 +58,22 @@ def _fresh_accelerator_state_for_each_module():
 
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_accelerator_state_for_each_module():
+    """Reset accelerate's state after each module, once the module's own fixtures (a TRL trainer
+    shared by its tests) are gone."""
+    yield
+    _reset_accelerator_state()
+
+
+@pytest.fixture
+def fresh_accelerator_state():
+    """For a test that makes an Accelerator of another precision than its module's: reset before and after it."""
+    _reset_accelerator_state()
+    yield
+    _reset_accelerator_state()
 
 
 @pytest.fixture(scope="session")

@@ -165,36 +165,17 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     assert {t.weights_version for t in fresh.trajectories} == {objective.engine.weights_version}
 
 
-def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path):
+def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path, fresh_accelerator_state):
     """old_logprobs: recompute under bf16 autocast: π_old must come from the same bf16 forward the
     loss runs, so the first update's ratio is exactly 1. Guards against π_old scored in fp32
-    outside the loop's autocast, which put the fp32-bf16 gap (here 5e-4 nats per token on
-    average, 1.3e-3 at most) into every ratio before any update."""
-    from agentic_rl.models.policy import load_policy
-    from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.grpo import GRPOObjective
-    from agentic_rl.training.scoring import TokenScorer
-
-    from accelerate.state import AcceleratorState, GradientState
-
+    outside the loop's autocast, which put the fp32-bf16 gap (here 1.3e-3 nats per token on
+    average, 3.5e-3 at most) into every ratio before any update."""
     cfg = _cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
-    torch.manual_seed(0)
-    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
-    model = TokenScorer(policy)
-    AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's process-wide state binds one precision
-    GradientState._reset_state()
-    try:
-        accelerator = make_accelerator("bf16", 0)
-        objective = GRPOObjective(cfg, tokenizer, None)
-        objective.bind(model, accelerator)
-        batch = objective.next_batch(0)
-        t, mask = batch.tensors, batch.tensors.loss_mask.bool()
-        with torch.no_grad(), accelerator.autocast():
-            logps, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+    model, objective, batch = _first_batch(cfg, mixed_precision="bf16")
+    t, mask = batch.tensors, batch.tensors.loss_mask.bool()
     with torch.no_grad():
+        with objective.accelerator.autocast():
+            logps, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
         fp32, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
     gap = float((logps.float() - fp32)[mask].abs().mean())
     assert gap > 1e-4, "the test needs bf16 and fp32 log-probs that differ"

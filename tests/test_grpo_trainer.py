@@ -75,9 +75,9 @@ def _adapters(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "final" / "adapter_model.safetensors")
 
 
-def _first_batch(cfg: GRPOConfig):
+def _first_batch(cfg: GRPOConfig, mixed_precision: str = "no"):
     """(scorer, bound objective, its step-0 batch) with non-zero adapters, so π_θ ≠ π_ref and the
-    KL gradient is not trivially 0."""
+    KL gradient is not trivially 0; the objective's accelerator runs `mixed_precision`."""
     from agentic_rl.models.policy import load_policy
     from agentic_rl.training.common import make_accelerator
     from agentic_rl.training.scoring import TokenScorer
@@ -90,7 +90,7 @@ def _first_batch(cfg: GRPOConfig):
                 p.normal_(0, 0.05)
     model = TokenScorer(policy)
     objective = GRPOObjective(cfg, tokenizer, None)
-    objective.bind(model, make_accelerator("no", 0))
+    objective.bind(model, make_accelerator(mixed_precision, 0))
     return model, objective, objective.next_batch(0)
 
 
