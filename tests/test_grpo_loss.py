@@ -327,6 +327,88 @@ def test_turn_advantages_reduce_to_grpo_with_terminal_reward_and_gamma_one():
         assert values == pytest.approx([float(plain[row])] * len(values), abs=1e-12)
 
 
+def test_turn_advantages_on_a_ragged_group_match_the_hand_computed_float64_values():
+    """γ = 0.5. Episode 0: rewards [0, 0, 1], returns-to-go [0.25, 0.5, 1]; episode 1: [0, 0, 0, 1],
+    returns-to-go [0.125, 0.25, 0.5, 1]. Episode returns 0.25 and 0.125: mean 0.1875, unbiased
+    std 0.0625·√2. start (mode turn): every turn against 0.1875. position (mode turn_position):
+    turn t against the mean return-to-go at t, an ended episode counting 0: 0.1875, 0.375, 0.75,
+    then (0 + 1) / 2 = 0.5 at the turn only episode 1 reaches (a mean over the episodes that reach
+    it would give 1 there, and that turn an advantage of 0)."""
+    returns = discounted_turn_returns([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]], gamma=0.5)
+    s = 0.0625 * math.sqrt(2) + 1e-4
+    start = turn_advantages(returns, group_size=2, baseline="start")
+    assert start[0] == pytest.approx([0.0625 / s, 0.3125 / s, 0.8125 / s], abs=1e-12)
+    assert start[1] == pytest.approx([-0.0625 / s, 0.0625 / s, 0.3125 / s, 0.8125 / s], abs=1e-12)
+    position = turn_advantages(returns, group_size=2, baseline="position")
+    assert position[0] == pytest.approx([0.0625 / s, 0.125 / s, 0.25 / s], abs=1e-12)
+    assert position[1] == pytest.approx([-0.0625 / s, -0.125 / s, -0.25 / s, 0.5 / s], abs=1e-12)
+    with pytest.raises(ValueError, match="baseline='value'"):
+        turn_advantages(returns, group_size=2, baseline="value")
+
+
+def _reference_turn_advantages(turn_returns, group_size, baseline, eps=1e-4):
+    """float64 loops, written apart from the library: group mean and unbiased std of the G_0,
+    the baseline of each turn (G_0's mean, or the mean over the group of the returns-to-go at t,
+    0 past an episode's end), equal values left unscaled."""
+    out = []
+    for row, returns in enumerate(turn_returns):
+        group = turn_returns[row - row % group_size : row - row % group_size + group_size]
+        starts = [r[0] for r in group]
+        mean = sum(starts) / group_size
+        std = math.sqrt(sum((x - mean) ** 2 for x in starts) / (group_size - 1))
+        divisor = 1.0 if max(starts) == min(starts) else std + eps
+        values = []
+        for t, value in enumerate(returns):
+            at_t = [r[t] if t < len(r) else 0.0 for r in group]
+            b = mean if baseline == "start" else sum(at_t) / group_size
+            values.append((value - b) / divisor)
+        out.append(values)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(2, 4).flatmap(lambda group: st.tuples(st.just(group), st.lists(
+        st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=6), min_size=2 * group, max_size=2 * group))),
+    st.sampled_from([1.0, 0.95, 0.5]),
+    st.sampled_from(["start", "position"]),
+)
+def test_turn_advantages_match_a_float64_reference_on_ragged_groups(group_and_rewards, gamma, baseline):
+    """Property: two groups of episodes of 1–6 turns with any per-turn rewards give the reference's values."""
+    group_size, turn_rewards = group_and_rewards
+    returns = discounted_turn_returns(turn_rewards, gamma)
+    got = turn_advantages(returns, group_size, baseline=baseline)
+    expected = _reference_turn_advantages(returns, group_size, baseline)
+    for row in range(len(returns)):
+        assert got[row] == pytest.approx(expected[row], rel=1e-9, abs=1e-9)
+
+
+def test_a_group_of_identical_failures_is_never_divided_by_eps_alone():
+    """plan: eight episodes cut at 20 turns of -0.05 each, γ = 0.95, all the same return. Their std
+    is 0; dividing each turn's G_t − b by 1e-4 gave advantages up to 5915, so a group that compares
+    nothing dominated the gradient. turn_position gives exactly 0; turn keeps its documented
+    G_t − G_0 offsets (0 to +0.59), unscaled."""
+    returns = discounted_turn_returns([[-0.05] * 20] * 8, gamma=0.95)
+    start = turn_advantages(returns, 8)
+    assert start[0][0] == 0.0 and start[0][-1] == pytest.approx(-0.05 + (1 - 0.95**20))
+    assert max(max(row) for row in start) < 0.6
+    assert all(v == 0.0 for row in turn_advantages(returns, 8, baseline="position") for v in row)
+
+
+def test_turn_mode_credits_late_turns_of_a_failure_and_turn_position_does_not():
+    """The bias `turn` documents, in numbers: one 9-turn success and seven 20-turn failures (step
+    cost -0.05, +1 at the goal, γ = 0.95). Against G_0's mean the failures' last turn gets +1.44;
+    against the same turn's mean return-to-go it gets G_19 / 8 < 0 (the success has ended: 0)."""
+    success = [-0.05] * 8 + [0.95]
+    returns = discounted_turn_returns([success] + [[-0.05] * 20] * 7, gamma=0.95)
+    start = turn_advantages(returns, 8, baseline="start")
+    position = turn_advantages(returns, 8, baseline="position")
+    assert start[1][-1] == pytest.approx(1.44, abs=0.01) and start[1][0] < 0
+    s = float(torch.tensor([r[0] for r in returns], dtype=torch.float64).std()) + 1e-4
+    assert position[1][-1] == pytest.approx((-0.05 - 7 / 8 * -0.05) / s, abs=1e-12)
+    assert all(v < 0 for v in position[1]) and all(v > 0 for v in position[0])
+
+
 def test_token_advantages_land_on_policy_spans_only():
     """Each turn's advantage covers exactly its [start, end) tokens; prompt/observation stay 0."""
     advantages = token_advantages_from_turns([[1.0, -2.0], [3.0]], [[(2, 4), (6, 7)], [(1, 3)]], num_tokens=8)

@@ -19,7 +19,7 @@ from sigkill import interrupt_then_resume, run_until
 
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.envs.arith import ArithEnv
-from agentic_rl.envs.base import list_envs, register_env
+from agentic_rl.envs.base import StepResult, list_envs, register_env
 from agentic_rl.rewards.base import list_rewards, register_reward
 from agentic_rl.training.grpo import GRPOObjective, train_grpo
 from agentic_rl.training.grpo_config import GRPOConfig
@@ -51,6 +51,26 @@ if "flaky_arith" not in list_envs():
         def step(self, action_text):
             if self._task.id == self.tasks("train", n=1, seed=0)[0].id:
                 raise RuntimeError("tool server exploded")
+            return super().step(action_text)
+
+
+if "ragged_arith" not in list_envs():
+
+    @register_env("ragged_arith")
+    class RaggedArith(ArithEnv):
+        """arith whose first turn, when its text has an odd length, earns 0.2 and asks for another
+        turn (test only: groups of one- and two-turn episodes with step rewards)."""
+
+        name = "ragged_arith"
+
+        def reset(self, task):
+            self._turn = 0
+            return super().reset(task)
+
+        def step(self, action_text):
+            self._turn += 1
+            if self._turn == 1 and len(action_text) % 2:
+                return StepResult(observation=[{"role": "user", "content": "Go on."}], reward=0.2, done=False)
             return super().step(action_text)
 
 
@@ -362,3 +382,39 @@ def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_epis
     assert any(float(g.abs().max()) > 0 for g in grads_e.values())
     for name in grads_e:
         torch.testing.assert_close(grads_t[name], grads_e[name], atol=0, rtol=0, msg=name)
+
+
+def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_group_mean(tmp_path):
+    """advantage.mode turn_position, end to end on the first batch: every row's advantages are the
+    float64 reference's (group mean of the returns-to-go at the same turn, an ended episode 0),
+    from the episodes' own step rewards (through env_steps); episodes of one and two turns share
+    groups (ragged_arith), so the baseline of the second turn counts the ended episodes as 0."""
+    from agentic_rl.algorithms.grpo import discounted_turn_returns
+    from agentic_rl.training.episodes import rewards_per_turn
+    from test_grpo_loss import _reference_turn_advantages
+
+    cfg = _cfg(tmp_path, "advantage.mode=turn_position", "loss.beta=0", "rollout.max_turns=2",
+               "rollout.batch_size=8", "rollout.group_size=4", "env.name=ragged_arith", "env.options={}",
+               "rewards=[{name: token_parity}, {name: env_steps, weight: 1.0, params: {gamma: 0.5}}]")
+    _, _, batch = _first_batch(cfg)
+    trajs = batch.trajectories
+    placed = rewards_per_turn(trajs, [t.reward for t in trajs], cfg.rewards)
+    expected = _reference_turn_advantages(discounted_turn_returns(placed, 1.0), cfg.rollout.group_size, "position")
+    turns = [len(values) for values in placed]
+    assert any(len(set(turns[g : g + 4])) > 1 for g in (0, 4)), f"a group with one- and two-turn episodes: {turns}"
+    assert len(batch.advantages) == len(trajs)
+    for row, values in enumerate(batch.advantages):
+        assert values == pytest.approx(expected[row], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("advantage.gamma=0.9", "only used by the turn modes"),
+    ("advantage.gamma=1.5", "must be in [0, 1]"),
+    ("advantage.mode=turn|advantage.gamma=0.95|rewards=[{name: env_steps, params: {gamma: 0.95}}]", "discount it twice"),
+])
+def test_an_advantage_gamma_that_would_be_ignored_is_refused(tmp_path, override, fragment):
+    """Invariant 6: episode mode never reads advantage.gamma, so setting it is an error; nor may a
+    turn mode discount the env_steps term's already discounted step rewards a second time."""
+    with pytest.raises(ConfigError) as info:
+        _cfg(tmp_path, *override.split("|"))
+    assert fragment in str(info.value)

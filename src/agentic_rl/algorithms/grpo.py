@@ -200,9 +200,14 @@ def _baseline_and_divisor(
     constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P,)
     baseline = torch.where(constant, grouped[:, 0], grouped.mean(dim=1)).repeat_interleave(group_size)  # (B,)
     # One sample has no std (torch.std would be NaN): leave it unscaled, as TRL does in eval.
+    # Nor do equal rewards: their std is 0, and they are left unscaled too. Their own centred values
+    # are exactly 0, so this changes nothing for them; it matters for `turn_advantages`, whose
+    # per-turn returns differ from the episode returns, and which must not divide those differences
+    # by eps alone (a group of eight equal failures gave advantages of ~6000 that way).
     if scale == "group" and group_size > 1:
-        return baseline, grouped.std(dim=1).repeat_interleave(group_size) + eps  # (B,), (B,)
-    if scale == "batch" and rewards.numel() > 1:
+        divisor = torch.where(constant, torch.ones_like(constant, dtype=rewards.dtype), grouped.std(dim=1) + eps)  # (P,)
+        return baseline, divisor.repeat_interleave(group_size)  # (B,), (B,)
+    if scale == "batch" and rewards.numel() > 1 and bool(rewards.amax() != rewards.amin()):
         return baseline, (rewards.std() + eps).expand_as(rewards)  # (B,), (B,)
     return baseline, torch.ones_like(rewards)  # (B,), (B,)
 
@@ -242,33 +247,72 @@ def discounted_turn_returns(turn_rewards: Sequence[Sequence[float]], gamma: floa
     return all_returns
 
 
-def turn_advantages(
-    turn_returns: Sequence[Sequence[float]], group_size: int, scale: RewardScaling = "group", eps: float = 1e-4
-) -> list[list[float]]:
-    """Per-turn advantages A_{i,t} = (G_{i,t} - b_g) / s_g from per-turn returns.
+TurnBaseline = Literal["start", "position"]
+TURN_BASELINES: tuple[str, ...] = ("start", "position")
 
-    The baseline b_g is the group mean of the EPISODE returns G_{j,0} (and s_g their unbiased
-    std, or the batch std, or 1, as in `group_advantages`), and the same b_g, s_g serve every
-    turn of every episode of the group. Why this baseline:
-      * b_g estimates V(s_0) of the shared prompt, a state no turn's action can influence, so the
-        estimator is as (un)biased as plain GRPO (which also includes the sample itself in the mean).
-      * With gamma = 1 and a terminal reward, G_{i,t} = G_{i,0} for all t and this reduces EXACTLY
-        to `group_advantages` (tested).
-      * A per-turn-index baseline (mean of G_{j,t} over episodes with a turn t) was rejected:
-        turn t of a 2-turn and of a 5-turn episode are not the same state, and a turn index only
-        one episode reaches would get advantage 0, silencing the long episodes.
-    With gamma < 1, later turns of an episode get larger G_t, i.e. credit grows toward the reward.
+
+def turn_advantages(
+    turn_returns: Sequence[Sequence[float]],
+    group_size: int,
+    scale: RewardScaling = "group",
+    eps: float = 1e-4,
+    baseline: TurnBaseline = "start",
+) -> list[list[float]]:
+    """Per-turn advantages A_{i,t} = (G_{i,t} - b_{g,t}) / s_g from per-turn returns.
+
+    s_g is the scale of the EPISODE returns G_{j,0} of i's group, as in `group_advantages`: their
+    unbiased std + eps ("group"), the batch's ("batch"), or 1 ("none", or a group whose episode
+    returns are all equal: it has no std, and eps alone would blow its per-turn differences up
+    10^4-fold). The baseline b_{g,t}:
+
+      * baseline="start" (advantage.mode turn): b_g, the group mean of the episode returns G_{j,0},
+        the same for every turn. b_g estimates V(s_0) of the shared prompt, so the estimator is
+        unbiased in expectation (up to the sample's own share in the mean, as in plain GRPO), but
+        it compares a return from s_t with a return from s_0. With per-step rewards or gamma < 1
+        that difference is not credit: with a -0.05 step cost and gamma 0.95, a group of one 9-turn
+        success and seven 20-turn failures gives the failures' last turns A = +1.4 (their
+        remaining cost is small) and their first turns A = -0.35. Ragged groups make it worse:
+        turn 15 exists only in long episodes, and is still compared with the start. With
+        gamma = 1 and a terminal reward, G_{i,t} = G_{i,0} and this is EXACTLY `group_advantages`
+        on every turn (tested).
+      * baseline="position" (advantage.mode turn_position): b_{g,t} = the group mean of G_{j,t},
+        the returns-to-go at the same turn index, where an episode that has ended counts 0 from
+        its end on (the MDP's absorbing state earns nothing). A time-dependent baseline: it does
+        not depend on the action at t, so the estimator stays unbiased in the same sense, and
+        every turn index that any episode reaches has a baseline from all G episodes (none is
+        left with its own return as the baseline and advantage 0). Equal returns-to-go at a
+        turn index give exactly 0 there, so a group of identical episodes teaches nothing. Its
+        own bias: turn t of a 2-turn and of a 5-turn episode are different states; at t >= 2
+        the 5-turn episode is compared with the shorter one's 0. With gamma = 1 and a terminal
+        reward it equals `group_advantages` where a group's episodes have equal turn counts; at
+        t = 0 it always equals baseline="start".
 
     Args:
         turn_returns: B ragged lists (from `discounted_turn_returns`); each needs >= 1 turn.
-        group_size: G. Returns: B ragged lists of floats.
+        group_size: G. scale, eps: as in `group_advantages`.
+        baseline: "start" or "position", above.
+    Returns:
+        B ragged lists of floats.
     """
+    if baseline not in TURN_BASELINES:
+        raise ValueError(f"baseline={baseline!r} is not one of {TURN_BASELINES}")
     if any(len(returns) == 0 for returns in turn_returns):
         raise ValueError("every episode needs at least one policy turn to have a return G_0")
     episode_returns = torch.tensor([returns[0] for returns in turn_returns], dtype=torch.float64)  # (B,)
-    baseline, divisor = _baseline_and_divisor(episode_returns, group_size, scale, eps)  # (B,), (B,)
+    start, divisor = _baseline_and_divisor(episode_returns, group_size, scale, eps)  # (B,), (B,)
+    longest = max(len(returns) for returns in turn_returns)
+    if baseline == "start":
+        per_turn = start[:, None].expand(-1, longest)  # (B, L)
+    else:
+        padded = torch.zeros(len(turn_returns), longest, dtype=torch.float64)  # (B, L): 0 after an episode ends
+        for row, returns in enumerate(turn_returns):
+            padded[row, : len(returns)] = torch.tensor(returns, dtype=torch.float64)
+        grouped = padded.view(-1, group_size, longest)  # (P, G, L)
+        # As in `_baseline_and_divisor`: equal values take their own value, so they centre to exactly 0.
+        constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P, L)
+        per_turn = torch.where(constant, grouped[:, 0], grouped.mean(dim=1)).repeat_interleave(group_size, dim=0)  # (B, L)
     return [
-        [(value - float(baseline[row])) / float(divisor[row]) for value in returns]
+        [(value - float(per_turn[row, t])) / float(divisor[row]) for t, value in enumerate(returns)]
         for row, returns in enumerate(turn_returns)
     ]
 

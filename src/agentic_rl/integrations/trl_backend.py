@@ -79,7 +79,7 @@ def _check_unmappable(cfg) -> None:
     if cfg.reward_model.path or cfg.reward_model.weight:
         errors.append("reward_model: the learned reward term is not wired into the TRL backend; remove it or use backend: agentic_rl")
     if cfg.advantage.mode != "episode":
-        errors.append("advantage.mode=turn: TRL's GRPOTrainer has one advantage per completion; use mode: episode")
+        errors.append(f"advantage.mode={cfg.advantage.mode}: TRL's GRPOTrainer has one advantage per completion; use mode: episode")
     if cfg.advantage.gamma != 1.0:
         errors.append(f"advantage.gamma={cfg.advantage.gamma}: only per-turn advantages discount; TRL has none")
     if cfg.rollout.backend == "fast":

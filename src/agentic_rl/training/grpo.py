@@ -8,7 +8,9 @@ Per optimizer step (the "seed" GRPO, DESIGN.md §3):
      version on each trajectory; `rollout/staleness` logs how old they are when trained on);
   3. score each episode with the reward terms (each logged on its own);
   4. advantages: r_i − mean(group) [/ std(group)], from the episode reward, or per turn from the
-     discounted returns Σ γ^k r_{t+k} of the env's per-step rewards plus the terminal reward;
+     discounted returns Σ γ^k r_{t+k} of the env's per-step rewards plus the terminal reward,
+     against the group's mean episode return (turn) or its mean return at the same turn
+     (turn_position);
   5. π_ref log-probs, only when β > 0: the base model with adapters disabled (LoRA), or a frozen
      copy (full fine-tune);
   6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py), gradient accumulation over micro-batches.
@@ -102,7 +104,8 @@ class GRPOObjective(EpisodeObjective):
         # Turn mode: the composed reward placed on the turns (env_steps' share on its turns, the rest on the last).
         all_turns = self._gather_objects(rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards))
         returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
-        per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards)
+        baseline = "position" if cfg.advantage.mode == "turn_position" else "start"
+        per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards, baseline=baseline)
         return collected.turns_by_row([per_turn[i] for i in local_rows])  # ragged per-turn values, spread over tokens per micro-batch
 
     # ---------------------------------------------------------------- micro-batches: the loss

@@ -25,7 +25,7 @@ class RolloutBatch:
     """Collated ids, attention, loss mask and sampling log-probs: (R_local, T) each."""
     advantages: torch.Tensor | list[list[float]]
     """(R_local,) each row its episode's advantage (advantage.mode episode), or per row the values
-    of the turns it holds (mode turn)."""
+    of the turns it holds (modes turn and turn_position)."""
     old_logprobs: torch.Tensor | None
     """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy)."""
     ref_logprobs: torch.Tensor | None

@@ -30,14 +30,28 @@ class GRPORolloutConfig(BatchRolloutConfig):
 class AdvantageConfig:
     """What the advantage is computed from."""
 
-    mode: Literal["episode", "turn"] = "episode"
-    """episode: one advantage per episode from its composed reward. turn: the composed reward is
-    placed on the turns (the env_steps term's share on its turns, every other term on the last;
-    `training.episodes.rewards_per_turn`), each turn's advantage is its discounted return-to-go
-    minus the group mean of the episode returns (`algorithms.grpo.turn_advantages`, which also
-    states the estimator's bias). With γ = 1 and no env_steps term it equals episode mode."""
+    mode: Literal["episode", "turn", "turn_position"] = "episode"
+    """episode: one advantage per episode from its composed reward. turn and turn_position: the
+    composed reward is placed on the turns (the env_steps term's share on its turns, every other
+    term on the last; `training.episodes.rewards_per_turn`), and each turn's advantage is its
+    discounted return-to-go G_t minus a group baseline, over the group's std of episode returns
+    (`algorithms.grpo.turn_advantages`, which states each estimator's bias). turn: the baseline
+    is the group mean of the episode returns G_0, for every turn; with γ = 1 and no env_steps term
+    it equals episode mode exactly. With step costs or γ < 1 it credits late turns for their small
+    remaining cost, even in failed episodes. turn_position: the baseline of turn t is the group
+    mean of the returns-to-go at turn t (an ended episode counts 0), so each turn is compared
+    with the group's turns at the same point; use it with per-step rewards."""
     gamma: float = 1.0
-    """Discount per policy turn for mode=turn."""
+    """Discount per policy turn for the turn modes: G_t = sum_(k>=t) gamma^(k-t)·r_k. An env_steps
+    term with its own gamma has already discounted its rewards from the episode's start
+    (gamma_s^k·r_k on turn k), so keep this at 1 with it (a second discount is refused)."""
+
+    def __post_init__(self):
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"advantage.gamma={self.gamma} must be in [0, 1]")
+        if self.mode == "episode" and self.gamma != 1.0:
+            raise ValueError(f"advantage.gamma={self.gamma} is only used by the turn modes (advantage.mode is 'episode'); "
+                             "discount the episode reward in its reward term (env_steps' gamma), or set advantage.mode: turn_position")
 
 
 @dataclasses.dataclass
@@ -87,3 +101,10 @@ class GRPOConfig:
         if self.updates_per_batch < 1 or self.micro_batch_size < 1:
             raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
+        discounted = [spec.params["gamma"] for spec in self.rewards if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0]
+        if self.advantage.gamma != 1.0 and discounted:
+            raise ValueError(
+                f"advantage.gamma={self.advantage.gamma} with an env_steps term of gamma={discounted[0]}: the term already places "
+                f"step k's reward on turn k as gamma^k·r_k, so a turn's return-to-go would discount it twice (G_0 would not be the "
+                f"episode's reward). Keep advantage.gamma: 1 (then G_t = sum_(k>=t) gamma^k·r_k, the discounted objective's "
+                f"policy gradient), or move the discount from the term to advantage.gamma")
