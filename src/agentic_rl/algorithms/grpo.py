@@ -169,7 +169,7 @@ def group_advantages(
     Rows [g*G, (g+1)*G) form group g (see the module docstring). The std is the UNBIASED one
     (Bessel's correction, torch.std's default), exactly like TRL 1.16's `nanstd`; so is the
     "batch" std. With scale="batch" the mean is still the group's (TRL does the same).
-    A group whose rewards are all equal gets A = 0 (eps keeps the division finite).
+    A group whose rewards are all equal gets A = 0 exactly (its divisor is 1: it has no std).
 
     Args:
         rewards: (B,) float, one scalar per sequence.

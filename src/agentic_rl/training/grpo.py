@@ -101,7 +101,7 @@ class GRPOObjective(EpisodeObjective):
         if cfg.advantage.mode == "episode":
             per_episode = group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[local_rows]  # (B_local,)
             return per_episode[torch.tensor(collected.row_episode, dtype=torch.long)]  # (R_local,)
-        # Turn mode: the composed reward placed on the turns (env_steps' share on its turns, the rest on the last).
+        # The turn modes: the composed reward placed on the turns (env_steps' share on its turns, the rest on the last).
         all_turns = self._gather_objects(rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards))
         returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
         baseline = "position" if cfg.advantage.mode == "turn_position" else "start"
