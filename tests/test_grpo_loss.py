@@ -396,16 +396,20 @@ def test_a_group_of_identical_failures_is_never_divided_by_eps_alone():
 
 
 def test_turn_mode_credits_late_turns_of_a_failure_and_turn_position_does_not():
-    """The bias `turn` documents, in numbers: one 9-turn success and seven 20-turn failures (step
-    cost -0.05, +1 at the goal, γ = 0.95). Against G_0's mean the failures' last turn gets +1.44;
-    against the same turn's mean return-to-go it gets G_19 / 8 < 0 (the success has ended: 0)."""
-    success = [-0.05] * 8 + [0.95]
-    returns = discounted_turn_returns([success] + [[-0.05] * 20] * 7, gamma=0.95)
+    """The bias `turn` documents, in numbers, as configs/plan.yaml's GRPO places rewards (env_steps
+    with γ_s = 0.95: step k's reward on turn k as 0.95^k·r_k; advantage.gamma 1): one 9-turn
+    success and seven 20-turn failures (−0.05 per action, +1 at the goal). Against the mean G_0
+    a failure's first turn gets −0.353 and its last +1.529; against the same turn's mean
+    return-to-go its last turn gets G_19 / 8 / s ≈ −0.007 (the success has ended: 0)."""
+    success = [-0.05 * 0.95**k for k in range(8)] + [0.95 * 0.95**8]
+    failure = [-0.05 * 0.95**k for k in range(20)]
+    returns = discounted_turn_returns([success] + [failure] * 7, gamma=1.0)
     start = turn_advantages(returns, 8, baseline="start")
     position = turn_advantages(returns, 8, baseline="position")
-    assert start[1][-1] == pytest.approx(1.44, abs=0.01) and start[1][0] < 0
+    assert start[1][0] == pytest.approx(-0.353, abs=1e-3) and start[1][-1] == pytest.approx(1.529, abs=1e-3)
     s = float(torch.tensor([r[0] for r in returns], dtype=torch.float64).std()) + 1e-4
-    assert position[1][-1] == pytest.approx((-0.05 - 7 / 8 * -0.05) / s, abs=1e-12)
+    assert position[1][0] == start[1][0]
+    assert position[1][-1] == pytest.approx(failure[-1] / 8 / s, abs=1e-12) and position[1][-1] == pytest.approx(-0.007, abs=1e-3)
     assert all(v < 0 for v in position[1]) and all(v > 0 for v in position[0])
 
 

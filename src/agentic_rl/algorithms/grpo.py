@@ -269,9 +269,9 @@ def turn_advantages(
         the same for every turn. b_g estimates V(s_0) of the shared prompt, so the estimator is
         unbiased in expectation (up to the sample's own share in the mean, as in plain GRPO), but
         it compares a return from s_t with a return from s_0. With per-step rewards or gamma < 1
-        that difference is not credit: with a -0.05 step cost and gamma 0.95, a group of one 9-turn
-        success and seven 20-turn failures gives the failures' last turns A = +1.4 (their
-        remaining cost is small) and their first turns A = -0.35. Ragged groups make it worse:
+        that difference is not credit: with plan's -0.05 step cost discounted by 0.95, a group of
+        one 9-turn success and seven 20-turn failures gives the failures' last turns A = +1.53
+        (their remaining cost is small) and their first turns A = -0.35 (tested). Ragged groups make it worse:
         turn 15 exists only in long episodes, and is still compared with the start. With
         gamma = 1 and a terminal reward, G_{i,t} = G_{i,0} and this is EXACTLY `group_advantages`
         on every turn (tested).
