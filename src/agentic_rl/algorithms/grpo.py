@@ -185,6 +185,16 @@ def group_advantages(
     return (rewards - baseline) / divisor  # (B,)
 
 
+def _exact_group_mean(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(constant, mean) over dim 1 of grouped (P, G, ...): where a group's values are all equal,
+    the mean is that value itself, so they centre to exactly 0. A float mean can miss it (eight
+    rewards of 0.1 average to 0.1 + 7e-9 in float32), and after division by std + eps that leaves
+    A = -7e-5 on every row, a gradient of pure rounding that Adam would scale up to a full-size
+    step, and that defeats skipping."""
+    constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P, ...)
+    return constant, torch.where(constant, grouped[:, 0], grouped.mean(dim=1))  # (P, ...) each
+
+
 def _baseline_and_divisor(
     rewards: torch.Tensor, group_size: int, scale: str, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,12 +203,8 @@ def _baseline_and_divisor(
     if scale not in REWARD_SCALINGS:
         raise ValueError(f"scale={scale!r} is not one of {REWARD_SCALINGS}")
     grouped = rewards.view(-1, group_size)  # (P, G)
-    # A group whose rewards are all equal takes its own value as the baseline, so its advantages
-    # are exactly 0: its float mean can miss the value (eight rewards of 0.1 average to 0.1 + 7e-9
-    # in float32), and after division by std + eps that leaves A = -7e-5 on every row, a gradient of
-    # pure rounding that Adam would scale up to a full-size step, and that defeats skipping.
-    constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P,)
-    baseline = torch.where(constant, grouped[:, 0], grouped.mean(dim=1)).repeat_interleave(group_size)  # (B,)
+    constant, mean = _exact_group_mean(grouped)  # (P,), (P,)
+    baseline = mean.repeat_interleave(group_size)  # (B,)
     # One sample has no std (torch.std would be NaN): leave it unscaled, as TRL does in eval.
     # Nor do equal rewards: their std is 0, and they are left unscaled too. Their own centred values
     # are exactly 0, so this changes nothing for them; it matters for `turn_advantages`, whose
@@ -307,10 +313,8 @@ def turn_advantages(
         padded = torch.zeros(len(turn_returns), longest, dtype=torch.float64)  # (B, L): 0 after an episode ends
         for row, returns in enumerate(turn_returns):
             padded[row, : len(returns)] = torch.tensor(returns, dtype=torch.float64)
-        grouped = padded.view(-1, group_size, longest)  # (P, G, L)
-        # As in `_baseline_and_divisor`: equal values take their own value, so they centre to exactly 0.
-        constant = grouped.amax(dim=1) == grouped.amin(dim=1)  # (P, L)
-        per_turn = torch.where(constant, grouped[:, 0], grouped.mean(dim=1)).repeat_interleave(group_size, dim=0)  # (B, L)
+        _, mean = _exact_group_mean(padded.view(-1, group_size, longest))  # (P, L)
+        per_turn = mean.repeat_interleave(group_size, dim=0)  # (B, L)
     return [
         [(value - float(per_turn[row, t])) / float(divisor[row]) for t, value in enumerate(returns)]
         for row, returns in enumerate(turn_returns)
