@@ -224,3 +224,38 @@ def test_the_memory_config_stages_run(tmp_path):
                                train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
     history = train_grpo(grpo)["history"]
     assert len(history) == 1 and history[0]["rollout/sequences_per_episode"] > 1 and "reward/env_steps/mean" in history[0]
+
+
+def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_one(qwen3_tokenizer):
+    """sft.sources[].max_repeats: memory's oracle replies `Next.` to most messages, so most of its
+    demonstrations train exactly `Next.<|im_end|>`; the cap keeps `max_repeats` of those (drawn by
+    the seed), every other demonstration in order, and logs what it dropped."""
+    from agentic_rl.envs.base import EnvSpec
+    from agentic_rl.rollout.demos import cap_repeats
+    from agentic_rl.training.sft import DemoSource, build_demos
+
+    options = {"facts": 1, "distractors": 4, "gap": 2, "window": 2}
+    env = make_env("memory", **options)
+    everything = demo_sequences(oracle_demos(env, env.tasks("train", n=6, seed=0), ChatFormat.for_tokenizer(qwen3_tokenizer)))
+
+    def trained(seq):
+        return qwen3_tokenizer.decode([t for t, m in zip(seq.input_ids, seq.loss_mask) if m])
+
+    next_only = [i for i, seq in enumerate(everything) if trained(seq) == "Next.<|im_end|>"]
+    assert len(next_only) >= 12 and len(everything) - len(next_only) >= 12  # both kinds are many
+
+    logged = []
+    kept = build_demos([DemoSource(env=EnvSpec("memory", options), n=6, max_repeats=3)], qwen3_tokenizer, 0, log=logged.append)
+    assert [trained(seq) for seq in kept].count("Next.<|im_end|>") == 3
+    others = [seq for i, seq in enumerate(everything) if i not in next_only]
+    assert [s.input_ids for s in kept if trained(s) != "Next.<|im_end|>"] == [s.input_ids for s in others]
+    assert logged == [f"sft.sources[0]: dropped {len(next_only) - 3} of {len(next_only)} demonstrations training exactly "
+                      f"'Next.<|im_end|>' (max_repeats=3)"]
+
+    # the kept copies are drawn by the seed, the same for the same seed
+    def chosen(seed):
+        return [everything.index(s) for s in cap_repeats(everything, 3, seed)[0] if trained(s) == "Next.<|im_end|>"]
+    assert chosen(0) == chosen(0) and len({tuple(chosen(seed)) for seed in range(5)}) > 1
+    assert cap_repeats(everything, len(everything), 0) == (everything, {})  # a cap nothing reaches drops nothing
+    with pytest.raises(ValueError, match=r"max_repeats must be >= 1 or null \(keep all\), got 0"):
+        DemoSource(env=EnvSpec("memory", options), max_repeats=0)

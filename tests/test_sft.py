@@ -248,3 +248,39 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
         assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-4)
         base, _ = tiny_qwen3
         assert not torch.allclose(base(input_ids=ids).logits, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("normaliser", ["step", "dataset"])
+def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokenizer, normaliser):
+    """batch.normaliser on memory's demonstrations, where `Next.` (2 trained tokens) sits beside
+    tool calls of ~25 and length bucketing puts the `Next.` ones in steps of their own.
+    dataset: every trained token of an epoch weighs exactly 1 / (batch_size x mean trained tokens).
+    step: a step is its own token mean, so a `Next.` token weighs more than a tool-call token; this
+    was why memory's SFT never learned to call remember (EXPERIMENTS.md, session 13)."""
+    from types import SimpleNamespace
+
+    from agentic_rl.envs.base import EnvSpec
+    from agentic_rl.training.sft import DemoSource, SFTBatchConfig, SFTObjective, build_demos
+
+    demos = build_demos([DemoSource(env=EnvSpec("memory", {"facts": 1, "distractors": 4, "gap": 2, "window": 2}), n=8)],
+                        qwen3_tokenizer, 0)
+    cfg = SFTConfig(batch=SFTBatchConfig(batch_size=4, micro_batch_size=4, normaliser=normaliser))
+    objective = SFTObjective(demos, cfg, pad_id=0)
+    objective.bind(None, SimpleNamespace(num_processes=1, process_index=0))
+    mean_tokens = sum(d.num_policy_tokens for d in demos) / len(demos)
+    weight = {}  # id(demo) -> weight of each of its trained tokens in the epoch's loss
+    steps = -(-len(demos) // 4)
+    for step in range(steps):
+        batch = objective.next_batch(step)
+        for demo in batch["trajectories"]:
+            weight[id(demo)] = 1 / batch["normaliser"]
+    assert len(weight) == len(demos)  # one epoch sees every demonstration once
+    short = [weight[id(d)] for d in demos if d.num_policy_tokens <= 3]
+    long = [weight[id(d)] for d in demos if d.num_policy_tokens >= 20]
+    assert short and long
+    if normaliser == "dataset":
+        assert set(weight.values()) == {1 / (4 * mean_tokens)}
+    else:
+        assert sum(short) / len(short) > 3 * sum(long) / len(long)
+    with pytest.raises(ValueError, match="batch.normaliser must be step or dataset, got 'tokens'"):
+        SFTBatchConfig(normaliser="tokens")

@@ -27,6 +27,7 @@ Three sources:
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -121,6 +122,27 @@ def demo_sequences(demos: Sequence[Trajectory]) -> list[Trajectory]:
     gives one example per sequence, each with its own prompt, so SFT teaches exactly what each
     context of the episode showed the policy."""
     return [seq for demo in demos for seq in demo.sequences()]
+
+
+def cap_repeats(sequences: Sequence[Trajectory], max_repeats: int, seed: int) -> tuple[list[Trajectory], dict[tuple[int, ...], int]]:
+    """At most `max_repeats` of the sequences whose policy tokens are identical; the rest dropped.
+
+    A majority action repeated across episodes (memory's `Next.` on every distractor) would
+    otherwise be most of what SFT teaches. Which copies stay is drawn by `seed`; the kept ones keep
+    their order. Returns (kept, {policy token ids of each capped group: sequences dropped})."""
+    if max_repeats < 1:
+        raise ValueError(f"max_repeats must be >= 1, got {max_repeats}")
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, seq in enumerate(sequences):
+        groups.setdefault(tuple(t for t, m in zip(seq.input_ids, seq.loss_mask) if m), []).append(index)
+    rng = random.Random(seed)
+    dropped: set[int] = set()
+    counts: dict[tuple[int, ...], int] = {}
+    for policy_tokens, members in groups.items():
+        if len(members) > max_repeats:
+            dropped.update(rng.sample(members, len(members) - max_repeats))
+            counts[policy_tokens] = len(members) - max_repeats
+    return [seq for index, seq in enumerate(sequences) if index not in dropped], counts
 
 
 def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajectory]:

@@ -3,7 +3,8 @@
     agentic-rl sft [--config F] [--set train.steps=50]      (every key: agentic-rl config sft)
 
 The loss is −Σ log P(y|x) over policy tokens only (algorithms/sft.py), divided by the number of
-trained tokens in the optimizer step. Batches are drawn by length bucketing: demonstrations are
+trained tokens in the optimizer step (batch.normaliser: step), or by one constant, batch_size x
+the mean trained tokens per demonstration (dataset), which weighs every token alike. Batches are drawn by length bucketing: demonstrations are
 sorted by length, cut into batches of similar length, and the batch order is shuffled per
 epoch from the seed, so padding stays small on CPU and the order is a pure function of
 (seed, step): resume needs no data cursor beyond the step.
@@ -45,12 +46,18 @@ class DemoSource:
     window) gives one demonstration per token sequence, each with the context the policy saw."""
     path: str = ""
     """The JSONL file for kind=jsonl."""
+    max_repeats: int | None = None
+    """Keep at most this many of the source's demonstrations whose trained tokens are identical
+    (memory's `Next.`, the oracle's reply to every distractor), drawn by the seed; the log says how
+    many were dropped. None keeps every one. Without it a majority action can be all SFT learns."""
 
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and not self.path:
-            raise ValueError("data.sources[].path is required when kind is jsonl")
+            raise ValueError("sft.sources[].path is required when kind is jsonl")
         if self.n <= 0:
-            raise ValueError(f"data.sources[].n must be > 0, got {self.n}")
+            raise ValueError(f"sft.sources[].n must be > 0, got {self.n}")
+        if self.max_repeats is not None and self.max_repeats < 1:
+            raise ValueError(f"sft.sources[].max_repeats must be >= 1 or null (keep all), got {self.max_repeats}")
 
 
 @dataclasses.dataclass
@@ -61,10 +68,18 @@ class SFTBatchConfig:
     """Demonstrations per optimizer step (over all processes)."""
     micro_batch_size: int = 8
     """Demonstrations per forward/backward; gradients accumulate up to batch_size."""
+    normaliser: Literal["step", "dataset"] = "step"
+    """What the summed token loss of a step is divided by. step: the step's trained tokens, so each
+    step is its own token mean, and a token in a step of short completions weighs more (batches
+    are length-bucketed, so short completions, e.g. memory's `Next.`, share steps: there each one
+    weighs ~5x a long one's). dataset: batch_size x the mean trained tokens per demonstration, one
+    constant, so every trained token weighs the same in whichever step it lands."""
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.micro_batch_size <= 0:
             raise ValueError("batch.batch_size and batch.micro_batch_size must be > 0")
+        if self.normaliser not in ("step", "dataset"):
+            raise ValueError(f"batch.normaliser must be step or dataset, got {self.normaliser!r}")
 
 
 @dataclasses.dataclass
@@ -83,19 +98,26 @@ class SFTConfig:
     """Loop, output and checkpoints."""
 
 
-def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int) -> list[Trajectory]:
+def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print) -> list[Trajectory]:
     from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.rollout.demos import demo_sequences, load_jsonl_demos, oracle_demos
+    from agentic_rl.rollout.demos import cap_repeats, demo_sequences, load_jsonl_demos, oracle_demos
 
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     demos: list[Trajectory] = []
-    for source in sources:
+    for number, source in enumerate(sources):
         if source.kind == "jsonl":
-            demos.extend(load_jsonl_demos(source.path, chat_format))
-            continue
-        env = source.env.make()
-        tasks = env.tasks(source.split, n=source.n, seed=seed)
-        demos.extend(demo_sequences(oracle_demos(env, tasks, chat_format)))  # one example per token sequence
+            found = load_jsonl_demos(source.path, chat_format)
+        else:
+            env = source.env.make()
+            tasks = env.tasks(source.split, n=source.n, seed=seed)
+            found = demo_sequences(oracle_demos(env, tasks, chat_format))  # one example per token sequence
+        if source.max_repeats is not None:
+            kept, dropped = cap_repeats(found, source.max_repeats, seed + number)
+            for tokens, count in sorted(dropped.items(), key=lambda item: -item[1]):
+                log(f"sft.sources[{number}]: dropped {count} of {count + source.max_repeats} demonstrations "
+                    f"training exactly {tokenizer.decode(list(tokens))!r} (max_repeats={source.max_repeats})")
+            found = kept
+        demos.extend(found)
     return demos
 
 
@@ -118,6 +140,7 @@ class SFTObjective(StatelessObjective):
         self.cfg = cfg
         self.pad_id = pad_id
         self.lengths = [len(d) for d in demos]
+        self.dataset_normaliser = cfg.batch.batch_size * sum(d.num_policy_tokens for d in demos) / len(demos)
         self._epoch_batches: dict[int, list[list[int]]] = {}
 
     def bind(self, model, accelerator) -> None:
@@ -135,8 +158,11 @@ class SFTObjective(StatelessObjective):
         world = self.accelerator.num_processes
         local = indices[self.accelerator.process_index :: world]
         trajectories = [self.demos[i] for i in local]
-        total_tokens = sum(self.demos[i].num_policy_tokens for i in indices)
-        return {"trajectories": trajectories, "normaliser": total_tokens / world, "epoch": step / per_epoch}
+        if self.cfg.batch.normaliser == "dataset":
+            normaliser = self.dataset_normaliser
+        else:
+            normaliser = sum(self.demos[i].num_policy_tokens for i in indices)
+        return {"trajectories": trajectories, "normaliser": normaliser / world, "epoch": step / per_epoch}
 
     def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
         trajs = sorted(batch["trajectories"], key=len)
@@ -158,7 +184,7 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     if demos is None:
-        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed)
+        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print)
     if len(demos) < cfg.batch.batch_size:
         raise ValueError(f"{len(demos)} demonstrations cannot fill batch.batch_size={cfg.batch.batch_size}; add demonstrations or lower it")
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
