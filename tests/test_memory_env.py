@@ -20,6 +20,7 @@ DIFFICULTIES = [
     {"facts": 2, "distractors": 10, "gap": 6, "window": 2, "updates": 1, "write_cost": 0.05},
     {"facts": 3, "distractors": 20, "gap": 10, "window": 4, "updates": 3, "memory_slots": 3},
     {"facts": 4, "distractors": 40, "gap": 40, "window": 16, "updates": 2},
+    {"facts": 2, "distractors": 6, "gap": 3, "window": 2, "updates": 2, "oracle_stores": "all"},
 ]
 
 
@@ -259,3 +260,18 @@ def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_on
     assert cap_repeats(everything, len(everything), 0) == (everything, {})  # a cap nothing reaches drops nothing
     with pytest.raises(ValueError, match=r"max_repeats must be >= 1 or null \(keep all\), got 0"):
         DemoSource(env=EnvSpec("memory", options), max_repeats=0)
+
+
+def test_the_store_everything_oracle_writes_every_fact_and_needs_the_slots_for_them():
+    """oracle_stores=all: one remember per message (an update rewrites its key), the same turns as
+    the selective oracle, every task solved; refused when the memory cannot hold every fact."""
+    options = {"facts": 2, "distractors": 6, "gap": 3, "window": 2, "updates": 1}
+    for stores, writes in (("asked", 3), ("all", 9)):
+        env = make_env("memory", oracle_stores=stores, **options)
+        for task in env.tasks("train", n=5, seed=0):
+            actions = env.oracle_actions(task)
+            assert sum('"remember"' in a for a in actions) == writes and len(actions) == env.options.oracle_turns
+            episode = play_oracle(env, task)
+            assert episode.result.info["correct"]
+    with pytest.raises(ValueError, match="oracle_stores=all keeps every one of the 8 facts, but memory_slots is 7"):
+        MemoryOptions(oracle_stores="all", memory_slots=7, **{k: v for k, v in options.items() if k != "updates"})

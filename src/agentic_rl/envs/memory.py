@@ -54,7 +54,7 @@ import hashlib
 import json
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
@@ -105,6 +105,10 @@ class MemoryOptions:
     """Policy turns per episode; None: the oracle's turns (messages + facts + 2) + 4."""
     max_calls_per_turn: int = 4
     """Calls beyond this many in one turn are not run (each gets an error observation)."""
+    oracle_stores: Literal["asked", "all"] = "asked"
+    """Which facts the oracle stores. asked: exactly what the question needs (the optimum);
+    all: every fact of the stream, a teacher that needs no selection (memory_slots >= facts +
+    distractors), for SFT that GRPO's write_cost then teaches to select. Agents are unaffected."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.facts <= 4:
@@ -124,6 +128,11 @@ class MemoryOptions:
                              f"fact stored at once) and max_calls_per_turn ({self.max_calls_per_turn}) >= 1")
         if self.write_cost < 0:
             raise ValueError(f"write_cost must be >= 0, got {self.write_cost}")
+        if self.oracle_stores not in ("asked", "all"):
+            raise ValueError(f"oracle_stores must be asked or all, got {self.oracle_stores!r}")
+        if self.oracle_stores == "all" and self.memory_slots < self.facts + self.distractors:
+            raise ValueError(f"oracle_stores=all keeps every one of the {self.facts + self.distractors} facts, but memory_slots "
+                             f"is {self.memory_slots}; raise memory_slots or store only the asked facts")
         if self.max_turns is not None and self.max_turns < self.oracle_turns:
             raise ValueError(f"max_turns={self.max_turns} is below the {self.oracle_turns} turns the messages, the recalls "
                              "and the answer need; raise it or leave it None")
@@ -243,15 +252,22 @@ class MemoryEnv(Env):
         return tasks
 
     def oracle_actions(self, task: Task) -> list[str]:
-        """Read on; store each needed message the turn after it arrives (an update overwrites its
-        key); after the question, recall each asked key (one call per turn); then answer."""
+        """Read on; store each needed message (oracle_stores=all: every message) the turn after it
+        arrives (an update overwrites its key); after the question, recall each asked key (one call
+        per turn); then answer."""
         data = task.meta
         stored = {}
-        for index, message in data["needed_at"].items():
-            for person, attribute in data["asked"]:
+        if self.options.oracle_stores == "all":
+            candidates = dict(enumerate(data["stream"]))
+            pairs = [(person, attribute) for person in PEOPLE for attribute in ATTRIBUTES]
+        else:
+            candidates = {int(index): message for index, message in data["needed_at"].items()}
+            pairs = [tuple(pair) for pair in data["asked"]]
+        for index, message in candidates.items():
+            for person, attribute in pairs:
                 for prefix in (f"The {attribute} of {person} is ", f"Update: the {attribute} of {person} is now "):
                     if message.startswith(prefix):
-                        stored[int(index)] = (normalise_key(f"{person} {attribute}"), message[len(prefix):-1])
+                        stored[index] = (normalise_key(f"{person} {attribute}"), message[len(prefix):-1])
         actions = [NEXT]  # turn 1 reads message 1
         for index in range(len(data["stream"])):  # turn index + 2 reads message index + 2 (or the question)
             key_value = stored.get(index)
