@@ -52,7 +52,7 @@ def _cmd_envs_list(args: argparse.Namespace) -> int:
 def _cmd_envs_oracle(args: argparse.Namespace) -> int:
     from agentic_rl.envs.oracle import run_oracle
 
-    options = _parse_options(args.option)
+    options = parse_options(args.option)
     summary = run_oracle(args.env, n=args.n, split=args.split, seed=args.seed, **options)
     _print_json(summary)
     return 0 if summary.get("accuracy", 0.0) == 1.0 else 1
@@ -62,7 +62,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
     from agentic_rl.tools.base import ToolError, get_tool
 
     tool = get_tool(args.tool)
-    arguments = _parse_options(args.arg)
+    arguments = parse_options(args.arg)
     if args.expression is not None:
         arguments["expression"] = args.expression
     if args.code is not None:
@@ -85,7 +85,7 @@ def _cmd_rewards_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     import yaml
 
     options: dict[str, Any] = {}
