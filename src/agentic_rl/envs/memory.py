@@ -38,7 +38,8 @@ about the same people's other attributes), `updates` (a needed fact is later cor
 question wants the newest value), `window`, `gap` (messages between the last needed message and
 the question, at least; gap >= window means nothing needed is still visible), `memory_slots`, and
 `announce` (the task description names what the question will ask; without it the agent must
-guess what to keep).
+guess what to keep). `oracle_stores: all` makes the oracle store every fact, not only the asked
+ones (a teacher with no selection to learn).
 
 Reward: 1 when every asked value is right (compared case-insensitively, in the order asked),
 minus `write_cost` per successful remember, as per-step rewards. Hostile turns never crash: an

@@ -4,10 +4,10 @@
 
 The loss is −Σ log P(y|x) over policy tokens only (algorithms/sft.py), divided by the number of
 trained tokens in the optimizer step (batch.normaliser: step), or by one constant, batch_size x
-the mean trained tokens per demonstration (dataset), which weighs every token alike. Batches are drawn by length bucketing: demonstrations are
-sorted by length, cut into batches of similar length, and the batch order is shuffled per
-epoch from the seed, so padding stays small on CPU and the order is a pure function of
-(seed, step): resume needs no data cursor beyond the step.
+the mean trained tokens per demonstration (dataset), which weighs every token alike. Batches are
+drawn by length bucketing: demonstrations are sorted by length, cut into batches of similar
+length, and the batch order is shuffled per epoch from the seed, so padding stays small on CPU
+and the order is a pure function of (seed, step): resume needs no data cursor beyond the step.
 """
 
 from __future__ import annotations
