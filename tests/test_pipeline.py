@@ -89,6 +89,7 @@ def test_stage_inputs_follow_what_each_stage_reads():
     assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == ["rm", "grpo", "eval_grpo"]  # the RM is a reward term
     assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo", "control", "eval_control"]  # the control matches GRPO's time
     assert changed("control.steps=3") == ["control", "eval_control"]
+    assert changed("control.seed=7") == ["control", "eval_control"]  # another control seed from the same SFT model
     assert changed("evals=[{env: {name: arith}, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
     assert changed("ppo.optim.lr=0.123") == []  # PPO is not this config's RL stage
@@ -147,3 +148,12 @@ def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
     result = _evaluate("tiny-qwen3", [cfg], lines.append)
     assert result["evals"][cfg.name]["finish_reasons"] == {"max_turn_tokens": 1.0}
     assert any("WARNING 100% of the episodes were cut off by a rollout limit (100% at max_turn_tokens 4)" in line for line in lines), lines
+
+
+def test_the_control_seed_defaults_to_a_batch_order_the_sft_stage_did_not_use():
+    """Guards against a control that replays SFT's own batch order, and against a control.seed that is ignored."""
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig, control_seed
+
+    assert control_seed(load_config(PipelineConfig, CONFIG, overrides=["sft.train.seed=4"])) == 5
+    assert control_seed(load_config(PipelineConfig, CONFIG, overrides=["sft.train.seed=4", "control.seed=11"])) == 11

@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal
 
 from agentic_rl.config import ConfigError
 from agentic_rl.evaluation.config import EvalConfig
+from agentic_rl.pipeline_eta import progress_line
 from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.ppo_config import PPOConfig
@@ -63,6 +64,9 @@ class ControlConfig:
     steps: int = 0
     """SFT steps of the control; 0: as many as fit in GRPO's measured training time (the sum of
     GRPO's step times, rollouts included, over the SFT stage's mean step time)."""
+    seed: int | None = None
+    """Seed of the control's fresh adapters and batch order; None: sft.train.seed + 1 (a batch
+    order the SFT stage did not use). Set it to repeat the control over seeds from one SFT model."""
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -137,7 +141,9 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     RunDir(root, cfg, tensorboard=False)  # records the resolved config
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
-    for stage in active_stages(cfg):
+    stages = active_stages(cfg)
+    started = time.perf_counter()
+    for index, stage in enumerate(stages):
         done = root / stage / "DONE.json"
         if done.exists():
             results[stage] = json.loads(done.read_text())
@@ -152,6 +158,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             raise RuntimeError(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); see the messages above. "
                                "Rerun the same command to resume from this stage.")
         results[stage] = json.loads(done.read_text())
+        log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
     from agentic_rl.evaluation.report import write_report
 
     report = write_report(root, results, cfg)
@@ -286,11 +293,16 @@ def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, 
         log(f"[pipeline]   control: {cfg.rl.algorithm.upper()} trained {rl_done['train_seconds']:.0f} s; "
             f"SFT takes {per_step:.1f} s per step -> {steps} steps")
     control = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=sft_model),
-                                  train=dataclasses.replace(cfg.sft.train, steps=steps, seed=cfg.sft.train.seed + 1,
+                                  train=dataclasses.replace(cfg.sft.train, steps=steps, seed=control_seed(cfg),
                                                             output_dir=str(root / "control")))
     out = train_sft(control)
     return {"final": out["final"], "steps": steps, "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
             "train_seconds": training_seconds(root / "control", steps)}
+
+
+def control_seed(cfg: PipelineConfig) -> int:
+    """The control's seed: control.seed, else sft.train.seed + 1."""
+    return cfg.sft.train.seed + 1 if cfg.control.seed is None else cfg.control.seed
 
 
 def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:

@@ -1,5 +1,8 @@
-"""The pipeline report: report.md with a metrics table per stage, paired comparisons of the
-stages on the same problems, summary.json, plus PNG plots.
+"""The pipeline report: report.md opens with its verdict (each stage against the one it started
+from, and the RL stage against the compute-matched control, one line each), then a metrics table
+per stage, the paired comparisons in full, summary.json, plus PNG plots. What the run did not
+measure is left out: the sampled columns when every evaluation is greedy only (k = 1), the KL
+panel when no KL was logged (β = 0 skips the reference pass).
 
     summary.json   per stage and evaluation: n, each accuracy with its 95% interval, the
                    success histogram; and the paired differences (B − A, 95% CI, McNemar p)
@@ -8,8 +11,8 @@ stages on the same problems, summary.json, plus PNG plots.
 
     plots/reward_components.png   GRPO reward per step, one line per component
     plots/accuracy_by_stage.png   pass@1 of each evaluation at base / SFT / GRPO
-    plots/kl_and_length.png       GRPO KL, mean completion length and the share of groups with
-                                  reward variance (the groups that carry a gradient) per step
+    plots/kl_and_length.png       GRPO KL (when logged), mean completion length and the share of
+                                  groups with reward variance (the groups that carry a gradient) per step
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     plots = root / "plots"
     plots.mkdir(exist_ok=True)
     lines = [f"# agentic-rl pipeline report", "", f"Base model: `{cfg.model}`. Run directory: `{root}`.", ""]
-    lines += _eval_table(results)
     summary = summarize(results)
+    lines += verdict_lines(summary["comparisons"])
+    lines += _eval_table(results)
     lines += _comparison_lines(summary["comparisons"])
     lines += _stage_table(results)
     rl_metrics = next((root / name / "metrics.jsonl" for name in ("grpo", "ppo") if (root / name / "metrics.jsonl").exists()), None)
@@ -52,7 +56,7 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
         _plot_rewards(rows, plots / "reward_components.png")
         _plot_kl_length(rows, plots / "kl_and_length.png")
         lines += ["", "![reward components](plots/reward_components.png)", "![KL and length](plots/kl_and_length.png)", ""]
-        lines += [f"- `{key}`: {describe_metric(key)}" for key in PLOTTED_METRICS]
+        lines += [f"- `{key}`: {describe_metric(key)}" for key in PLOTTED_METRICS if key != "loss/kl" or _logged(rows, key)]
     if _plot_accuracy(results, plots / "accuracy_by_stage.png"):
         lines += ["![accuracy by stage](plots/accuracy_by_stage.png)"]
     failures = _failures(results)
@@ -89,18 +93,46 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _eval_table(results: dict[str, Any]) -> list[str]:
-    lines = ["## Evaluation", "", "Accuracies with their 95% intervals (Wilson for greedy pass@1, a bootstrap over problems for the sampled ones).", "",
-             "| evaluation | stage | n | pass@1 (greedy) | sampled accuracy | pass@k | maj@k | never / sometimes / always solved | " + " | ".join(_COLUMNS) + " | extra |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * (len(_COLUMNS) + 1)]
-    for stage, name in _STAGE_NAMES.items():
-        for label, metrics in (results.get(stage, {}).get("evals") or {}).items():
-            k = metrics.get("k", 1)
-            accuracies = [_with_ci(metrics, key) for key in ("pass@1", "sampled_accuracy@T", f"pass@{k}", f"maj@{k}")]
-            solved = " / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always")) if "solved/never" in metrics else ""
-            cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
-            extra = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps")))
-            lines.append(f"| {label} | {name} | {metrics.get('n', '')} | " + " | ".join(accuracies) + f" | {solved} | " + " | ".join(cells) + f" | {extra} |")
+    evaluated = [(stage, name, label, metrics) for stage, name in _STAGE_NAMES.items()
+                 for label, metrics in (results.get(stage, {}).get("evals") or {}).items()]
+    sampled = any(metrics.get("k", 1) > 1 for *_, metrics in evaluated)  # k = 1 everywhere: nothing was sampled
+    header = "| evaluation | stage | n | pass@1 (greedy) |" + (" sampled accuracy | pass@k | maj@k | never / sometimes / always solved |" if sampled else "")
+    lines = ["## Evaluation", "",
+             "Accuracies with their 95% intervals (Wilson for greedy pass@1" + (", a bootstrap over problems for the sampled ones)." if sampled else ")."), "",
+             header + " " + " | ".join(_COLUMNS) + " | extra |",
+             "|---|---|---|---|" + ("---|" * 4 if sampled else "") + "---|" * (len(_COLUMNS) + 1)]
+    for stage, name, label, metrics in evaluated:
+        k = metrics.get("k", 1)
+        keys = ("pass@1", "sampled_accuracy@T", f"pass@{k}", f"maj@{k}") if sampled else ("pass@1",)
+        accuracies = [_with_ci(metrics, key) for key in keys]
+        if sampled:
+            accuracies.append(" / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always")) if "solved/never" in metrics else "")
+        cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
+        extra = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps")))
+        lines.append(f"| {label} | {name} | {metrics.get('n', '')} | " + " | ".join(accuracies) + " | " + " | ".join(cells) + f" | {extra} |")
     return lines
+
+
+def verdict_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The report's opening: one line per compared pair of stages (COMPARISONS order), greedy
+    pass@1 on every evaluation, e.g. "after GRPO against after SFT: new-stories +12.5 points
+    [+6.6, +18.4], better (p < 0.001); seen-stories −2.0 [−10.0, +6.0], within noise"."""
+    lines = []
+    for a, b in COMPARISONS:
+        rows = [row for row in comparisons if row["a"] == a and row["b"] == b and row["metric"] == "pass@1"]
+        if not rows:
+            continue
+        parts = []
+        for row in rows:
+            verdict = {"B better": "better", "A better": "worse"}.get(row["verdict"], "within noise")
+            p = "" if row["mcnemar_p"] is None else " (p < 0.001)" if row["mcnemar_p"] < 0.001 else f" (p = {row['mcnemar_p']:.3f})"
+            parts.append(f"{row['label']} {100 * row['difference']:+.1f} points [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], "
+                         f"{verdict}{p}")
+        lines.append(f"- **{_STAGE_NAMES[b]}** against **{_STAGE_NAMES[a]}**: " + "; ".join(parts))
+    if not lines:
+        return []
+    return ["## Verdict", "", "Greedy pass@1, B − A on the same problems with its 95% paired-bootstrap interval and the "
+            "exact McNemar p; \"within noise\" when the interval contains 0.", ""] + lines + [""]
 
 
 def _with_ci(metrics: dict[str, Any], key: str) -> str:
@@ -155,21 +187,31 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _logged(rows: list[dict[str, Any]], key: str) -> bool:
+    return any(key in row for row in rows)
+
+
 def _plot_kl_length(rows: list[dict[str, Any]], path: Path) -> None:
+    """KL to the reference (only when logged: with β = 0 there is no reference pass), policy tokens
+    per episode, and the share of groups with reward variance, per RL step."""
     import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(11, 3.2))
+    with_kl = _logged(rows, "loss/kl")
+    fig, axes = plt.subplots(1, 3 if with_kl else 2, figsize=(11 if with_kl else 7.5, 3.2))
     steps = [r["step"] for r in rows]
-    left.plot(steps, [r.get("loss/kl", float("nan")) for r in rows])
-    left.set_title("KL (k3) to reference")
+    if with_kl:
+        axes[0].plot(steps, [r.get("loss/kl", float("nan")) for r in rows])
+        axes[0].set_title("KL (k3) to reference")
+    middle, right = axes[-2:]
     middle.plot(steps, [r.get("rollout/completion_tokens/mean", float("nan")) for r in rows])
     middle.set_title("policy tokens per episode")
     right.plot(steps, [r.get("rollout/groups_with_variance", float("nan")) for r in rows], label="as sampled")
-    right.plot(steps, [r.get("train/groups_with_variance", float("nan")) for r in rows], label="trained")
+    if _logged(rows, "train/groups_with_variance"):
+        right.plot(steps, [r.get("train/groups_with_variance", float("nan")) for r in rows], label="trained")
     right.set_title("groups with reward variance")
     right.set_ylim(0, 1.05)
     right.legend(fontsize=8)
-    for ax in (left, middle, right):
+    for ax in axes:
         ax.set_xlabel("RL step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,72 @@
+"""How long the pipeline's remaining stages will take, from what its finished stages measured.
+
+    [pipeline] sft: done in 5 min 40 s (elapsed 5 min 52 s); about 14 min left (eval_sft ~2 min, grpo ~9 min, eval_grpo ~2 min)
+
+Nothing here is a benchmark: each estimate scales a measured stage of this run by the work the
+next one does, so it needs the stage it scales from.
+
+- an evaluation takes as long as the last evaluation did (every stage runs the same `evals`);
+- SFT and the control take steps x the SFT stage's measured seconds per step, plus the SFT
+  stage's time outside its steps (model loading, saving);
+- an RL step decodes its episodes at the last evaluation's seconds per episode (rollouts sample
+  where evaluation decodes greedily, at a similar length), times 1.5 with dynamic sampling (its
+  replacement round redraws about half the groups on the demo: EXPERIMENTS.md), and trains them
+  at the SFT stage's seconds per demonstration, once per update (updates_per_batch).
+
+Before the SFT stage and an evaluation have run there is nothing to scale; those stages are
+named as not yet estimable. The RL stage's own progress bar gives its time left once it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DYNAMIC_SAMPLING_FACTOR = 1.5
+"""Rollout work with selection.dynamic_sampling, relative to one round (see the module docstring)."""
+
+
+def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> float | None:
+    """Estimated wall seconds of `stage` from the finished stages' results (`done`), or None."""
+    evals = [result for name, result in done.items() if name.startswith("eval_") and "seconds" in result]
+    sft = done.get("sft")
+    sft_step = sft["train_seconds"] / max(1, sft["steps"]) if sft and sft.get("train_seconds") else None
+    overhead = max(0.0, sft["seconds"] - sft["train_seconds"]) if sft_step else 0.0
+    if stage.startswith("eval_"):
+        return evals[-1]["seconds"] if evals else None
+    if stage == "control":
+        if sft_step is None:
+            return None
+        if cfg.control.steps:
+            return cfg.control.steps * sft_step + overhead
+        rl = done.get(cfg.rl.algorithm)
+        return rl["train_seconds"] + overhead if rl else None
+    if stage in ("grpo", "ppo"):
+        if sft_step is None or not evals:
+            return None
+        section = getattr(cfg, stage)
+        last = evals[-1]
+        episodes = sum(e["n"] * (1 + (e["k"] if e.get("k", 1) > 1 else 0)) for e in last["evals"].values())
+        per_episode = last["seconds"] / max(1, episodes)
+        rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
+        training = section.updates_per_batch * section.rollout.batch_size * sft_step / cfg.sft.batch.batch_size
+        return section.train.steps * (rollout + training) + overhead
+    return None
+
+
+def minutes(seconds: float) -> str:
+    """'2 min 05 s' (or '45 s')."""
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def progress_line(cfg: Any, stage: str, seconds: float, elapsed: float, done: dict[str, dict[str, Any]], remaining: list[str]) -> str:
+    """The line printed after each stage: its time, the time so far and the estimated time left."""
+    line = f"[pipeline] {stage}: done in {minutes(seconds)} (elapsed {minutes(elapsed)})"
+    if not remaining:
+        return line
+    estimates = {name: estimate_seconds(cfg, name, done) for name in remaining}
+    known = {name: value for name, value in estimates.items() if value is not None}
+    parts = [f"{name} ~{minutes(value)}" if value is not None else f"{name} not yet estimable" for name, value in estimates.items()]
+    total = sum(known.values())
+    prefix = "about" if len(known) == len(estimates) else "at least"
+    return line + f"; {prefix} {minutes(total)} left ({', '.join(parts)})"

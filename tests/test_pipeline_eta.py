@@ -1,0 +1,50 @@
+"""The pipeline's time-left estimate scales what its finished stages measured (pipeline_eta.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from agentic_rl.config import load_config
+from agentic_rl.pipeline import PipelineConfig
+from agentic_rl.pipeline_eta import estimate_seconds, minutes, progress_line
+
+DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
+# SFT: 28 steps in 280 s of training, 300 s in all (20 s of loading and saving); one evaluation of
+# 100 + 256 greedy episodes in 120 s.
+DONE = {"sft": {"seconds": 300.0, "train_seconds": 280.0, "steps": 28},
+        "eval_sft": {"seconds": 120.0, "evals": {"seen": {"n": 100, "k": 1}, "new": {"n": 256, "k": 1}}}}
+
+
+def _cfg(*overrides: str) -> PipelineConfig:
+    return load_config(PipelineConfig, DEMO, overrides=list(overrides))
+
+
+def test_an_rl_stage_is_estimated_from_the_sft_step_and_the_evaluation_episode():
+    """Guards against an estimate that ignores the RL stage's batch, rounds or updates."""
+    cfg = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch.batch_size=8",
+               "grpo.selection.dynamic_sampling=true", "grpo.updates_per_batch=1")
+    rollout = 32 * (120.0 / 356) * 1.5  # episodes x seconds per evaluated episode x the dynamic-sampling round
+    training = 1 * 32 * (280.0 / 28) / 8  # updates x episodes x SFT seconds per demonstration
+    assert estimate_seconds(cfg, "grpo", DONE) == pytest.approx(12 * (rollout + training) + 20.0)
+    mu2 = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch.batch_size=8",
+               "grpo.selection.dynamic_sampling=false", "grpo.updates_per_batch=2", "grpo.old_logprobs=recompute")
+    assert estimate_seconds(mu2, "grpo", DONE) == pytest.approx(12 * (32 * 120.0 / 356 + 2 * 40.0) + 20.0)
+
+
+def test_evaluations_and_the_control_follow_their_measured_stages():
+    cfg = _cfg("control.enabled=true")
+    assert estimate_seconds(cfg, "eval_grpo", DONE) == 120.0
+    assert estimate_seconds(cfg, "control", DONE) is None  # matched on GRPO's time, which has not run
+    assert estimate_seconds(cfg, "control", {**DONE, "grpo": {"train_seconds": 400.0}}) == 420.0
+    assert estimate_seconds(_cfg("control.enabled=true", "control.steps=30"), "control", DONE) == 30 * 10.0 + 20.0
+    assert estimate_seconds(cfg, "grpo", {}) is None and estimate_seconds(cfg, "eval_sft", {}) is None
+
+
+def test_the_progress_line_names_every_stage_left_and_which_cannot_be_estimated_yet():
+    cfg = _cfg()
+    line = progress_line(cfg, "eval_base", 65.0, 70.0, {"eval_base": {"seconds": 65.0, "evals": DONE["eval_sft"]["evals"]}},
+                         ["sft", "eval_sft", "grpo", "eval_grpo"])
+    assert line == ("[pipeline] eval_base: done in 1 min 05 s (elapsed 1 min 10 s); at least 2 min 10 s left "
+                    "(sft not yet estimable, eval_sft ~1 min 05 s, grpo not yet estimable, eval_grpo ~1 min 05 s)")
+    assert progress_line(cfg, "eval_grpo", 5.0, 999.0, DONE, []) == "[pipeline] eval_grpo: done in 5 s (elapsed 16 min 39 s)"
+    assert minutes(59.6) == "1 min 00 s"
