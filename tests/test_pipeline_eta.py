@@ -45,6 +45,6 @@ def test_the_progress_line_names_every_stage_left_and_which_cannot_be_estimated_
     line = progress_line(cfg, "eval_base", 65.0, 70.0, {"eval_base": {"seconds": 65.0, "evals": DONE["eval_sft"]["evals"]}},
                          ["sft", "eval_sft", "grpo", "eval_grpo"])
     assert line == ("[pipeline] eval_base: done in 1 min 05 s (elapsed 1 min 10 s); at least 2 min 10 s left "
-                    "(sft not yet estimable, eval_sft ~1 min 05 s, grpo not yet estimable, eval_grpo ~1 min 05 s)")
+                    "(sft not estimable yet, eval_sft ~1 min 05 s, grpo not estimable yet, eval_grpo ~1 min 05 s)")
     assert progress_line(cfg, "eval_grpo", 5.0, 999.0, DONE, []) == "[pipeline] eval_grpo: done in 5 s (elapsed 16 min 39 s)"
     assert minutes(59.6) == "1 min 00 s"

@@ -13,8 +13,8 @@ next one does, so it needs the stage it scales from.
   replacement round redraws about half the groups on the demo: EXPERIMENTS.md), and trains them
   at the SFT stage's seconds per demonstration, once per update (updates_per_batch).
 
-Before the SFT stage and an evaluation have run there is nothing to scale; those stages are
-named as not yet estimable. The RL stage's own progress bar gives its time left once it runs.
+Before the SFT stage and an evaluation have run there is nothing to scale; those stages, and the
+reward-model stage (whose pair sampling and scoring scale with neither), are named as not estimable. The RL stage's own progress bar gives its time left once it runs.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def progress_line(cfg: Any, stage: str, seconds: float, elapsed: float, done: di
         return line
     estimates = {name: estimate_seconds(cfg, name, done) for name in remaining}
     known = {name: value for name, value in estimates.items() if value is not None}
-    parts = [f"{name} ~{minutes(value)}" if value is not None else f"{name} not yet estimable" for name, value in estimates.items()]
+    parts = [f"{name} ~{minutes(value)}" if value is not None else f"{name} not estimable yet" for name, value in estimates.items()]
     total = sum(known.values())
     prefix = "about" if len(known) == len(estimates) else "at least"
     return line + f"; {prefix} {minutes(total)} left ({', '.join(parts)})"
