@@ -34,12 +34,14 @@ def turn_kind(text: str) -> str:
     return "answer" if "final answer" in text.lower() else text.strip()[:20]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def teacher_forced_inputs(description: str, default_n: int):
+    """Parse --model --env --option --n --split; return (args, model, tokenizer, the token
+    sequences of n oracle episodes of that split). Shared with experiments/token_loss.py."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", required=True)
     parser.add_argument("--env", required=True)
     parser.add_argument("--option", action="append", default=[], help="env option key=value (repeatable)")
-    parser.add_argument("--n", type=int, default=10, help="oracle episodes")
+    parser.add_argument("--n", type=int, default=default_n, help="oracle episodes")
     parser.add_argument("--split", default="test")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -47,6 +49,11 @@ def main() -> None:
     model.eval()
     env = EnvSpec(args.env, parse_options(args.option)).make()
     sequences = demo_sequences(oracle_demos(env, env.tasks(args.split, n=args.n, seed=0), ChatFormat.for_tokenizer(tokenizer)))
+    return args, model, tokenizer, sequences
+
+
+def main() -> None:
+    args, model, tokenizer, sequences = teacher_forced_inputs(__doc__.split("\n")[0], default_n=10)
     stats: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0, 0])  # turns, argmax right, Σ P, whole turn right
     start = time.perf_counter()
     for seq in sequences:

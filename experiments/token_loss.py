@@ -18,17 +18,12 @@ what SFT needs (EXPERIMENTS.md, issue 31).
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 
 import torch
 
-from agentic_rl.cli import parse_options
-from agentic_rl.envs.base import EnvSpec
-from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.stage_output import load_base_and_tokenizer
-from agentic_rl.rollout.demos import demo_sequences, oracle_demos
+from decisions import teacher_forced_inputs  # experiments/decisions.py: this script's folder is on sys.path
 
 CLASSES = ("operation", "number", "format")
 _STEP_PREFIX = re.compile(r"Step \d+:\s*")
@@ -42,18 +37,7 @@ def token_class(line_before: str, token_text: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--env", required=True)
-    parser.add_argument("--option", action="append", default=[], help="env option key=value (repeatable)")
-    parser.add_argument("--n", type=int, default=100, help="oracle episodes")
-    parser.add_argument("--split", default="test")
-    args = parser.parse_args()
-    torch.set_grad_enabled(False)
-    model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32", "cpu")
-    model.eval()
-    env = EnvSpec(args.env, parse_options(args.option)).make()
-    sequences = demo_sequences(oracle_demos(env, env.tasks(args.split, n=args.n, seed=0), ChatFormat.for_tokenizer(tokenizer)))
+    args, model, tokenizer, sequences = teacher_forced_inputs(__doc__.split("\n")[0], default_n=100)
     tokens = dict.fromkeys(CLASSES, 0)
     nll = dict.fromkeys(CLASSES, 0.0)
     right = dict.fromkeys(CLASSES, 0)
