@@ -23,10 +23,15 @@ from agentic_rl.training.sft import SFTConfig, SFTObjective, train_sft
 
 def sft_cfg(output_dir: Path, mode: str) -> SFTConfig:
     """The run both sides make: 4 demonstrations per step (2 per rank under FSDP), one per
-    micro-batch, so each rank also accumulates over 2 micro-batches."""
+    micro-batch, so each rank also accumulates over 2 micro-batches.
+
+    Adam's first step is lr·g/(|g|+eps): at the default eps 1e-8 that is ≈ lr·sign(g), so a
+    gradient near 0 whose sign differs by float summation order (FSDP reduces in another order
+    than one process) moves its weight by ±lr. eps 1e-3 makes the step continuous in g, so the
+    two sides' weights differ by about their gradients' rounding, times lr/eps."""
     return load_config(SFTConfig, None, overrides=[
         "model.name=tiny-qwen3", "model.lora.r=4", f"model.lora.enabled={'true' if mode == 'lora' else 'false'}",
-        "optim.lr=1e-2", "batch.batch_size=4", "batch.micro_batch_size=1",
+        "optim.lr=1e-2", "optim.eps=1e-3", "batch.batch_size=4", "batch.micro_batch_size=1",
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
         f"train.output_dir={output_dir}", "train.progress=false", "train.steps=1", "train.resume=false",
     ])
