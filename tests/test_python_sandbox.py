@@ -336,6 +336,28 @@ def test_signals_cannot_reach_the_caller(outside_dir):
     _assert_host_unharmed(outside_dir)
 
 
+def test_keyring_and_uncounted_memory_syscalls_are_refused_with_the_documented_errno():
+    """Guards against the keyring calls (not namespaced: the caller's keys) and the memory
+    that RLIMIT_AS does not count (SysV shm and message queues, memfds, POSIX message queues)
+    being allowed, or refused with an errno a library would not read as "not here"."""
+    code = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = os.uname().machine == "x86_64"
+calls = {"keyctl": (250 if x86 else 219, 0, -3), "add_key": (248 if x86 else 217, b"user", b"k", b"v", 1, -3),
+         "shmget": (29 if x86 else 194, 0, 4096, 0o1600), "msgget": (68 if x86 else 186, 0, 0o1600),
+         "memfd_create": (319 if x86 else 279, b"m", 0)}
+for name, args in calls.items():
+    print(name, libc.syscall(*args), errno.errorcode[ctypes.get_errno()])
+print("mq_open", libc.mq_open(b"/q", os.O_CREAT | os.O_RDWR, 0o600, None), errno.errorcode[ctypes.get_errno()])
+print(repr(open("/proc/keys").read()), repr(open("/proc/key-users").read()))
+"""
+    result = run_python(code)
+    assert result.stdout.splitlines() == [
+        "keyctl -1 EPERM", "add_key -1 EPERM", "shmget -1 ENOSYS", "msgget -1 ENOSYS",
+        "memfd_create -1 ENOSYS", "mq_open -1 EMFILE", "'' ''"], result
+
+
 def test_environment_variables_are_not_leaked(outside_dir, monkeypatch):
     """Guards against API keys in the trainer's environment reaching model-written code,
     directly or through /proc/*/environ of processes it can see."""
@@ -367,10 +389,14 @@ def _uncontained(report: dict[str, dict]) -> dict[str, dict]:
 def test_hostile_programs_are_contained_for_this_caller():
     """Guards against the sandbox reaching Unix-socket files (stream, datagram, via a
     socketpair, by raw syscall), abstract sockets, vsock (the VM host), netlink, io_uring,
-    writable /proc, /sys and device nodes, files outside its dir, or leaving a process behind.
-    Before the seccomp filter and the minimal /dev, 8 of these 19 programs got out."""
+    the caller's kernel keyring, memory that RLIMIT_AS does not count (System V shared memory
+    and message queues, memfds, tmpfs files), writable /proc, /sys and device nodes, files
+    outside its dir, or leaving a process behind. Before the seccomp filter and the minimal
+    /dev, 8 of the first 19 programs got out; before the keyring and memory rules, 5 of the
+    next 7 (reading the caller's key, adding keys, 640 MiB of shm, 540 MiB of memfds, 152 MiB
+    of message queues, each under a 512 MiB address-space cap)."""
     report = sandbox_hostile.probe()
-    assert len(report) == len(sandbox_hostile.HOSTILE) >= 19
+    assert len(report) == len(sandbox_hostile.HOSTILE) >= 26
     assert _uncontained(report) == {}
 
 

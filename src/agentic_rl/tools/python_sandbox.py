@@ -22,13 +22,19 @@ Where each part lives (tools/):
     sandbox_bootstrap.py     the program that builds the sandbox: three processes, the
                              worker's rlimits and privilege drop, the protocol with the caller
     sandbox_namespaces.py    isolation: the namespaces, and the read-only filesystem view
-    sandbox_seccomp.py       isolation: the socket filter
+    sandbox_seccomp.py       isolation: the seccomp filter (sockets, keyring, uncounted memory)
     sandbox_result.py        SandboxResult, and how the way a run ended becomes exit_reason
     sandbox_observation.py   the observation text the policy reads
 
 Threat model (what is enforced, and how):
   - Wall clock: `timeout_s`, enforced by the caller. CPU: RLIMIT_CPU per process (SIGXCPU).
-  - Memory: RLIMIT_AS per process, so a big allocation raises MemoryError.
+  - Memory: RLIMIT_AS per process, so a big allocation raises MemoryError. What it does not
+    count is refused (sandbox_seccomp.py): System V shared memory and message queues, memfds
+    (ENOSYS), POSIX message queues (RLIMIT_MSGQUEUE = 0); the work dir and /dev/shm are tmpfs
+    of max_file_bytes each.
+  - Kernel keyring (not namespaced): keyctl, add_key and request_key are refused (EPERM), and
+    /proc/keys and /proc/key-users are masked, so the code neither reads the caller's keys nor
+    leaves keyrings behind.
   - Processes: RLIMIT_NPROC. As root the worker runs under a fresh random uid (>= 2**31, no
     passwd entry) so the count covers this sandbox only and parallel sandboxes cannot signal
     each other. Unprivileged, the worker keeps the caller's uid, and the cap is set to the
@@ -55,10 +61,11 @@ Threat model (what is enforced, and how):
   - Environment: only PATH, LANG, HOME, TMPDIR (and LD_LIBRARY_PATH when the interpreter
     needs it). `-I -S`: no site-packages, no PYTHON* variables, no user site: stdlib only.
 Not enforced:
-  - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes` (no cgroup).
+  - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes`, plus
+    2 x `max_file_bytes` of tmpfs and small kernel buffers (pipes, sockets) (no cgroup).
   - Reading world-readable files (the stdlib, /etc/passwd, this repository if its
     permissions allow), and /sys (read-only). Kernel exploits: the seccomp filter only
-    restricts sockets and io_uring, it does not shrink the kernel's attack surface.
+    refuses the calls above, it does not shrink the kernel's attack surface.
   - Unprivileged: files readable by the calling user are readable by the code.
   - If namespaces are unavailable (e.g. a container without CAP_SYS_ADMIN and with user
     namespaces disabled), the sandbox refuses to run (exit_reason "sandbox_error") instead

@@ -10,7 +10,7 @@ It is put together from pieces that share one global namespace when it runs:
 
     BOOTSTRAP = PRELUDE             libc (ctypes), check(): raise OSError with errno's text
               + NAMESPACES_SOURCE   namespaces and the filesystem view (sandbox_namespaces.py)
-              + SECCOMP_SOURCE      the socket filter (sandbox_seccomp.py)
+              + SECCOMP_SOURCE      the seccomp filter (sandbox_seccomp.py)
               + PROCESS_SOURCE      the three processes, the worker's limits, main()
 
 The three processes:
@@ -31,7 +31,8 @@ The three processes:
     it to the bootstrap.
   - The worker drops everything, in this order, the seccomp filter last: setsid (a
     killpg(0) from the code reaches only its own group), stdin from /dev/null, the rlimits
-    (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, and CPU with SIGKILL 1 s after SIGXCPU), then
+    (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, MSGQUEUE = 0, and CPU with SIGKILL 1 s
+    after SIGXCPU), then
     as root a fresh uid and gid with no supplementary groups (which drops every capability),
     no_new_privs, the seccomp filter, and exec. Unprivileged, RLIMIT_NPROC counts all the
     user's tasks, so the cap is the user's current count (`user_tasks`) + max_processes,
@@ -98,7 +99,8 @@ def exec_worker(cfg, status_fd, nproc):
                          (resource.RLIMIT_NPROC, nproc),
                          (resource.RLIMIT_FSIZE, cfg["max_file_bytes"]),
                          (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
-                         (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_MSGQUEUE, 0)):  # no POSIX message queue memory
         resource.setrlimit(limit, (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
     if cfg["is_root"]:
@@ -106,7 +108,7 @@ def exec_worker(cfg, status_fd, nproc):
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    install_seccomp()  # last: from here on, no socket but AF_INET/6 (SYSCALLS, sandbox_seccomp.py)
+    install_seccomp()  # last: no socket but AF_INET/6, no keyring, no shm (sandbox_seccomp.py)
     os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
     os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
 

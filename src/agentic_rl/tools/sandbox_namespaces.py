@@ -20,7 +20,8 @@ The filesystem, as `prepare_filesystem` leaves it:
 
     /            every mount of the host remounted read-only (keeping the flags a user
                  namespace locks: nosuid, nodev, noexec, atime flags)
-    /proc        a fresh proc of this pid namespace, read-only: no /proc/self knob is writable
+    /proc        a fresh proc of this pid namespace, read-only: no /proc/self knob is writable;
+                 /proc/keys and /proc/key-users (not namespaced) masked by /dev/null
     /tmp         a 64 KiB tmpfs, read-only once set up, holding only the two mount points
       work       the work dir: tmpfs of max_file_bytes, mode 0700, owned by the worker's uid,
                  holding main.py (the code)
@@ -49,6 +50,7 @@ KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 
         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 MNT_DETACH = 2
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
+MASKED_PROC = ("keys", "key-users")
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                        ctypes.c_char_p]
 
@@ -107,6 +109,8 @@ def prepare_filesystem(cfg, code):
     read_only_mounts()
     # This pid namespace's processes only, and read-only: no /proc/self/* knob is writable.
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    for name in MASKED_PROC:  # not namespaced: they list the keys the caller's uid may view
+        mount("/dev/null", f"/proc/{name}", None, MS_BIND)
     # A private, tiny, read-only /tmp holds just the two fixed mount points.
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for path in (cfg["work_dir"], cfg["bound_prefix"]):
