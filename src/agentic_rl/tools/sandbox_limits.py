@@ -18,8 +18,8 @@ Each field, what enforces it, and what the code sees when it reaches it:
 The CPU, memory, file and open-file caps hold per process, and there is no cgroup, so a
 program may hold up to max_processes x memory_bytes in all, plus the two tmpfs (work dir and
 /dev/shm, max_file_bytes each); memory that RLIMIT_AS would not count (System V shm and
-message queues, memfds, POSIX queues) is refused (see the threat model in python_sandbox.py). The values are validated at construction, with a message that says what
-cannot work and why.
+message queues, memfds, POSIX queues) is refused (see the threat model in python_sandbox.py).
+The values are validated at construction, with a message that says what cannot work and why.
 """
 
 from __future__ import annotations
