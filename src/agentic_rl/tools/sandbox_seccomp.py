@@ -1,6 +1,39 @@
 """Isolation, second layer: a seccomp filter on sockets, the kernel keyring and uncounted memory.
 
-`SECCOMP_SOURCE = r'''
+`SECCOMP_SOURCE` is a piece of the bootstrap's source, not code that runs in this process
+(sandbox_bootstrap.py joins the pieces; this one uses the prelude's `libc` and `check`). The
+worker calls `install_seccomp` as its last step before exec, after no_new_privs (which seccomp
+needs once the worker has no capabilities, and which stops a setuid binary from shedding the
+filter); every child of the code inherits it.
+
+What the filter decides; every other syscall is allowed, so this is a narrow fence, not an
+allow-list that shrinks the kernel's attack surface:
+  - socket(): allowed only for AF_INET and AF_INET6, which reach only the empty network
+    namespace, so connect() fails with ENETUNREACH as on a machine without a network. Every
+    other family gets EACCES: Unix sockets (a socket file on the host, or abstract), netlink,
+    vsock (the VM host), packet sockets.
+  - socketpair(): only SOCK_STREAM, a connected pair that cannot be re-pointed (asyncio
+    needs one).
+  - `REFUSED`, each with its errno:
+      io_uring_setup, io_uring_enter, io_uring_register: EACCES, since io_uring's operations
+        would bypass the filter.
+      add_key, request_key, keyctl: EPERM, as in the container runtimes' default profiles.
+        The keyring is not namespaced: the code inherits the caller's session keyring, so it
+        could read a key the trainer holds there and add its own; as root, each call's fresh
+        uid would leave its user keyrings behind.
+      shmget, msgget, memfd_create, memfd_secret: ENOSYS, what a kernel built without them
+        says, so a library falls back to ordinary memory. RLIMIT_AS does not count a System V
+        segment once detached, a queued message, or a memfd's pages (64 memfds x
+        max_file_bytes), so each let a call capped at 512 MiB hold 540 MiB to 1 GiB more.
+  - a syscall through a foreign ABI (a 32-bit one, or x32 on x86_64): the process is killed,
+    since the syscall numbers tested here would not mean the same there.
+
+The filter is classic BPF, written as (code, jt, jf, k) tuples, packed 8 bytes each. It knows
+the syscall numbers of x86_64 and aarch64; on another architecture `seccomp_filter` raises,
+so the bootstrap reports a setup error rather than run the code without the filter.
+"""
+
+SECCOMP_SOURCE = r'''
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 # seccomp: socket() only for AF_INET/AF_INET6 (useless in the empty network namespace; they
 # fail with ENETUNREACH as on a machine without network), socketpair() only SOCK_STREAM (a
