@@ -1,6 +1,6 @@
 """Hostile programs for the python sandbox, with the host-side bait each one goes for.
 
-    python tests/sandbox_hostile.py        # runs them all, prints one JSON line per program
+    python tests/sandbox_hostile.py [BAIT_DIR] [--chroot]   # all of them, one JSON line each
 
 `tests/test_python_sandbox.py` runs `probe()` in-process (as this test's user, root in CI) and
 runs this file as a script under an unprivileged uid, so both callers face the same list.
@@ -21,6 +21,7 @@ import tempfile
 import time
 import uuid
 
+from agentic_rl.tools import sandbox_supervisor
 from agentic_rl.tools.python_sandbox import SandboxLimits, run_python
 
 # {name: code}; the code is formatted with the bait's paths and addresses (see `_bait`).
@@ -177,6 +178,26 @@ for folder in (".", "/dev/shm"):
         held += chunk
 if held > 64 << 20:
     print("ESCAPED: holds", held >> 20, "MiB in tmpfs files")""",
+    "host_files_are_out_of_sight": """
+import os
+for path in ({sentinel!r}, {outside!r}, {source_dir!r}, "/var/tmp", "/home", "/root", "/etc/passwd",
+             "/etc/hostname", "/.dockerenv", "/run", "/sys/kernel", "/boot", "/mnt", "/opt", "/srv"):
+    if os.path.lexists(path):
+        print("ESCAPED: sees", path)""",
+    "escape_the_root": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.unshare(0x10000000)  # CLONE_NEWUSER: every capability, in a user namespace of its own
+try:  # the classic chroot escape: chroot into a subdirectory, climb out, chroot there
+    os.mkdir("jail"); os.chroot("jail")
+    for _ in range(30):
+        os.chdir("..")
+    os.chroot(".")
+except OSError:
+    pass
+for path in ({sentinel!r}, "/proc/1/root" + {sentinel!r}, "/proc/1/cwd/" + {sentinel!r}):
+    if os.path.lexists(path):
+        print("ESCAPED: sees", path)""",
     "overwrite_sentinel": """
 open({sentinel!r}, "w").write("pwned"); print("ESCAPED")""",
     "create_file_next_to_sentinel": """
@@ -298,7 +319,8 @@ def _bait(root: str) -> tuple[dict, dict]:
               "dgram_path": dgram_path, "abstract_name": abstract_name,
               "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
               "caller_pid": os.getpid(), "memory_bytes": SandboxLimits().memory_bytes,
-              "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}"}
+              "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
+              "source_dir": os.path.dirname(os.path.abspath(__file__))}
     return values, listeners
 
 
@@ -330,8 +352,13 @@ def live_processes_with(marker: str) -> list[int]:
     return found
 
 
-def probe(root: str = "/var/tmp") -> dict[str, dict]:
-    """Run every hostile program; {name: {"contained": bool, "why": ..., "stdout": ...}}."""
+def probe(root: str = "/var/tmp", pivot_root: bool = True) -> dict[str, dict]:
+    """Run every hostile program; {name: {"contained": bool, "why": ..., "stdout": ...}}.
+
+    pivot_root=False runs them in the chroot fallback of sandbox_root.py, which the sandbox
+    takes where the host's / is the initramfs.
+    """
+    sandbox_supervisor._USE_PIVOT_ROOT = pivot_root
     values, listeners = _bait(root)
     limits = SandboxLimits(timeout_s=5.0)
     assert limits.memory_bytes == values["memory_bytes"]  # what the memory programs go beyond
@@ -364,6 +391,7 @@ def probe(root: str = "/var/tmp") -> dict[str, dict]:
             report[name] = {"contained": not problems, "why": problems,
                             "stdout": result.stdout[-300:], "error": result.error[-300:]}
     finally:
+        sandbox_supervisor._USE_PIVOT_ROOT = True
         _remove_bait_key(bait_key)
         for listener in listeners.values():
             listener.close()
@@ -374,5 +402,7 @@ def probe(root: str = "/var/tmp") -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-    for name, outcome in probe(sys.argv[1] if len(sys.argv) > 1 else "/var/tmp").items():
+    arguments = [a for a in sys.argv[1:] if a != "--chroot"]
+    report = probe(arguments[0] if arguments else "/var/tmp", pivot_root="--chroot" not in sys.argv)
+    for name, outcome in report.items():
         print(json.dumps({"name": name, "uid": os.getuid(), **outcome}))

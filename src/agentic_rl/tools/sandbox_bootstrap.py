@@ -9,7 +9,8 @@ concurrent calls from a thread pool safe.
 It is put together from pieces that share one global namespace when it runs:
 
     BOOTSTRAP = PRELUDE             libc (ctypes), check(): raise OSError with errno's text
-              + NAMESPACES_SOURCE   namespaces and the filesystem view (sandbox_namespaces.py)
+              + NAMESPACES_SOURCE   the namespaces, host mounts read-only (sandbox_namespaces.py)
+              + ROOT_SOURCE         the minimal root the code sees (sandbox_root.py)
               + SECCOMP_SOURCE      the seccomp filter (sandbox_seccomp.py)
               + PROCESS_SOURCE      the three processes, the worker's limits, main()
 
@@ -18,8 +19,9 @@ The three processes:
     caller ──Popen──► bootstrap (new session, PATH and LANG only, cwd /)
                         │ enter_namespaces: unshare mount, net, pid, ipc, uts [+ user if not root]
                         └─fork─► init = pid 1 of the new pid namespace (stays privileged)
-                                   │ prepare_filesystem: read-only mounts, fresh /proc and /dev,
-                                   │                     tmpfs work dir, interpreter bound ro
+                                   │ prepare_filesystem: a minimal tmpfs root (interpreter and
+                                   │   libraries bound ro, tmpfs work dir, fresh /proc and /dev),
+                                   │   entered by pivot_root (or chroot where / is the initramfs)
                                    └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
                                             seccomp, exec python -I -S -u -B main.py
 
@@ -52,6 +54,7 @@ Protocol with the caller:
 """
 
 from agentic_rl.tools.sandbox_namespaces import NAMESPACES_SOURCE
+from agentic_rl.tools.sandbox_root import ROOT_SOURCE
 from agentic_rl.tools.sandbox_seccomp import SECCOMP_SOURCE
 
 PRELUDE = r'''
@@ -149,4 +152,4 @@ def main():
 main()
 '''
 
-BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE
+BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + ROOT_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE
