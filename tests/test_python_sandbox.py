@@ -1,7 +1,8 @@
 """The `python` tool's sandbox, with every hostile program run for real.
 
-Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 17 s; the hostile list of
-tests/sandbox_hostile.py runs twice, as this user and, as root, again as uid 65534)
+Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 45 s on 2 busy cores; the
+hostile list of tests/sandbox_hostile.py runs four times: as this user and, as root, again as
+uid 65534, each through pivot_root and through the chroot fallback)
 
 Each hostile test ends with `_assert_host_unharmed`: this process is alive (trivially, we
 are running), the sentinel outside the sandbox is byte- and mtime-identical, nothing new

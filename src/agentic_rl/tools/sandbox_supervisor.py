@@ -25,8 +25,9 @@ Design choices:
     bootstrap's process group; init also has PDEATHSIG=SIGKILL. The bootstrap is reaped only
     after that killpg, so its pid (= the group id) cannot have been reused.
   - Fixed paths. The code runs as /tmp/work/main.py and the interpreter is bound at
-    /tmp/python, inside the sandbox's private /tmp, so tracebacks (observations the policy is
-    trained on) are the same on every run and machine: no random temp-dir names.
+    /tmp/python, inside the sandbox's own root (`_interpreter_in_root` lists what that root
+    holds), so tracebacks (observations the policy is trained on) are the same on every run
+    and machine: no random temp-dir names.
   - A fresh uid per call, as root: RLIMIT_NPROC then counts this sandbox only, and
     concurrent sandboxes cannot signal each other. Unprivileged, the worker keeps the
     caller's uid, and the bootstrap sets the process cap relative to the user's tasks.
