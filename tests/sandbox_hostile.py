@@ -1,6 +1,6 @@
 """Hostile programs for the python sandbox, with the host-side bait each one goes for.
 
-    python tests/sandbox_hostile.py        # runs them all, prints one JSON line per program
+    python tests/sandbox_hostile.py [BAIT_DIR] [--chroot]   # all of them, one JSON line each
 
 `tests/test_python_sandbox.py` runs `probe()` in-process (as this test's user, root in CI) and
 runs this file as a script under an unprivileged uid, so both callers face the same list.
@@ -12,6 +12,7 @@ sentinel file is unchanged, nothing new appeared next to it, and no process it s
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
@@ -20,6 +21,7 @@ import tempfile
 import time
 import uuid
 
+from agentic_rl.tools import sandbox_supervisor
 from agentic_rl.tools.python_sandbox import SandboxLimits, run_python
 
 # {name: code}; the code is formatted with the bait's paths and addresses (see `_bait`).
@@ -79,6 +81,123 @@ libc = ctypes.CDLL(None, use_errno=True)
 params = ctypes.create_string_buffer(120)
 if libc.syscall(425, 4, params) >= 0:
     print("ESCAPED")""",
+    "keyring_read_the_callers_key": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+# (add_key, request_key, keyctl) on x86_64, then aarch64
+for add_key, request_key, keyctl in ((248, 249, 250), (217, 218, 219)):
+    key = libc.syscall(keyctl, 10, -3, b"user", {key_description!r}.encode(), 0)  # KEYCTL_SEARCH @s
+    if key >= 0:
+        buffer = ctypes.create_string_buffer(256)
+        size = libc.syscall(keyctl, 11, key, buffer, 256)  # KEYCTL_READ
+        print("ESCAPED", buffer.raw[:max(size, 0)])
+        break
+try:
+    if {key_description!r} in open("/proc/keys").read():
+        print("ESCAPED: /proc/keys lists the caller's key")
+except OSError:
+    pass""",
+    "keyring_add_a_key": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for add_key, keyctl in ((248, 250), (217, 219)):
+    for ring in (-3, -4, -5):  # the session, user and user-session keyrings
+        if libc.syscall(add_key, b"user", b"sandbox-added", b"x", 1, ring) >= 0:
+            print("ESCAPED: added a key to keyring", ring)
+    if libc.syscall(keyctl, 1, b"sandbox-session") >= 0:  # KEYCTL_JOIN_SESSION_KEYRING
+        print("ESCAPED: joined a new session keyring")""",
+    "memory_sysv_shm_beyond_the_address_space_cap": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+chunk, held = 64 << 20, 0
+while held <= {memory_bytes} + chunk:
+    segment = libc.shmget(0, chunk, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    if segment < 0:
+        break
+    address = libc.shmat(segment, None, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(address, 1, chunk)  # the pages are really held
+    libc.shmdt(ctypes.c_void_p(address))  # detached: no longer in the address space
+    held += chunk
+if held > {memory_bytes}:
+    print("ESCAPED: holds", held >> 20, "MiB of System V shared memory")""",
+    "memory_memfd_beyond_the_address_space_cap": """
+import os
+chunk, held, fds = 15 << 20, 0, []
+block = b"1" * chunk
+while held <= {memory_bytes} + chunk:
+    try:
+        fd = os.memfd_create("hold")
+        os.write(fd, block)
+    except OSError:
+        break
+    fds.append(fd)
+    held += chunk
+if held > {memory_bytes}:
+    print("ESCAPED: holds", held >> 20, "MiB in memfds")""",
+    "memory_sysv_message_queues": """
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+message = ctypes.create_string_buffer(struct.pack("l", 1) + b"x" * 8000)  # mtype 1, the text
+held = 0
+for _ in range(20000):
+    queue = libc.msgget(0, 0o1600)
+    if queue < 0 or libc.msgsnd(queue, message, 8000, 0o4000) != 0:  # IPC_NOWAIT
+        break
+    held += 8000
+if held > 64 << 20:
+    print("ESCAPED: holds", held >> 20, "MiB in message queues")""",
+    "memory_tmpfs_in_own_mount_namespace": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
+    if libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=4g") == 0:
+        chunk, held = 15 << 20, 0
+        block = b"1" * chunk
+        try:
+            while held <= {memory_bytes} + chunk:
+                with open(f"/dev/shm/{{held}}", "wb") as f:
+                    f.write(block)
+                held += chunk
+        except OSError:
+            pass
+        if held > {memory_bytes}:
+            print("ESCAPED: holds", held >> 20, "MiB in a tmpfs of its own")""",
+    "memory_work_dir_and_dev_shm_files": """
+chunk, held = 1 << 20, 0
+block = b"1" * chunk
+for folder in (".", "/dev/shm"):
+    for index in range(600):
+        try:
+            with open(f"{{folder}}/fill{{index}}", "wb") as f:
+                f.write(block)
+        except OSError:
+            break
+        held += chunk
+if held > 64 << 20:
+    print("ESCAPED: holds", held >> 20, "MiB in tmpfs files")""",
+    "host_files_are_out_of_sight": """
+import os
+for path in ({sentinel!r}, {outside!r}, {source_dir!r}, "/var/tmp", "/home", "/root", "/etc/passwd",
+             "/etc/hostname", "/.dockerenv", "/run", "/sys/kernel", "/boot", "/mnt", "/opt", "/srv"):
+    if os.path.lexists(path):
+        print("ESCAPED: sees", path)""",
+    "escape_the_root": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.unshare(0x10000000)  # CLONE_NEWUSER: every capability, in a user namespace of its own
+try:  # the classic chroot escape: chroot into a subdirectory, climb out, chroot there
+    os.mkdir("jail"); os.chroot("jail")
+    for _ in range(30):
+        os.chdir("..")
+    os.chroot(".")
+except OSError:
+    pass
+for path in ({sentinel!r}, "/proc/1/root" + {sentinel!r}, "/proc/1/cwd/" + {sentinel!r}):
+    if os.path.lexists(path):
+        print("ESCAPED: sees", path)""",
     "overwrite_sentinel": """
 open({sentinel!r}, "w").write("pwned"); print("ESCAPED")""",
     "create_file_next_to_sentinel": """
@@ -135,6 +254,38 @@ for pid in ({caller_pid}, -1, 1):
 }
 
 
+# (add_key, keyctl) syscall numbers, and the keyctl operations the bait uses.
+_KEY_SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}
+_KEY_SPEC_SESSION_KEYRING, _KEYCTL_UNLINK = -3, 9
+_KEY_SECRET = b"keyring-secret-of-the-caller"
+
+
+def _add_bait_key(description: str) -> int | None:
+    """Put a secret in this process's session keyring, as a trainer's credentials might be
+    (a session keyring is installed if there is none); its key id, or None if refused here."""
+    add_key, _ = _KEY_SYSCALLS[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = libc.syscall(add_key, b"user", description.encode(), _KEY_SECRET, len(_KEY_SECRET),
+                       _KEY_SPEC_SESSION_KEYRING)
+    return key if key >= 0 else None
+
+
+def _remove_bait_key(key: int | None) -> None:
+    if key is not None:
+        _, keyctl = _KEY_SYSCALLS[os.uname().machine]
+        ctypes.CDLL(None, use_errno=True).syscall(keyctl, _KEYCTL_UNLINK, key,
+                                                  _KEY_SPEC_SESSION_KEYRING)
+
+
+def keyring_users() -> set[int]:
+    """The uids that own keys or keyrings now (/proc/key-users; as root it lists every uid)."""
+    try:
+        with open("/proc/key-users") as f:
+            return {int(line.split(":")[0]) for line in f}
+    except OSError:
+        return set()
+
+
 def _bait(root: str) -> tuple[dict, dict]:
     """Listeners and files the programs go for, in a world-writable dir under `root`."""
     outside = tempfile.mkdtemp(prefix="sandbox-bait-", dir=root)
@@ -167,7 +318,9 @@ def _bait(root: str) -> tuple[dict, dict]:
     values = {"outside": outside, "sentinel": sentinel, "stream_path": stream_path,
               "dgram_path": dgram_path, "abstract_name": abstract_name,
               "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
-              "caller_pid": os.getpid()}
+              "caller_pid": os.getpid(), "memory_bytes": SandboxLimits().memory_bytes,
+              "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
+              "source_dir": os.path.dirname(os.path.abspath(__file__))}
     return values, listeners
 
 
@@ -199,14 +352,22 @@ def live_processes_with(marker: str) -> list[int]:
     return found
 
 
-def probe(root: str = "/var/tmp") -> dict[str, dict]:
-    """Run every hostile program; {name: {"contained": bool, "why": ..., "stdout": ...}}."""
+def probe(root: str = "/var/tmp", pivot_root: bool = True) -> dict[str, dict]:
+    """Run every hostile program; {name: {"contained": bool, "why": ..., "stdout": ...}}.
+
+    pivot_root=False runs them in the chroot fallback of sandbox_root.py, which the sandbox
+    takes where the host's / is the initramfs.
+    """
+    sandbox_supervisor._USE_PIVOT_ROOT = pivot_root
     values, listeners = _bait(root)
     limits = SandboxLimits(timeout_s=5.0)
+    assert limits.memory_bytes == values["memory_bytes"]  # what the memory programs go beyond
     report = {}
+    bait_key = _add_bait_key(values["key_description"])
     try:
         for name, template in HOSTILE.items():
             marker = f"sandbox-marker-{uuid.uuid4().hex}"
+            keyring_users_before = keyring_users()
             result = run_python(template.format(marker=marker, **values), limits)
             time.sleep(0.01)  # let a datagram or connection that got out land
             problems = []
@@ -221,11 +382,17 @@ def probe(root: str = "/var/tmp") -> dict[str, dict]:
             extra = sorted(set(os.listdir(values["outside"])) - {"sentinel.txt", "stream.sock", "dgram.sock"})
             if extra:
                 problems.append(f"new files {extra}")
+            if _KEY_SECRET.decode() in result.stdout:
+                problems.append("read the caller's key")
+            if keyring_users() - keyring_users_before:
+                problems.append(f"keys left behind by uids {sorted(keyring_users() - keyring_users_before)}")
             if live_processes_with(marker):
                 problems.append("a process outlived the call")
             report[name] = {"contained": not problems, "why": problems,
                             "stdout": result.stdout[-300:], "error": result.error[-300:]}
     finally:
+        sandbox_supervisor._USE_PIVOT_ROOT = True
+        _remove_bait_key(bait_key)
         for listener in listeners.values():
             listener.close()
         for entry in os.listdir(values["outside"]):
@@ -235,5 +402,7 @@ def probe(root: str = "/var/tmp") -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-    for name, outcome in probe(sys.argv[1] if len(sys.argv) > 1 else "/var/tmp").items():
+    arguments = [a for a in sys.argv[1:] if a != "--chroot"]
+    report = probe(arguments[0] if arguments else "/var/tmp", pivot_root="--chroot" not in sys.argv)
+    for name, outcome in report.items():
         print(json.dumps({"name": name, "uid": os.getuid(), **outcome}))

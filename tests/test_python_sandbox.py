@@ -1,7 +1,8 @@
 """The `python` tool's sandbox, with every hostile program run for real.
 
-Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 17 s; the hostile list of
-tests/sandbox_hostile.py runs twice, as this user and, as root, again as uid 65534)
+Run: .venv/bin/pytest tests/test_python_sandbox.py -q   (about 45 s on 2 busy cores; the
+hostile list of tests/sandbox_hostile.py runs four times: as this user and, as root, again as
+uid 65534, each through pivot_root and through the chroot fallback)
 
 Each hostile test ends with `_assert_host_unharmed`: this process is alive (trivially, we
 are running), the sentinel outside the sandbox is byte- and mtime-identical, nothing new
@@ -29,6 +30,8 @@ import sandbox_hostile
 
 IS_ROOT = os.geteuid() == 0
 SENTINEL_TEXT = "sentinel: must never change\n"
+# Both ways into the sandbox's root (sandbox_root.py): pivot_root, and the chroot fallback.
+ROOT_SWITCHES = pytest.mark.parametrize("pivot_root", [True, False], ids=["pivot_root", "chroot_fallback"])
 
 
 @pytest.fixture
@@ -254,8 +257,9 @@ def test_endless_stderr_is_cut_too(outside_dir):
 
 
 def test_secret_files_cannot_be_read(outside_dir):
-    """Guards against the code reading /etc/shadow or a root-only 0600 file (root ignores
-    file permissions, so this holds only because the worker drops to another uid)."""
+    """Guards against the code reading /etc/shadow or a 0600 file of the caller's: they are not
+    in the sandbox's root at all, so this holds unprivileged too (the worker keeps the caller's
+    uid there, and file permissions alone would let it read them)."""
     secret = os.path.join(outside_dir, "secret.txt")
     with open(secret, "w") as f:
         f.write("TOPSECRET-42")
@@ -269,10 +273,7 @@ for path in ("/etc/shadow", {secret!r}):
         print(path, type(exc).__name__)
 """
         result = run_python(code)
-        assert "/etc/shadow PermissionError" in result.stdout
-        if IS_ROOT:  # unprivileged, the worker keeps the caller's uid (see threat model)
-            assert f"{secret} PermissionError" in result.stdout
-            assert "TOPSECRET-42" not in result.stdout
+        assert result.stdout == f"/etc/shadow FileNotFoundError\n{secret} FileNotFoundError\n"
     finally:
         os.unlink(secret)
     _assert_host_unharmed(outside_dir)
@@ -336,6 +337,92 @@ def test_signals_cannot_reach_the_caller(outside_dir):
     _assert_host_unharmed(outside_dir)
 
 
+@ROOT_SWITCHES
+def test_the_code_sees_a_minimal_root(pivot_root, monkeypatch):
+    """Guards against the code seeing the host's tree (project folders, /var/tmp, /etc, home
+    files, container metadata): / holds only the library dirs, the loader's index, the
+    interpreter and work dir under /tmp, and the sandbox's own /dev and /proc, read-only."""
+    from agentic_rl.tools import sandbox_supervisor
+
+    monkeypatch.setattr(sandbox_supervisor, "_USE_PIVOT_ROOT", pivot_root)
+    code = """
+import os
+print(sorted(os.listdir("/")), sorted(os.listdir("/tmp")), sorted(os.listdir("/dev")))
+print(sorted(os.listdir("/etc")), os.access("/", os.W_OK), os.access("/tmp/work", os.W_OK))
+"""
+    result = run_python(code)
+    binds, links, _, _ = sandbox_supervisor._interpreter_in_root()
+    top = {path.split(os.sep)[1] for path, _ in links} | {target.split(os.sep)[1] for _, target in binds}
+    assert {"usr", "tmp", "etc"} <= top <= {"lib", "lib32", "lib64", "libx32", "usr", "tmp", "etc"}
+    listing = [str(sorted(top | {"dev", "proc"})), "['python', 'work']",
+               "['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"]
+    assert result.stdout.splitlines() == [" ".join(listing), "['ld.so.cache'] False True"], result
+
+
+def _sandbox_mount_points_seen_by_its_bootstrap(code: str) -> list[tuple[str, str]]:
+    """(mount point, fs type) of the sandbox's mount namespace as its bootstrap sees them, taken
+    while `code` runs. The bootstrap never enters the root itself: pivot_root moves every root
+    of the namespace along, a chroot only init's and the worker's."""
+    marker = f"sandbox-mounts-{uuid.uuid4().hex}"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        call = pool.submit(run_python, f"import time\nprint({marker!r})\n{code}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not call.done():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"def enter_root" not in f.read():
+                            continue
+                    with open(f"/proc/{pid}/mountinfo") as f:
+                        mounts = [(line.split()[4], line.split(" - ")[1].split()[0]) for line in f]
+                except OSError:
+                    continue
+                if ("/dev/shm", "tmpfs") in mounts and ("/tmp/work", "tmpfs") in mounts:
+                    assert call.result().stdout.startswith(marker)
+                    return mounts
+            time.sleep(0.01)
+    raise AssertionError(f"no sandbox bootstrap with a finished root seen: {call.result()}")
+
+
+@ROOT_SWITCHES
+def test_the_root_is_entered_by_pivot_root_or_by_the_chroot_fallback(pivot_root, monkeypatch):
+    """Guards against the fallback being dead code (the tests of both paths running one), and
+    against pivot_root leaving the host's tree in the namespace: after pivot_root the namespace
+    holds the minimal root alone; the fallback keeps the host's / (read-only) beneath it."""
+    from agentic_rl.tools import sandbox_supervisor
+
+    monkeypatch.setattr(sandbox_supervisor, "_USE_PIVOT_ROOT", pivot_root)
+    mounts = _sandbox_mount_points_seen_by_its_bootstrap("time.sleep(1.0)")
+    roots = [fstype for point, fstype in mounts if point == "/"]
+    if pivot_root:
+        assert roots == ["tmpfs"], mounts
+        assert not any(point.startswith(("/var", "/home", "/root")) for point, _ in mounts)
+    else:
+        assert len(roots) == 2 and roots[-1] == "tmpfs", mounts  # the host's /, then the root
+
+
+def test_keyring_and_uncounted_memory_syscalls_are_refused_with_the_documented_errno():
+    """Guards against the keyring calls (not namespaced: the caller's keys) and the memory
+    that RLIMIT_AS does not count (SysV shm and message queues, memfds, POSIX message queues)
+    being allowed, or refused with an errno a library would not read as "not here"."""
+    code = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = os.uname().machine == "x86_64"
+calls = {"keyctl": (250 if x86 else 219, 0, -3), "add_key": (248 if x86 else 217, b"user", b"k", b"v", 1, -3),
+         "shmget": (29 if x86 else 194, 0, 4096, 0o1600), "msgget": (68 if x86 else 186, 0, 0o1600),
+         "memfd_create": (319 if x86 else 279, b"m", 0)}
+for name, args in calls.items():
+    print(name, libc.syscall(*args), errno.errorcode[ctypes.get_errno()])
+print("mq_open", libc.mq_open(b"/q", os.O_CREAT | os.O_RDWR, 0o600, None), errno.errorcode[ctypes.get_errno()])
+print(repr(open("/proc/keys").read()), repr(open("/proc/key-users").read()))
+"""
+    result = run_python(code)
+    assert result.stdout.splitlines() == [
+        "keyctl -1 EPERM", "add_key -1 EPERM", "shmget -1 ENOSYS", "msgget -1 ENOSYS",
+        "memfd_create -1 ENOSYS", "mq_open -1 EMFILE", "'' ''"], result
+
+
 def test_environment_variables_are_not_leaked(outside_dir, monkeypatch):
     """Guards against API keys in the trainer's environment reaching model-written code,
     directly or through /proc/*/environ of processes it can see."""
@@ -364,13 +451,20 @@ def _uncontained(report: dict[str, dict]) -> dict[str, dict]:
     return {name: outcome for name, outcome in report.items() if not outcome["contained"]}
 
 
-def test_hostile_programs_are_contained_for_this_caller():
+@ROOT_SWITCHES
+def test_hostile_programs_are_contained_for_this_caller(pivot_root):
     """Guards against the sandbox reaching Unix-socket files (stream, datagram, via a
     socketpair, by raw syscall), abstract sockets, vsock (the VM host), netlink, io_uring,
-    writable /proc, /sys and device nodes, files outside its dir, or leaving a process behind.
-    Before the seccomp filter and the minimal /dev, 8 of these 19 programs got out."""
-    report = sandbox_hostile.probe()
-    assert len(report) == len(sandbox_hostile.HOSTILE) >= 19
+    the caller's kernel keyring, memory that RLIMIT_AS does not count (System V shared memory
+    and message queues, memfds, tmpfs files), writable /proc, /sys and device nodes, files
+    outside its dir, or leaving a process behind. Before the seccomp filter and the minimal
+    /dev, 8 of the first 19 programs got out; before the keyring and memory rules, 5 of the
+    next 7 (reading the caller's key, adding keys, 640 MiB of shm, 540 MiB of memfds, 152 MiB
+    of message queues, each under a 512 MiB address-space cap); before the minimal root, 2 of
+    the last 2 (host files in sight, the sentinel reachable after a chroot escape). Both ways
+    into the root run: pivot_root, and the chroot fallback taken where / is the initramfs."""
+    report = sandbox_hostile.probe(pivot_root=pivot_root)
+    assert len(report) == len(sandbox_hostile.HOSTILE) >= 28
     assert _uncontained(report) == {}
 
 
@@ -400,7 +494,8 @@ def _first_hidden_directory(path: str) -> str | None:
 
 @pytest.mark.skipif(not IS_ROOT or not (shutil.which("unshare") and shutil.which("setpriv")),
                     reason="needs root (to become uid 65534) and util-linux unshare/setpriv")
-def test_hostile_programs_are_contained_for_an_unprivileged_caller():
+@ROOT_SWITCHES
+def test_hostile_programs_are_contained_for_an_unprivileged_caller(pivot_root):
     """Guards against the rootless path (user namespace, the worker keeps the caller's uid)
     being weaker: there the code could reach the caller's own 0600 socket. The same hostile
     list runs with the trainer itself as uid 65534."""
@@ -416,7 +511,8 @@ def test_hostile_programs_are_contained_for_an_unprivileged_caller():
            "PYTHONPATH": os.pathsep.join([src_dir, os.environ.get("PYTHONPATH", "")])}
     completed = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", _UNPRIVILEGED_HARNESS, "sh",
-         sys.executable, os.path.join(os.path.dirname(__file__), "sandbox_hostile.py")],
+         sys.executable, os.path.join(os.path.dirname(__file__), "sandbox_hostile.py"),
+         *([] if pivot_root else ["/var/tmp", "--chroot"])],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]

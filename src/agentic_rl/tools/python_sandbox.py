@@ -8,7 +8,7 @@ Tests: `.venv/bin/pytest tests/test_python_sandbox.py -q` runs every hostile pro
 
 How a call runs: `run_python` (sandbox_supervisor.py) starts a fresh interpreter, the
 bootstrap, which unshares namespaces and forks init (pid 1 of a new pid namespace), which
-builds a read-only filesystem view and forks the worker, which drops its privileges and execs
+builds a minimal read-only root (sandbox_root.py) and forks the worker, which drops its privileges and execs
 `python -I -S -u -B main.py`. The caller reads bounded output until exit, the deadline or an
 overflow, then tears the namespace down, so nothing outlives the call. No Python code runs
 between fork and exec in the caller and no state is shared, so threads may call it at once.
@@ -21,26 +21,36 @@ Where each part lives (tools/):
                              deadline, teardown)
     sandbox_bootstrap.py     the program that builds the sandbox: three processes, the
                              worker's rlimits and privilege drop, the protocol with the caller
-    sandbox_namespaces.py    isolation: the namespaces, and the read-only filesystem view
-    sandbox_seccomp.py       isolation: the socket filter
+    sandbox_namespaces.py    isolation: the namespaces, host mounts read-only
+    sandbox_root.py          isolation: the minimal root the code sees (pivot_root / chroot)
+    sandbox_seccomp.py       isolation: the seccomp filter (sockets, keyring, uncounted memory)
     sandbox_result.py        SandboxResult, and how the way a run ended becomes exit_reason
     sandbox_observation.py   the observation text the policy reads
 
 Threat model (what is enforced, and how):
   - Wall clock: `timeout_s`, enforced by the caller. CPU: RLIMIT_CPU per process (SIGXCPU).
-  - Memory: RLIMIT_AS per process, so a big allocation raises MemoryError.
+  - Memory: RLIMIT_AS per process, so a big allocation raises MemoryError. What it does not
+    count is refused (sandbox_seccomp.py): System V shared memory and message queues, memfds
+    (ENOSYS), POSIX message queues (RLIMIT_MSGQUEUE = 0); the work dir and /dev/shm are tmpfs
+    of max_file_bytes each.
+  - Kernel keyring (not namespaced): keyctl, add_key and request_key are refused (EPERM), and
+    /proc/keys and /proc/key-users are masked, so the code neither reads the caller's keys nor
+    leaves keyrings behind.
   - Processes: RLIMIT_NPROC. As root the worker runs under a fresh random uid (>= 2**31, no
     passwd entry) so the count covers this sandbox only and parallel sandboxes cannot signal
     each other. Unprivileged, the worker keeps the caller's uid, and the cap is set to the
     uid's current task count + `max_processes` (racy with the user's other processes).
   - Output: more than `max_output_bytes` on stdout, or 16x that on stderr, kills the
     sandbox; the cut is reported (exit_reason output_truncated + a marker), never silent.
-  - Files (sandbox_namespaces.py): the whole mount tree is remounted read-only in the private
-    mount namespace; the only writable places are a size-capped tmpfs work dir and a tmpfs
-    /dev/shm, both gone when the namespace dies. RLIMIT_FSIZE caps single files. /proc is this
-    pid namespace's own, mounted read-only. /dev is a fresh read-only tmpfs holding only null,
-    zero, full, random, urandom, shm and the fd links: no terminal, disk, kmsg or vsock node. As
-    root, the worker's uid also has no rights to root-owned 0600 files or /etc/shadow.
+  - Files (sandbox_root.py): the code's root is a fresh read-only tmpfs holding only the
+    interpreter's prefix (/tmp/python), the host's library dirs (/lib*, /usr/lib*,
+    /usr/local/lib*) and /etc/ld.so.cache, all read-only, a size-capped tmpfs work dir, a
+    tmpfs /dev/shm, this pid namespace's own /proc (read-only, /proc/keys masked) and a /dev
+    of null, zero, full, random, urandom and the fd links. No other host file is in sight:
+    no project folders, /etc, /home, /root, /var, /sys, /run or container metadata. It is
+    entered by pivot_root and the host's tree detached; where / is the initramfs (pivot_root
+    EINVAL) by a chroot, with the host's tree left beneath it, read-only and unreachable
+    without a capability. RLIMIT_FSIZE caps single files.
   - Network (sandbox_namespaces.py, sandbox_seccomp.py): an empty network namespace (loopback
     down, no abstract Unix sockets of the host) and a seccomp filter: socket() is refused
     (EACCES) for every family but AF_INET/AF_INET6, which only reach the empty namespace
@@ -55,11 +65,14 @@ Threat model (what is enforced, and how):
   - Environment: only PATH, LANG, HOME, TMPDIR (and LD_LIBRARY_PATH when the interpreter
     needs it). `-I -S`: no site-packages, no PYTHON* variables, no user site: stdlib only.
 Not enforced:
-  - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes` (no cgroup).
-  - Reading world-readable files (the stdlib, /etc/passwd, this repository if its
-    permissions allow), and /sys (read-only). Kernel exploits: the seccomp filter only
-    restricts sockets and io_uring, it does not shrink the kernel's attack surface.
-  - Unprivileged: files readable by the calling user are readable by the code.
+  - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes`, plus
+    2 x `max_file_bytes` of tmpfs and small kernel buffers (pipes, sockets) (no cgroup).
+  - Reading what the root holds: the interpreter's prefix (for a venv's base interpreter,
+    its whole install, site-packages included) and the host's library dirs (/usr/lib holds
+    more than the interpreter loads). Kernel exploits: the seccomp filter only refuses the
+    calls above, it does not shrink the kernel's attack surface; the code may still make a
+    user namespace of its own (unshare), though nothing it mounts there can be written
+    (its uid is unmapped and /proc, where the map would be set, is read-only).
   - If namespaces are unavailable (e.g. a container without CAP_SYS_ADMIN and with user
     namespaces disabled), the sandbox refuses to run (exit_reason "sandbox_error") instead
     of running the code with weaker isolation. `get_tool("python")` runs one probe

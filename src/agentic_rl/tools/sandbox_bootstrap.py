@@ -9,8 +9,9 @@ concurrent calls from a thread pool safe.
 It is put together from pieces that share one global namespace when it runs:
 
     BOOTSTRAP = PRELUDE             libc (ctypes), check(): raise OSError with errno's text
-              + NAMESPACES_SOURCE   namespaces and the filesystem view (sandbox_namespaces.py)
-              + SECCOMP_SOURCE      the socket filter (sandbox_seccomp.py)
+              + NAMESPACES_SOURCE   the namespaces, host mounts read-only (sandbox_namespaces.py)
+              + ROOT_SOURCE         the minimal root the code sees (sandbox_root.py)
+              + SECCOMP_SOURCE      the seccomp filter (sandbox_seccomp.py)
               + PROCESS_SOURCE      the three processes, the worker's limits, main()
 
 The three processes:
@@ -18,8 +19,9 @@ The three processes:
     caller ──Popen──► bootstrap (new session, PATH and LANG only, cwd /)
                         │ enter_namespaces: unshare mount, net, pid, ipc, uts [+ user if not root]
                         └─fork─► init = pid 1 of the new pid namespace (stays privileged)
-                                   │ prepare_filesystem: read-only mounts, fresh /proc and /dev,
-                                   │                     tmpfs work dir, interpreter bound ro
+                                   │ prepare_filesystem: a minimal tmpfs root (interpreter and
+                                   │   libraries bound ro, tmpfs work dir, fresh /proc and /dev),
+                                   │   entered by pivot_root (or chroot where / is the initramfs)
                                    └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
                                             seccomp, exec python -I -S -u -B main.py
 
@@ -31,7 +33,8 @@ The three processes:
     it to the bootstrap.
   - The worker drops everything, in this order, the seccomp filter last: setsid (a
     killpg(0) from the code reaches only its own group), stdin from /dev/null, the rlimits
-    (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, and CPU with SIGKILL 1 s after SIGXCPU), then
+    (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, MSGQUEUE = 0, and CPU with SIGKILL 1 s
+    after SIGXCPU), then
     as root a fresh uid and gid with no supplementary groups (which drops every capability),
     no_new_privs, the seccomp filter, and exec. Unprivileged, RLIMIT_NPROC counts all the
     user's tasks, so the cap is the user's current count (`user_tasks`) + max_processes,
@@ -51,6 +54,7 @@ Protocol with the caller:
 """
 
 from agentic_rl.tools.sandbox_namespaces import NAMESPACES_SOURCE
+from agentic_rl.tools.sandbox_root import ROOT_SOURCE
 from agentic_rl.tools.sandbox_seccomp import SECCOMP_SOURCE
 
 PRELUDE = r'''
@@ -98,7 +102,8 @@ def exec_worker(cfg, status_fd, nproc):
                          (resource.RLIMIT_NPROC, nproc),
                          (resource.RLIMIT_FSIZE, cfg["max_file_bytes"]),
                          (resource.RLIMIT_NOFILE, cfg["max_open_files"]),
-                         (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_MSGQUEUE, 0)):  # no POSIX message queue memory
         resource.setrlimit(limit, (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
     if cfg["is_root"]:
@@ -106,7 +111,7 @@ def exec_worker(cfg, status_fd, nproc):
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    install_seccomp()  # last: from here on, no socket but AF_INET/6 (SYSCALLS, sandbox_seccomp.py)
+    install_seccomp()  # last: no socket but AF_INET/6, no keyring, no shm (sandbox_seccomp.py)
     os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
     os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
 
@@ -147,4 +152,4 @@ def main():
 main()
 '''
 
-BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE
+BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + ROOT_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE

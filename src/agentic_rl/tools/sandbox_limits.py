@@ -16,9 +16,10 @@ Each field, what enforces it, and what the code sees when it reaches it:
   - max_open_files: RLIMIT_NOFILE; open() raises OSError (EMFILE).
 
 The CPU, memory, file and open-file caps hold per process, and there is no cgroup, so a
-program may hold up to max_processes x memory_bytes in all (see the threat model in
-python_sandbox.py). The values are validated at construction, with a message that says what
-cannot work and why.
+program may hold up to max_processes x memory_bytes in all, plus the two tmpfs (work dir and
+/dev/shm, max_file_bytes each); memory that RLIMIT_AS would not count (System V shm and
+message queues, memfds, POSIX queues) is refused (see the threat model in python_sandbox.py).
+The values are validated at construction, with a message that says what cannot work and why.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class SandboxLimits:
     kills the run (exit_reason output_truncated). The tool's observation (stdout plus error
     text) holds at most this many bytes of output, and says so with a marker when cut."""
     max_file_bytes: int = 16 * 2**20
-    """RLIMIT_FSIZE for any one file, and the size of the tmpfs work dir (bytes)."""
+    """RLIMIT_FSIZE for any one file, and the size of each tmpfs: the work dir, /dev/shm (bytes)."""
     max_open_files: int = 64
     """RLIMIT_NOFILE."""
 

@@ -1,4 +1,4 @@
-"""Isolation, second layer: a seccomp filter that narrows which sockets the code can open.
+"""Isolation, second layer: a seccomp filter on sockets, the kernel keyring and uncounted memory.
 
 `SECCOMP_SOURCE` is a piece of the bootstrap's source, not code that runs in this process
 (sandbox_bootstrap.py joins the pieces; this one uses the prelude's `libc` and `check`). The
@@ -6,16 +6,25 @@ worker calls `install_seccomp` as its last step before exec, after no_new_privs 
 needs once the worker has no capabilities, and which stops a setuid binary from shedding the
 filter); every child of the code inherits it.
 
-What the filter decides; every other syscall is allowed, so this is a narrow fence around the
-network, not an allow-list that shrinks the kernel's attack surface:
+What the filter decides; every other syscall is allowed, so this is a narrow fence, not an
+allow-list that shrinks the kernel's attack surface:
   - socket(): allowed only for AF_INET and AF_INET6, which reach only the empty network
     namespace, so connect() fails with ENETUNREACH as on a machine without a network. Every
     other family gets EACCES: Unix sockets (a socket file on the host, or abstract), netlink,
     vsock (the VM host), packet sockets.
   - socketpair(): only SOCK_STREAM, a connected pair that cannot be re-pointed (asyncio
     needs one).
-  - io_uring_setup, io_uring_enter, io_uring_register: EACCES, since io_uring's operations
-    would bypass the filter.
+  - `REFUSED`, each with its errno:
+      io_uring_setup, io_uring_enter, io_uring_register: EACCES, since io_uring's operations
+        would bypass the filter.
+      add_key, request_key, keyctl: EPERM, as in the container runtimes' default profiles.
+        The keyring is not namespaced: the code inherits the caller's session keyring, so it
+        could read a key the trainer holds there and add its own; as root, each call's fresh
+        uid would leave its user keyrings behind.
+      shmget, msgget, memfd_create, memfd_secret: ENOSYS, what a kernel built without them
+        says, so a library falls back to ordinary memory. RLIMIT_AS does not count a System V
+        segment once detached, a queued message, or a memfd's pages (64 memfds x
+        max_file_bytes), so each let a call capped at 512 MiB hold 540 MiB to 1 GiB more.
   - a syscall through a foreign ABI (a 32-bit one, or x32 on x86_64): the process is killed,
     since the syscall numbers tested here would not mean the same there.
 
@@ -28,29 +37,45 @@ SECCOMP_SOURCE = r'''
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 # seccomp: socket() only for AF_INET/AF_INET6 (useless in the empty network namespace; they
 # fail with ENETUNREACH as on a machine without network), socketpair() only SOCK_STREAM (a
-# connected pair that cannot be re-pointed: asyncio needs it), io_uring refused (its
-# operations would bypass this filter). Everything else is allowed. Unix sockets (path or
-# abstract), netlink, vsock (the VM host), packet sockets: EACCES at socket().
-# (audit arch, socket, socketpair, io_uring_setup..register, x32 bit or 0)
-SYSCALLS = {"x86_64": (0xC000003E, 41, 53, (425, 426, 427), 0x40000000),
-            "aarch64": (0xC00000B7, 198, 199, (425, 426, 427), 0)}
-AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK, EACCES = 2, 10, 1, 0xF, 13
+# connected pair that cannot be re-pointed: asyncio needs it), and REFUSED below. Everything
+# else is allowed. Unix sockets (path or abstract), netlink, vsock (the VM host), packet
+# sockets: EACCES at socket().
+AF_INET, AF_INET6, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 0xF
+EPERM, EACCES, ENOSYS = 1, 13, 38
+# name: (x86_64 number, aarch64 number, errno returned)
+REFUSED = {
+    # io_uring's operations would bypass this filter.
+    "io_uring_setup": (425, 425, EACCES), "io_uring_enter": (426, 426, EACCES),
+    "io_uring_register": (427, 427, EACCES),
+    # The kernel keyring is not namespaced: the code would read and add keys of the caller's
+    # session keyring, and as root leave keyrings behind under each call's fresh uid. EPERM,
+    # as in the container runtimes' default profiles.
+    "add_key": (248, 217, EPERM), "request_key": (249, 218, EPERM), "keyctl": (250, 219, EPERM),
+    # Memory that RLIMIT_AS does not count: System V shared memory and message queues (kept
+    # after detaching, in the private IPC namespace) and memfds (64 files of max_file_bytes).
+    # ENOSYS, as on a kernel built without them, so a library falls back to ordinary memory.
+    "shmget": (29, 194, ENOSYS), "msgget": (68, 186, ENOSYS),
+    "memfd_create": (319, 279, ENOSYS), "memfd_secret": (447, 447, ENOSYS),
+}
+# (audit arch, socket, socketpair, x32 bit or 0, index into REFUSED's numbers)
+ARCHES = {"x86_64": (0xC000003E, 41, 53, 0x40000000, 0),
+          "aarch64": (0xC00000B7, 198, 199, 0, 1)}
 RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
 
 def seccomp_filter(machine):
     import struct
-    if machine not in SYSCALLS:
+    if machine not in ARCHES:
         raise OSError(f"no socket filter for CPU architecture {machine!r}; the sandbox supports "
-                      f"{sorted(SYSCALLS)}")
-    arch, nr_socket, nr_socketpair, nr_uring, x32 = SYSCALLS[machine]
+                      f"{sorted(ARCHES)}")
+    arch, nr_socket, nr_socketpair, x32, column = ARCHES[machine]
     LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06
     deny = RET_ERRNO | EACCES
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, RET_KILL),  # a foreign ABI: kill
             (LD, 0, 0, 0)]
     if x32:
         prog += [(JGE, 0, 1, x32), (RET, 0, 0, RET_KILL)]
-    for nr in nr_uring:
-        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, deny)]
+    for numbers in REFUSED.values():
+        prog += [(JEQ, 0, 1, numbers[column]), (RET, 0, 0, RET_ERRNO | numbers[2])]
     prog += [(JEQ, 0, 5, nr_socket),                 # not socket(): to socketpair's test
              (LD, 0, 0, 16),                           # args[0], low word: the family
              (JEQ, 1, 0, AF_INET), (JEQ, 0, 1, AF_INET6),

@@ -25,8 +25,9 @@ Design choices:
     bootstrap's process group; init also has PDEATHSIG=SIGKILL. The bootstrap is reaped only
     after that killpg, so its pid (= the group id) cannot have been reused.
   - Fixed paths. The code runs as /tmp/work/main.py and the interpreter is bound at
-    /tmp/python, inside the sandbox's private /tmp, so tracebacks (observations the policy is
-    trained on) are the same on every run and machine: no random temp-dir names.
+    /tmp/python, inside the sandbox's own root (`_interpreter_in_root` lists what that root
+    holds), so tracebacks (observations the policy is trained on) are the same on every run
+    and machine: no random temp-dir names.
   - A fresh uid per call, as root: RLIMIT_NPROC then counts this sandbox only, and
     concurrent sandboxes cannot signal each other. Unprivileged, the worker keeps the
     caller's uid, and the bootstrap sets the process cap relative to the user's tasks.
@@ -34,6 +35,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -56,6 +58,15 @@ _STDERR_KILL_FACTOR = 16
 # trained on) are the same on every run and machine: no random temp-dir names.
 _SANDBOX_WORK = "/tmp/work"
 _SANDBOX_PYTHON = "/tmp/python"
+# The host's library directories (and the loader's index of them), bound read-only at their
+# own paths in the sandbox's root: the stdlib's extension modules load libc, libssl, libffi,
+# ... from there. A symlink among them (/lib -> usr/lib) is recreated as a symlink.
+_LIBRARY_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64",
+                 "/usr/libx32", "/usr/local/lib", "/usr/local/lib64")
+_LOADER_FILES = ("/etc/ld.so.cache",)
+# pivot_root into the new root, or (False) the chroot fallback that sandbox_root.py takes where
+# the host's / is the initramfs. Only the tests set it, to run that path here too.
+_USE_PIVOT_ROOT = True
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -93,27 +104,52 @@ def _sandbox_config(limits: SandboxLimits) -> dict:
     # concurrent sandboxes cannot signal or ptrace each other. 2**31.. is unused by distros.
     uid = 2**31 + secrets.randbelow(2**30) if is_root else os.getuid()
     gid = uid if is_root else os.getgid()
-    exe = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
-    # The interpreter may live where the sandbox uid cannot go (pyenv under /root, mode 0700).
-    # Binding its prefix read-only at a fixed path makes it reachable without changing perms.
-    if exe.startswith(prefix + os.sep):
-        bound_prefix = _SANDBOX_PYTHON
-        worker_exe = os.path.join(bound_prefix, os.path.relpath(exe, prefix))
-    else:
-        prefix, bound_prefix, worker_exe = None, None, exe
-    work_dir = _SANDBOX_WORK
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work_dir, "TMPDIR": work_dir}
-    if bound_prefix and os.path.isdir(os.path.join(prefix, "lib")):
-        # libpython may be found through an absolute RPATH that the sandbox cannot reach.
-        env["LD_LIBRARY_PATH"] = os.path.join(bound_prefix, "lib")
+    binds, links, worker_exe, env = _interpreter_in_root()
     return {
-        "is_root": is_root, "uid": uid, "gid": gid, "work_dir": work_dir,
-        "prefix": prefix, "bound_prefix": bound_prefix, "exe": worker_exe, "env": env,
+        "is_root": is_root, "uid": uid, "gid": gid, "work_dir": _SANDBOX_WORK,
+        "root_binds": binds, "root_links": links, "pivot_root": _USE_PIVOT_ROOT,
+        "exe": worker_exe, "env": env,
         "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
         "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes,
         "max_open_files": limits.max_open_files,
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreter_in_root() -> tuple[list, list, str, dict]:
+    """What the sandbox's root holds so the interpreter runs there, and how it is started.
+
+    Returns (binds: [host path, path in the root] pairs, sorted so parents come first; links:
+    [path, target] of the host's symlinks among the library dirs; the executable's path in the
+    root; the worker's environment). Computed once per process: none of it changes per call.
+    """
+    exe = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    work_dir = _SANDBOX_WORK
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work_dir, "TMPDIR": work_dir}
+    binds, links = [], []
+    for path in _LIBRARY_DIRS:
+        if os.path.islink(path):
+            links.append([path, os.readlink(path)])
+        elif os.path.isdir(path):
+            binds.append([path, path])
+    binds += [[path, path] for path in _LOADER_FILES if os.path.isfile(path)]
+    if exe.startswith(prefix + os.sep):
+        # The interpreter may live where the sandbox uid cannot go (pyenv under /root, mode
+        # 0700). Binding its prefix read-only at a fixed path makes it reachable without
+        # changing permissions, and keeps tracebacks the same on every machine.
+        binds.append([prefix, _SANDBOX_PYTHON])
+        worker_exe = os.path.join(_SANDBOX_PYTHON, os.path.relpath(exe, prefix))
+        if os.path.isdir(os.path.join(prefix, "lib")):
+            # libpython may be found through an absolute RPATH that the sandbox cannot reach.
+            env["LD_LIBRARY_PATH"] = os.path.join(_SANDBOX_PYTHON, "lib")
+    else:
+        # An executable outside its prefix finds the stdlib by its built-in, absolute prefix:
+        # both stay at their host paths.
+        binds += [[os.path.dirname(exe)] * 2, [prefix, prefix]]
+        worker_exe = exe
+    binds.sort(key=lambda pair: pair[1].count(os.sep))
+    return binds, links, worker_exe, env
 
 
 def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: SandboxLimits,
