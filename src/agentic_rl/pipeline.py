@@ -40,6 +40,7 @@ from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.reward_model import RMConfig
+from agentic_rl.training.run_record import LOOP_KEYS_WITHOUT_EFFECT
 from agentic_rl.training.sft import SFTConfig
 
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
@@ -212,12 +213,10 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
     for name in ("sft", "rm", "grpo", "ppo"):  # how a run is watched and saved does not change its result
-        for key in _LOOP_KEYS_WITHOUT_EFFECT:
-            as_dict[name]["train"].pop(key, None)
+        for key in LOOP_KEYS_WITHOUT_EFFECT:
+            as_dict[name]["train"].pop(key.removeprefix("train."), None)
     return json.loads(dumps({name: as_dict[name] for name in sections}))
 
-
-_LOOP_KEYS_WITHOUT_EFFECT = ("progress", "log_every", "checkpoint_every", "keep_checkpoints", "resume")
 
 
 def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], done: Path) -> None:
