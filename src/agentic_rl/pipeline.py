@@ -103,6 +103,9 @@ class PipelineConfig:
     rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
 
     def __post_init__(self) -> None:
+        if not self.output_dir.strip():
+            raise ValueError("output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
+                             "path would write them into the current directory")
         unknown = sorted(set(self.skip) - set(STAGES))
         if unknown:
             raise ValueError(f"skip: unknown stage(s) {unknown}; stages are {list(STAGES)}")
@@ -135,11 +138,11 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     """
     import multiprocessing
 
-    root = Path(cfg.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     from agentic_rl.training.run_dir import RunDir
+    from agentic_rl.training.run_record import usable_output_dir
 
-    RunDir(root, cfg, tensorboard=False)  # records the resolved config
+    root = usable_output_dir(cfg.output_dir, "output_dir")
+    recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
     stages = active_stages(cfg)
@@ -151,6 +154,9 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             _check_unchanged(cfg, stage, results[stage], done)
             log(f"[pipeline] {stage}: already complete, skipping")
             continue
+        if not recorded:
+            RunDir(root, cfg, tensorboard=False)  # records the resolved config
+            recorded = True
         log(f"[pipeline] {stage}: running")
         worker = context.Process(target=_run_stage, args=(cfg, stage), name=f"agentic-rl-{stage}")
         worker.start()
@@ -160,6 +166,8 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
                                "Rerun the same command to resume from this stage.")
         results[stage] = json.loads(done.read_text())
         log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
+    if not recorded:
+        RunDir(root, cfg, tensorboard=False)
     from agentic_rl.evaluation.report import write_report
 
     report = write_report(root, results, cfg)

@@ -72,7 +72,7 @@ def usable_output_dir(path: str | Path, key: str = "train.output_dir") -> Path:
     return folder
 
 
-def start_run(command: str, cfg: Any, process: Any) -> RunDir:
+def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) -> RunDir:
     """The RunDir of `command` run with `cfg`, after the rule above; `process` is the accelerator
     (or accelerate's PartialState): every rank checks, only the main one writes.
 
@@ -93,7 +93,8 @@ def start_run(command: str, cfg: Any, process: Any) -> RunDir:
         return run_dir
     if not cfg.train.resume and process.is_main_process:
         _delete_previous_run(folder, process.print)
-    return RunDir(folder, cfg, enabled=process.is_main_process, record={"command": command, "config": config})
+    return RunDir(folder, cfg, enabled=process.is_main_process, tensorboard=tensorboard,
+                  record={"command": command, "config": config})
 
 
 def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: int) -> dict[str, Any] | None:
