@@ -173,3 +173,27 @@ def test_an_output_dir_that_is_a_file_or_cannot_be_created_is_an_error_naming_it
     err = capsys.readouterr().err
     expected = "is a file, not a folder" if where == "a file" else "cannot be created"
     assert f"error: train.output_dir={out} {expected}" in err and "choose another train.output_dir" in err
+
+
+def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its_section(run_copy, tmp_path, no_model_loading,
+                                                                                       capsys):
+    """Guards against a killed pipeline's SFT stage resuming its checkpoint under a changed `sft:`
+    section (the pipeline's own DONE.json check only covers finished stages)."""
+    from agentic_rl.pipeline import PipelineConfig, _run_stage
+
+    root = tmp_path / "pipeline"
+    root.mkdir()
+    shutil.copytree(run_copy, root / "sft")
+    if (root / "sft" / "run.json").exists():  # killed before it finished
+        record = json.loads((root / "sft" / "run.json").read_text())
+        (root / "sft" / "run.json").write_text(json.dumps({**record, "finished": None}))
+    sft = [f"sft.{item}" for item in TINY if not item.startswith("model.name")]
+    cfg = load_config(PipelineConfig, None, overrides=["model=tiny-qwen3", f"output_dir={root}", *sft, "sft.train.steps=2",
+                                                      "sft.optim.lr=1e-3"])
+    with pytest.raises(SystemExit) as exited:
+        _run_stage(cfg, "sft")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: pipeline stage 'sft' (keys are those of the `sft:` section)" in err
+    assert "optim.lr: 0.01 (recorded) -> 0.001 (now)" in err
+    assert not (root / "sft" / "DONE.json").exists()

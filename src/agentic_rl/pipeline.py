@@ -21,7 +21,9 @@ killed training stage restarts from its newest checkpoint (the loop resumes), an
 stages are never redone. DONE.json records the config sections the stage's result depends on
 (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
 with the stage and the sections named, rather than reporting results of another config.
-Each stage's model and output folder are set by the pipeline from
+A training stage killed mid-run resumes from its checkpoint only with the same stage config
+(training/run_record.py): a changed one stops with each differing key of that section named;
+set `<stage>.train.resume=false` to redo it. Each stage's model and output folder are set by the pipeline from
 `model` and `output_dir`; setting them inside a stage section is an error.
 """
 
@@ -29,11 +31,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from agentic_rl.config import ConfigError
+from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
 from agentic_rl.strict_json import dumps, write_json
@@ -201,7 +205,12 @@ def _run_stage(cfg: PipelineConfig, stage: str) -> None:
         "eval_control": lambda: _evaluate(models["control"], cfg.evals, _log),
     }
     started = time.perf_counter()
-    result = actions[stage]()
+    try:
+        result = actions[stage]()
+    except (ConfigError, RunStopped) as exc:  # e.g. the stage's folder holds a run of another config
+        section = f" (keys are those of the `{stage}:` section)" if stage in ("sft", "rm", "grpo", "ppo") else ""
+        print(f"error: pipeline stage '{stage}'{section}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     result["seconds"] = time.perf_counter() - started
     result["inputs"] = stage_inputs(cfg, stage)
     _write_atomic(root / stage / "DONE.json", result)
