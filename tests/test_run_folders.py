@@ -44,14 +44,16 @@ def run_copy(finished_run, tmp_path) -> Path:
     return out
 
 
+def _refuse(*args, **kwargs):
+    raise AssertionError("a model was loaded before the run folder was checked")
+
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any model load fails: a rerun that gets that far did work before checking the folder."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the run folder was checked")
-
     for module in ("sft", "grpo"):
-        monkeypatch.setattr(f"agentic_rl.training.{module}.load_policy", refuse)
+        monkeypatch.setattr(f"agentic_rl.training.{module}.load_policy", _refuse)
+    return _refuse
 
 
 def _fingerprints(folder: Path) -> dict[str, str]:
@@ -72,15 +74,18 @@ def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_c
     assert _fingerprints(run_copy) == before  # config.yaml, metrics, checkpoints and final/ untouched
 
 
-def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading):
+@pytest.mark.parametrize("backend", ["agentic_rl", "trl"])
+def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading, monkeypatch, backend):
     """Guards against `grpo` resuming an `sft` folder's checkpoint and mixing both runs in one
     metrics.jsonl (the issue's case was `sft` into a `grpo` folder; the rule is the same)."""
-    from agentic_rl.training.grpo import train_grpo
+    from agentic_rl.pipeline import run_grpo
 
+    monkeypatch.setattr("agentic_rl.integrations.trl_backend.build_trl_trainer", no_model_loading)
     before = _fingerprints(run_copy)
-    grpo = load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3", f"train.output_dir={run_copy}", "train.steps=2"])
-    with pytest.raises(ConfigError, match=rf"holds a `sft` run .*`grpo` cannot resume it.*train.resume=false"):
-        train_grpo(grpo)
+    grpo = load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3", f"train.output_dir={run_copy}", "train.steps=2",
+                                                    f"backend={backend}"])
+    with pytest.raises(ConfigError, match=r"holds a `sft` run .*`grpo` cannot resume it.*train.resume=false"):
+        run_grpo(grpo)
     assert _fingerprints(run_copy) == before
 
 
