@@ -48,6 +48,7 @@ RESUMABLE_KEYS = (*LOOP_KEYS_WITHOUT_EFFECT, "train.steps", "train.output_dir")
 """The keys a rerun may change and still resume. train.steps: a larger value trains on (a decaying
 schedule then follows the new length from the resumed step on); one below the newest checkpoint's
 step is refused. train.output_dir: the folder may be named by another path or moved."""
+_SHOWN = 20  # differing keys listed in full; a folder of another kind of run differs in hundreds
 _PREVIOUS_RUN = (RECORD, "config.yaml", "metrics.jsonl", "tb", "checkpoints", "final")
 
 
@@ -107,7 +108,9 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
     if record is not None:
         differing = differing_keys(record["config"], config)
         if differing:
-            lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing)
+            lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
+            if len(differing) > _SHOWN:
+                lines += f"\n  ... and {len(differing) - _SHOWN} more keys"
             raise RunFolderError(
                 f"train.output_dir={folder} holds a run made with another config ({record['source']}); resuming it "
                 f"would continue that run's weights, optimizer and schedule under this config's name. Differing keys:\n"
