@@ -109,6 +109,36 @@ def test_a_finished_run_relaunched_does_not_train_again(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_a_checkpoint_past_train_steps_is_refused_by_the_loop(tmp_path):
+    """Guards against a step-3 checkpoint "resumed" by a 2-step run: no step runs, exit 0 (the
+    trainers refuse it before loading anything; this is the loop's check of what it loaded)."""
+    from agentic_rl.training.checkpoint import CheckpointError
+
+    _train(tmp_path, steps=3)
+    with pytest.raises(CheckpointError, match=r"step-000003 is at step 3, beyond train.steps=2"):
+        _train(tmp_path, steps=2)
+
+
+def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path):
+    """Guards against a rerun that starts over (no checkpoint yet) appending to the steps the
+    killed run had logged: metrics.jsonl read 1, 1, 2, 3."""
+
+    class Killed(Exception):
+        pass
+
+    class DiesAtStep1(ToyObjective):
+        def next_batch(self, step):
+            if step == 1:
+                raise Killed()
+            return super().next_batch(step)
+
+    with pytest.raises(Killed):
+        _train(tmp_path, steps=3, objective=DiesAtStep1())
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1]
+    _train(tmp_path, steps=3)
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("make", [
     lambda: OptimConfig(lr=0),
     lambda: OptimConfig(betas=[0.9]),

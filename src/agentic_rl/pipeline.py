@@ -21,7 +21,9 @@ killed training stage restarts from its newest checkpoint (the loop resumes), an
 stages are never redone. DONE.json records the config sections the stage's result depends on
 (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
 with the stage and the sections named, rather than reporting results of another config.
-Each stage's model and output folder are set by the pipeline from
+A training stage killed mid-run resumes from its checkpoint only with the same stage config
+(training/run_record.py): a changed one stops with each differing key of that section named;
+set `<stage>.train.resume=false` to redo it. Each stage's model and output folder are set by the pipeline from
 `model` and `output_dir`; setting them inside a stage section is an error.
 """
 
@@ -29,17 +31,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from agentic_rl.config import ConfigError
+from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
 from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.reward_model import RMConfig
+from agentic_rl.training.run_record import LOOP_KEYS_WITHOUT_EFFECT
 from agentic_rl.training.sft import SFTConfig
 
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
@@ -102,6 +107,9 @@ class PipelineConfig:
     rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
 
     def __post_init__(self) -> None:
+        if not self.output_dir.strip():
+            raise ValueError("output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
+                             "path would write them into the current directory")
         unknown = sorted(set(self.skip) - set(STAGES))
         if unknown:
             raise ValueError(f"skip: unknown stage(s) {unknown}; stages are {list(STAGES)}")
@@ -134,11 +142,11 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     """
     import multiprocessing
 
-    root = Path(cfg.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     from agentic_rl.training.run_dir import RunDir
+    from agentic_rl.training.run_record import usable_output_dir
 
-    RunDir(root, cfg, tensorboard=False)  # records the resolved config
+    root = usable_output_dir(cfg.output_dir, "output_dir")
+    recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
     stages = active_stages(cfg)
@@ -150,6 +158,9 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             _check_unchanged(cfg, stage, results[stage], done)
             log(f"[pipeline] {stage}: already complete, skipping")
             continue
+        if not recorded:
+            RunDir(root, cfg, tensorboard=False)  # records the resolved config
+            recorded = True
         log(f"[pipeline] {stage}: running")
         worker = context.Process(target=_run_stage, args=(cfg, stage), name=f"agentic-rl-{stage}")
         worker.start()
@@ -159,6 +170,8 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
                                "Rerun the same command to resume from this stage.")
         results[stage] = json.loads(done.read_text())
         log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
+    if not recorded:
+        RunDir(root, cfg, tensorboard=False)
     from agentic_rl.evaluation.report import write_report
 
     report = write_report(root, results, cfg)
@@ -192,7 +205,12 @@ def _run_stage(cfg: PipelineConfig, stage: str) -> None:
         "eval_control": lambda: _evaluate(models["control"], cfg.evals, _log),
     }
     started = time.perf_counter()
-    result = actions[stage]()
+    try:
+        result = actions[stage]()
+    except (ConfigError, RunStopped) as exc:  # e.g. the stage's folder holds a run of another config
+        section = f" (keys are those of the `{stage}:` section)" if stage in ("sft", "rm", "grpo", "ppo") else ""
+        print(f"error: pipeline stage '{stage}'{section}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     result["seconds"] = time.perf_counter() - started
     result["inputs"] = stage_inputs(cfg, stage)
     _write_atomic(root / stage / "DONE.json", result)
@@ -212,12 +230,10 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
     for name in ("sft", "rm", "grpo", "ppo"):  # how a run is watched and saved does not change its result
-        for key in _LOOP_KEYS_WITHOUT_EFFECT:
-            as_dict[name]["train"].pop(key, None)
+        for key in LOOP_KEYS_WITHOUT_EFFECT:
+            as_dict[name]["train"].pop(key.removeprefix("train."), None)
     return json.loads(dumps({name: as_dict[name] for name in sections}))
 
-
-_LOOP_KEYS_WITHOUT_EFFECT = ("progress", "log_every", "checkpoint_every", "keep_checkpoints", "resume")
 
 
 def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], done: Path) -> None:

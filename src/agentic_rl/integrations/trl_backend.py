@@ -233,8 +233,14 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
 
 def train_grpo_trl(cfg) -> dict[str, Any]:
     """Train with TRL's GRPOTrainer; returns {"final": folder, "history": TRL's log rows}."""
+    from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
 
+    from agentic_rl.training.run_record import start_run
+
+    run_dir = start_run("grpo", cfg, PartialState(), tensorboard=False)  # the one rule for a reused folder
+    if run_dir.finished is not None:
+        return run_dir.finished
     trainer, info = build_trl_trainer(cfg)
     output_dir = Path(cfg.train.output_dir)
     resume = get_last_checkpoint(str(output_dir)) if cfg.train.resume and output_dir.exists() else None
@@ -244,4 +250,6 @@ def train_grpo_trl(cfg) -> dict[str, Any]:
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(str(final))
         write_stage_record(final, "lora" if cfg.model.lora.enabled else "full", info["base_name"])
-    return {"final": str(final), "history": list(trainer.state.log_history)}
+    result = {"final": str(final), "history": list(trainer.state.log_history)}
+    run_dir.finish(cfg.train.steps, result)
+    return result

@@ -54,6 +54,11 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def step_of(checkpoint: Path) -> int:
+    """The step in a checkpoint folder's name (step-000040 -> 40)."""
+    return int(_NAME.match(checkpoint.name).group(1))
+
+
 def save_checkpoint(accelerator: Any, folder: Path, step: int, trainer_state: dict[str, Any], keep: int) -> Path:
     """Write a complete checkpoint for `step` atomically; keep only the newest `keep`."""
     final = folder / f"step-{step:06d}"

@@ -60,7 +60,7 @@ from agentic_rl.training.grpo_batch import MicroBatch, RolloutBatch
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import Group, guide
 from agentic_rl.training.loop import run_training
-from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.run_record import start_run
 from agentic_rl.training.scoring import TokenScorer, require_replicated_weights, unwrap_policy
 
 
@@ -188,7 +188,9 @@ def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
         raise ValueError(f"train_grpo runs backend agentic_rl, not {cfg.backend!r}; call agentic_rl.pipeline.run_grpo(cfg)")
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     require_replicated_weights(accelerator, "grpo")  # rollouts / the reward head read whole weights
-    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    run_dir = start_run("grpo", cfg, accelerator)  # stops here if the folder holds another run
+    if run_dir.finished is not None:
+        return run_dir.finished
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     reference = None
     if cfg.loss.needs_reference and not cfg.model.lora.enabled:
@@ -196,5 +198,7 @@ def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
     objective = GRPOObjective(cfg, tokenizer, reference)
     history = run_training(objective, TokenScorer(policy), cfg.train, cfg.optim, accelerator, run_dir, description="grpo")
     final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    result = {"final": str(final), "history": history}
+    run_dir.finish(cfg.train.steps, result)
     run_dir.close()
-    return {"final": str(final), "history": history}
+    return result

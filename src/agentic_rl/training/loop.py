@@ -40,7 +40,7 @@ from transformers import get_scheduler
 
 from agentic_rl.config import PositiveFloat
 from agentic_rl.errors import RunStopped
-from agentic_rl.training.checkpoint import latest_checkpoint, load_latest_checkpoint, save_checkpoint
+from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from agentic_rl.training.common import fit_deepspeed_to_loop
 from agentic_rl.training.run_dir import RunDir
 
@@ -82,13 +82,22 @@ class LoopConfig:
     seed: int = 0
     """Seed for initialisation, data order and sampling."""
     output_dir: str = "runs/train"
-    """Run directory (config.yaml, metrics.jsonl, tb/, checkpoints/)."""
+    """Run directory (run.json, config.yaml, metrics.jsonl, tb/, checkpoints/, final/); created if
+    missing. Empty, a file, or a path that cannot be created is an error. A folder holds one run:
+    see `resume` for what a rerun into it does."""
     checkpoint_every: int = 0
     """Save a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep."""
     resume: bool = True
-    """Continue from the newest complete checkpoint in output_dir, if any."""
+    """true: continue the run in output_dir from its newest intact checkpoint, if any. Only the
+    same command with the same config may continue it: any other key that differs (all but
+    train.steps, progress, log_every, checkpoint_every, keep_checkpoints and output_dir) stops the
+    rerun before any work, naming each key with both values; so does a checkpoint past
+    train.steps or one with non-finite weights. A finished run with the same config says so and
+    is not run again; a larger train.steps trains on. false: delete the folder's previous run
+    (run.json, config.yaml, metrics.jsonl, tb/, checkpoints/, final/) and start over.
+    (training/run_record.py)"""
     mixed_precision: Literal["no", "bf16", "auto"] = "no"
     """Autocast precision for forward/backward. bf16 needs hardware support to pay off (a CPU
     with bf16 kernels, AVX512 or AMX, or a bf16 GPU; on AVX2-only CPUs a bf16 step is many times
@@ -101,6 +110,9 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if not self.output_dir.strip():
+            raise ValueError("train.output_dir is empty; set it to a folder for this run (e.g. runs/sft): an empty path "
+                             "would write the run into the current directory")
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.log_every < 1:
             raise ValueError("train.checkpoint_every >= 0, train.keep_checkpoints >= 1, train.log_every >= 1")
 
@@ -183,7 +195,7 @@ def run_training(
     fit_deepspeed_to_loop(accelerator, optim)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     objective.bind(model, accelerator)
-    start = _maybe_resume(objective, loop, accelerator, run_dir)
+    start = _maybe_resume(objective, model, loop, accelerator, run_dir)
     history: list[dict[str, float]] = []
     bar = tqdm(range(start, loop.steps), desc=description, disable=not (loop.progress and accelerator.is_main_process), initial=start, total=loop.steps)
     for step in bar:
@@ -273,17 +285,29 @@ def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None
     save_checkpoint(accelerator, run_dir.checkpoints, step, state, keep)
 
 
-def _maybe_resume(objective, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:
-    if not loop.resume:
-        return 0
-    found = load_latest_checkpoint(accelerator, run_dir.checkpoints)  # newest intact one, verified
+def _maybe_resume(objective, model, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:
+    """The step to start at: that of the newest intact checkpoint (restored), else 0. A checkpoint
+    past loop.steps or with a non-finite weight is refused: resuming it would train nothing and
+    export it as final/ (run_record.start_run refuses the first before any work; this is the
+    check on what was actually loaded)."""
+    found = load_latest_checkpoint(accelerator, run_dir.checkpoints) if loop.resume else None  # newest intact, verified
     if found is None:
+        run_dir.truncate_metrics(0)  # killed before its first checkpoint: its logged steps are redone
         return 0
     path, state = found
+    step = int(state["step"])
+    if step > loop.steps:
+        raise CheckpointError(f"{path} is at step {step}, beyond train.steps={loop.steps}; set train.steps >= {step} "
+                              "to continue it, train.resume=false to start over, or choose another train.output_dir.")
+    bad = _first_non_finite(model, trainable_only=False)
+    if bad is not None:
+        raise CheckpointError(f"{path} holds a non-finite weight ({bad!r}), though its checksums match: no finite run "
+                              "writes one (the loop stops first). Delete that checkpoint to resume from an older one, "
+                              "set train.resume=false to start over, or choose another train.output_dir.")
     objective.load_state_dict(state["objective"])
-    run_dir.truncate_metrics(state["step"])
-    accelerator.print(f"resumed from {path} at step {state['step']}")
-    return int(state["step"])
+    run_dir.truncate_metrics(step)
+    accelerator.print(f"resumed from {path} at step {step}")
+    return step
 
 
 def _require_finite(value: float, quantity: str, step: int) -> None:
@@ -292,13 +316,27 @@ def _require_finite(value: float, quantity: str, step: int) -> None:
 
 
 def _require_finite_weights(model: torch.nn.Module, step: int) -> None:
-    """One fused pass (a norm per tensor); names the first non-finite parameter if any."""
-    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    bad = _first_non_finite(model)
+    if bad is None:
+        return
+    if bad == _NORM_OVERFLOW:  # finite, |w| ~ 1e19 in float32, but a diverged run all the same
+        raise NonFiniteError(f"step {step + 1}: the weights' norm overflowed after the optimizer step")
+    raise NonFiniteError(f"step {step + 1}: weight {bad!r} is not finite after the optimizer step")
+
+
+_NORM_OVERFLOW = "(the norm of the weights)"
+
+
+def _first_non_finite(model: torch.nn.Module, trainable_only: bool = True) -> str | None:
+    """The name of the first non-finite parameter, _NORM_OVERFLOW if only a norm overflows, else
+    None. One fused pass (a norm per tensor), then a scan only when something is wrong."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad or not trainable_only]
+    if not params:
+        return None
     norms = torch._foreach_norm([p.detach() for _, p in params])  # one kernel per dtype/device group
     if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
-        return
+        return None
     for name, param in params:
         if not bool(torch.isfinite(param.detach()).all()):
-            raise NonFiniteError(f"step {step + 1}: weight {name!r} is not finite after the optimizer step")
-    # Only the norm overflowed (|w| ~ 1e19 in float32): finite, but a diverged run all the same.
-    raise NonFiniteError(f"step {step + 1}: the weights' norm overflowed after the optimizer step")
+            return name
+    return _NORM_OVERFLOW

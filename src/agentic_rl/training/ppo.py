@@ -44,7 +44,7 @@ from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.episodes import EpisodeObjective, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.loop import run_training
 from agentic_rl.training.ppo_config import PPOConfig
-from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.run_record import start_run
 from agentic_rl.training.scoring import require_replicated_weights, unwrap_policy
 
 
@@ -212,7 +212,9 @@ def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     model lives in the checkpoints, for resume."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     require_replicated_weights(accelerator, "ppo")  # rollouts read whole weights
-    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    run_dir = start_run("ppo", cfg, accelerator)  # stops here if the folder holds another run
+    if run_dir.finished is not None:
+        return run_dir.finished
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     critic, head_weight = load_critic(cfg, tokenizer, accelerator.device, log=accelerator.print)
     reference = None
@@ -222,5 +224,7 @@ def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     model = ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
     history = run_training(objective, model, cfg.train, cfg.optim, accelerator, run_dir, description="ppo")
     final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    result = {"final": str(final), "history": history}
+    run_dir.finish(cfg.train.steps, result)
     run_dir.close()
-    return {"final": str(final), "history": history}
+    return result

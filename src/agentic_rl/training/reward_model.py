@@ -39,7 +39,7 @@ from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.scoring import require_replicated_weights
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
-from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.run_record import start_run
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
 
@@ -192,7 +192,9 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     """Train the reward model; returns {"final", "heldout_accuracy", "heldout_accuracy_before", "pairs"}."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     require_replicated_weights(accelerator, "rm")  # rollouts / the reward head read whole weights
-    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    run_dir = start_run("rm", cfg, accelerator)  # stops here if the folder holds another run
+    if run_dir.finished is not None:
+        return run_dir.finished
     classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
     pairs = build_pairs(cfg.pairs, "train", cfg.pairs.tasks, tokenizer, cfg.train.seed)
     heldout = build_pairs(cfg.pairs, "test", cfg.pairs.heldout_tasks, tokenizer, cfg.train.seed + 1)
@@ -211,6 +213,8 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     target = Path(cfg.train.output_dir) / FINAL_DIR
     if accelerator.is_main_process:
         save_reward_model(accelerator.unwrap_model(objective.model).classifier, tokenizer, target, base)
+    result = {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
+              "pairs": len(pairs), "heldout_pairs": len(heldout)}
+    run_dir.finish(cfg.train.steps, result)
     run_dir.close()
-    return {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
-            "pairs": len(pairs), "heldout_pairs": len(heldout)}
+    return result

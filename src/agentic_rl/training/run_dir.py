@@ -1,12 +1,15 @@
 """The run directory: resolved config, metrics JSONL, TensorBoard events, checkpoints.
 
     runs/<name>/
+      run.json           the command and config that made the run, and its result once finished
+                         (training/run_record.py: the rule for reusing a folder)
       config.yaml        the config object actually used (never a hand-made copy)
       metrics.jsonl      one JSON object per logged step: {"step": k, "loss/total": ..., ...}, every key
                          defined in training/metric_keys.py;
                          a non-finite value is written as null (strict JSON)
       tb/                TensorBoard events of the same metrics
       checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
+      final/             the trained model (models/stage_output.py), exported last
 """
 
 from __future__ import annotations
@@ -19,20 +22,32 @@ from typing import Any
 
 import yaml
 
-from agentic_rl.strict_json import dumps, loads_strict
+from agentic_rl.strict_json import dumps, loads_strict, write_json
 from agentic_rl.training.metric_keys import glossary_key
+
+RECORD = "run.json"
+"""What made the run: {"command", "config", "finished"} (training/run_record.py)."""
 
 
 class RunDir:
-    """Owns one run's output folder. Only the main process writes (`enabled=False` elsewhere)."""
+    """Owns one run's output folder. Only the main process writes (`enabled=False` elsewhere).
 
-    def __init__(self, path: str | Path, config: Any | None = None, enabled: bool = True, tensorboard: bool = True):
+    Trainers get theirs from `run_record.start_run`, which checks the folder first and passes
+    `record` ({"command", "config"}, written to run.json); `finished` is then the recorded result
+    of a finished run that is not run again, else None."""
+
+    def __init__(self, path: str | Path, config: Any | None = None, enabled: bool = True, tensorboard: bool = True,
+                 record: dict[str, Any] | None = None):
         self.path = Path(path)
         self.enabled = enabled
+        self.finished: dict[str, Any] | None = None
+        self._record = record
         self._writer = None
         if not enabled:
             return
         self.path.mkdir(parents=True, exist_ok=True)
+        if record is not None:
+            write_json(self.path / RECORD, {**record, "finished": None})  # before config.yaml: it is what a rerun checks
         if config is not None:
             data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
             (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
@@ -69,6 +84,12 @@ class RunDir:
             return
         kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= after_step]
         metrics.write_text("".join(line + "\n" for line in kept))
+
+    def finish(self, step: int, result: dict[str, Any]) -> None:
+        """Mark the run finished at `step` with `result` (what the trainer returns, JSON-ready), after
+        final/ is written: a rerun with the same config returns this instead of running again."""
+        if self.enabled and self._record is not None:
+            write_json(self.path / RECORD, {**self._record, "finished": {"step": step, "result": result}})
 
     def close(self) -> None:
         if self._writer is not None:

@@ -26,7 +26,7 @@ from agentic_rl.models.policy import ModelConfig, load_policy
 from agentic_rl.models.stage_output import save_final
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
-from agentic_rl.training.run_dir import RunDir
+from agentic_rl.training.run_record import start_run
 from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unwrap_policy
 
 
@@ -181,7 +181,9 @@ class SFTObjective(StatelessObjective):
 def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str, Any]:
     """Run SFT; returns {"final": path, "history": rows, "num_demos": n}."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
-    run_dir = RunDir(cfg.train.output_dir, cfg, enabled=accelerator.is_main_process)
+    run_dir = start_run("sft", cfg, accelerator)  # stops here if the folder holds another run
+    if run_dir.finished is not None:
+        return run_dir.finished
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     if demos is None:
         demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print)
@@ -194,5 +196,7 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     whole = full_policy_state_dict(objective.model, accelerator)  # FSDP / ZeRO-3: gathered from the shards
     final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator,
                        state_dict=whole)
+    result = {"final": str(final), "history": history, "num_demos": len(demos)}
+    run_dir.finish(cfg.train.steps, result)
     run_dir.close()
-    return {"final": str(final), "history": history, "num_demos": len(demos)}
+    return result

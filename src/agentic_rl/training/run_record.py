@@ -1,0 +1,205 @@
+"""The one rule for reusing a run folder, for every training command (sft, rm, grpo, ppo, and the
+pipeline's stages, which run them).
+
+A run folder records what made it, in `run.json` (strict JSON, written before any training):
+
+    {"command": "sft", "config": {...the resolved config...}, "finished": null}
+    {"command": "sft", "config": {...}, "finished": {"step": 25, "result": {...}}}   after final/
+
+A rerun into the same `train.output_dir` with `train.resume: true` (the default):
+
+    no record, no checkpoint       a new run
+    another command                stops: names both commands
+    another config                 stops before any work, naming each differing key with both
+                                   values; only RESUMABLE_KEYS may differ
+    a checkpoint past train.steps  stops (CheckpointError): it would "resume" with nothing to run
+    finished, same config          says so and returns the recorded result (config.yaml is left
+                                   as it was); a larger train.steps trains on from the last step
+    otherwise                      resumes from the newest intact checkpoint (training/loop.py)
+
+`train.resume: false` starts over: the folder's previous run (run.json, config.yaml,
+metrics.jsonl, tb/, checkpoints/, final/) is deleted first, and the deletion is printed. A folder
+from before run.json existed is compared by its config.yaml (its command is then unknown).
+
+Why a record and not just the checkpoint: a checkpoint restores the optimizer and schedule of the
+config that wrote it, so a rerun with a new learning rate logged and trained on the old one while
+config.yaml claimed the new one; and `sft` resumed a `grpo` folder's checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentic_rl.config import ConfigError
+from agentic_rl.strict_json import dumps, loads_strict
+from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, step_of
+from agentic_rl.training.run_dir import RECORD, RunDir
+
+LOOP_KEYS_WITHOUT_EFFECT = ("train.progress", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+                            "train.resume")
+"""How a run is watched and saved: they change nothing it computes (the pipeline ignores them too)."""
+RESUMABLE_KEYS = (*LOOP_KEYS_WITHOUT_EFFECT, "train.steps", "train.output_dir")
+"""The keys a rerun may change and still resume. train.steps: a larger value trains on (a decaying
+schedule then follows the new length from the resumed step on); one below the newest checkpoint's
+step is refused. train.output_dir: the folder may be named by another path or moved."""
+_SHOWN = 20  # differing keys listed in full; a folder of another kind of run differs in hundreds
+_PREVIOUS_RUN = (RECORD, "config.yaml", "metrics.jsonl", "tb", "checkpoints", "final")
+
+
+class RunFolderError(ConfigError):
+    """A run folder that cannot be used as asked; the message names it and the way on."""
+
+
+def usable_output_dir(path: str | Path, key: str = "train.output_dir") -> Path:
+    """`path` as a Path, created if missing; an empty, file or uncreatable path is an error naming it."""
+    if not str(path).strip():
+        raise RunFolderError(f"{key} is empty; set it to a folder for this run (e.g. runs/sft): an empty path would "
+                             "write the run into the current directory")
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{key}={path} is a file, not a folder; choose another {key}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunFolderError(f"{key}={path} cannot be created ({exc.strerror}: {exc.filename}); choose another {key}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{key}={path} is not writable; choose another {key}")
+    return folder
+
+
+def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) -> RunDir:
+    """The RunDir of `command` run with `cfg`, after the rule above; `process` is the accelerator
+    (or accelerate's PartialState): every rank checks, only the main one writes.
+
+    When the folder holds this same run, finished, `run_dir.finished` is its recorded result and
+    nothing was written; the caller returns it."""
+    folder = usable_output_dir(cfg.train.output_dir)
+    config = _json_ready(cfg)
+    finished = None
+    if cfg.train.resume:
+        finished = _check_previous(folder, command, config, cfg.train.steps)
+    process.wait_for_everyone()  # every rank has read the old record before the main one replaces it
+    if finished is not None:
+        process.print(f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
+                      f"(result: {finished['result'].get('final', folder)}). Raise train.steps to train on, set "
+                      "train.resume=false to start over, or choose another train.output_dir.")
+        run_dir = RunDir(folder, enabled=False)
+        run_dir.finished = _restore_history(finished["result"])
+        return run_dir
+    if not cfg.train.resume and process.is_main_process:
+        _delete_previous_run(folder, process.print)
+    return RunDir(folder, cfg, enabled=process.is_main_process, tensorboard=tensorboard,
+                  record={"command": command, "config": config})
+
+
+def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: int) -> dict[str, Any] | None:
+    """Raise if `folder` holds another run; the finished record if it holds this one, finished."""
+    record = _read_record(folder)
+    if record is not None and record["command"] not in (None, command):
+        raise RunFolderError(
+            f"train.output_dir={folder} holds a `{record['command']}` run ({folder / RECORD}); `{command}` cannot "
+            f"resume it. Choose another train.output_dir, or set train.resume=false to delete that run and start over there.")
+    if record is not None:
+        differing = differing_keys(record["config"], config)
+        if differing:
+            lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
+            if len(differing) > _SHOWN:
+                lines += f"\n  ... and {len(differing) - _SHOWN} more keys"
+            raise RunFolderError(
+                f"train.output_dir={folder} holds a run made with another config ({record['source']}); resuming it "
+                f"would continue that run's weights, optimizer and schedule under this config's name. Differing keys:\n"
+                f"{lines}\nSet train.resume=false to delete that run and start over there, or choose another "
+                f"train.output_dir. Only {', '.join(RESUMABLE_KEYS)} may change on resume.")
+    newest = latest_checkpoint(folder / "checkpoints")
+    if newest is not None and step_of(newest) > steps:
+        raise CheckpointError(
+            f"{newest} is at step {step_of(newest)}, beyond train.steps={steps}: there is nothing left to run and "
+            f"its weights were not trained for this config. Set train.steps >= {step_of(newest)} to continue it, "
+            "train.resume=false to start over, or choose another train.output_dir.")
+    finished = record.get("finished") if record is not None else None
+    if finished is None or finished["step"] != steps:
+        return None  # running, killed, or finished at fewer steps: the loop resumes
+    final = finished["result"].get("final")
+    return finished if final is None or Path(final).exists() else None  # final/ deleted: resume re-exports it
+
+
+def differing_keys(recorded: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, recorded value, current value) for each key that differs, outside RESUMABLE_KEYS."""
+    old, new = _flatten(recorded), _flatten(now)
+    missing = object()
+    return [(key, old.get(key, "(absent)"), new.get(key, "(absent)")) for key in sorted(set(old) | set(new))
+            if key not in RESUMABLE_KEYS and old.get(key, missing) != new.get(key, missing)]
+
+
+def _read_record(folder: Path) -> dict[str, Any] | None:
+    """run.json as {"command", "config", "finished", "source"}; a config.yaml alone (an older run
+    folder) as a record with no command; None for a folder that holds no run."""
+    path = folder / RECORD
+    if path.exists():
+        try:
+            record = loads_strict(path.read_text())
+            return {"command": record["command"], "config": record["config"], "finished": record.get("finished"),
+                    "source": str(path)}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RunFolderError(f"{path} cannot be read ({type(exc).__name__}: {exc}); set train.resume=false to start "
+                                 "over in that folder, or choose another train.output_dir") from None
+    legacy = folder / "config.yaml"
+    if not legacy.exists():
+        return None
+    try:
+        config = yaml.safe_load(legacy.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RunFolderError(f"{legacy} is not a run's config ({exc}); choose another train.output_dir, or set "
+                             "train.resume=false to start over there (it is deleted)") from None
+    if not isinstance(config, dict):
+        raise RunFolderError(f"{legacy} is not a run's config; choose another train.output_dir, or set "
+                             "train.resume=false to start over there (it is deleted)")
+    return {"command": None, "config": _json_ready(config), "finished": None, "source": str(legacy)}
+
+
+def _delete_previous_run(folder: Path, log) -> None:
+    found = [name for name in _PREVIOUS_RUN if (folder / name).exists()]
+    for name in found:
+        path = folder / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if found:
+        log(f"train.resume=false: starting over in {folder}; deleted the previous run's {', '.join(found)}")
+
+
+def _restore_history(result: dict[str, Any]) -> dict[str, Any]:
+    """The recorded result, with history rows' nulls (non-finite values when written) as NaN."""
+    if "history" not in result:
+        return result
+    rows = [{key: float("nan") if value is None else value for key, value in row.items()} for row in result["history"]]
+    return {**result, "history": rows}
+
+
+def _json_ready(cfg: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    return loads_strict(dumps(data))
+
+
+def _flatten(value: Any, name: str = "") -> dict[str, Any]:
+    """{"optim.lr": 0.001, "sources[0].n": 8, ...}: one entry per leaf; a list of sections by index."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{name}.{key}" if name else str(key)))
+        return out
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        out = {}
+        for index, item in enumerate(value):
+            out.update(_flatten(item, f"{name}[{index}]"))
+        return out
+    return {name: value}
+
+
+def _show(value: Any) -> str:
+    text = value if isinstance(value, str) and value == "(absent)" else dumps(value)
+    return text if len(text) <= 200 else text[:200] + "..."

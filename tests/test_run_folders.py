@@ -1,0 +1,204 @@
+"""Reusing a run folder (training/run_record.py): one rule for every training command, on real
+tiny-qwen3 SFT runs of 2 steps. Each test names the silently wrong behaviour it guards against."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentic_rl import cli
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.training.checkpoint import CheckpointError
+from agentic_rl.training.grpo_config import GRPOConfig
+from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.sft import SFTConfig, train_sft
+
+TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "batch.batch_size=4", "batch.micro_batch_size=4",
+        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]", "train.progress=false"]
+
+
+def _sft_cfg(out: Path, *extra: str) -> SFTConfig:
+    return load_config(SFTConfig, None, overrides=[*TINY, f"train.output_dir={out}", "train.steps=2", *extra])
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-step SFT run (lr 1e-2, seed 0); tests work on copies of it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    result = train_sft(_sft_cfg(out))
+    return out, result
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(finished_run[0], out)
+    record = out / "run.json"  # the record names its final/ folder: point it at the copy's
+    if record.exists():
+        record.write_text(record.read_text().replace(str(finished_run[0]), str(out)))
+    return out
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("a model was loaded before the run folder was checked")
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any model load fails: a rerun that gets that far did work before checking the folder."""
+    for module in ("sft", "grpo"):
+        monkeypatch.setattr(f"agentic_rl.training.{module}.load_policy", _refuse)
+    return _refuse
+
+
+def _fingerprints(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_copy, no_model_loading):
+    """Guards against a longer rerun with a new learning rate and seed restoring the old optimizer
+    and schedule (logging the old rate) while config.yaml claimed the new ones."""
+    before = _fingerprints(run_copy)
+    with pytest.raises(ConfigError) as caught:
+        train_sft(_sft_cfg(run_copy, "train.steps=4", "optim.lr=1e-3", "train.seed=3"))
+    message = str(caught.value)
+    assert "optim.lr: 0.01 (recorded) -> 0.001 (now)" in message
+    assert "train.seed: 0 (recorded) -> 3 (now)" in message
+    assert "train.steps" not in message.split("Differing keys:")[1].split("Set train.resume")[0]  # may change
+    assert "train.resume=false" in message and "another train.output_dir" in message
+    assert _fingerprints(run_copy) == before  # config.yaml, metrics, checkpoints and final/ untouched
+
+
+@pytest.mark.parametrize("backend", ["agentic_rl", "trl"])
+def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading, monkeypatch, backend):
+    """Guards against `grpo` resuming an `sft` folder's checkpoint and mixing both runs in one
+    metrics.jsonl (the issue's case was `sft` into a `grpo` folder; the rule is the same)."""
+    from agentic_rl.pipeline import run_grpo
+
+    monkeypatch.setattr("agentic_rl.integrations.trl_backend.build_trl_trainer", no_model_loading)
+    before = _fingerprints(run_copy)
+    grpo = load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3", f"train.output_dir={run_copy}", "train.steps=2",
+                                                    f"backend={backend}"])
+    with pytest.raises(ConfigError, match=r"holds a `sft` run .*`grpo` cannot resume it.*train.resume=false"):
+        run_grpo(grpo)
+    assert _fingerprints(run_copy) == before
+
+
+def test_a_finished_run_says_so_and_does_not_rewrite_its_folder(finished_run, run_copy, no_model_loading, monkeypatch, capsys):
+    """Guards against a finished run "resuming": loading models, training nothing, rewriting
+    config.yaml and re-exporting final/. It returns what it recorded; a larger train.steps
+    trains on from there."""
+    before = _fingerprints(run_copy)
+    again = train_sft(_sft_cfg(run_copy))
+    assert f"the run in {run_copy} finished at step 2; nothing to train" in capsys.readouterr().out
+    assert _fingerprints(run_copy) == before
+    first = finished_run[1]
+    assert again["final"] == str(run_copy / "final") and again["num_demos"] == first["num_demos"]
+    assert [row["loss/total"] for row in again["history"]] == [row["loss/total"] for row in first["history"]]
+
+    monkeypatch.undo()  # models load again
+    longer = train_sft(_sft_cfg(run_copy, "train.steps=3"))
+    assert len(longer["history"]) == 1
+    assert [row["step"] for row in read_metrics(run_copy / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_checkpoint_past_train_steps_is_refused(run_copy, no_model_loading):
+    """Guards against a checkpoint at step 2 being "resumed" by a 1-step run: nothing ran, exit 0,
+    and final/ was re-exported from weights trained for another config."""
+    before = _fingerprints(run_copy)
+    with pytest.raises(CheckpointError, match=r"step-000002 is at step 2, beyond train.steps=1.*train.steps >= 2"):
+        train_sft(_sft_cfg(run_copy, "train.steps=1"))
+    assert _fingerprints(run_copy) == before
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_and_never_exported(run_copy):
+    """Guards against a checkpoint whose LoRA weights are NaN, with checksums rewritten to match,
+    being resumed with no step left to run and exported as an all-NaN final/ with exit 0."""
+    shutil.rmtree(run_copy / "final")  # killed after the last checkpoint, before the export
+    checkpoint = run_copy / "checkpoints" / "step-000002"
+    weights = torch.load(checkpoint / "pytorch_model.bin", weights_only=True)
+    poisoned = [key for key in weights if "lora_A" in key]
+    assert poisoned
+    for key in poisoned:
+        weights[key] = torch.full_like(weights[key], float("nan"))
+    torch.save(weights, checkpoint / "pytorch_model.bin")
+    checksums = json.loads((checkpoint / "checksums.json").read_text())
+    data = (checkpoint / "pytorch_model.bin").read_bytes()
+    checksums["pytorch_model.bin"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "checksums.json").write_text(json.dumps(checksums))
+    with pytest.raises(CheckpointError, match=r"step-000002 holds a non-finite weight \('.*lora_A.*'\)"):
+        train_sft(_sft_cfg(run_copy))
+    assert not (run_copy / "final").exists()
+
+
+def test_resume_false_starts_over_without_mixing_the_two_runs(run_copy, capsys):
+    """Guards against train.resume=false appending the new run's steps to the old metrics.jsonl
+    (steps 1, 2, 1, 2) and keeping old checkpoints that a later resume would pick up."""
+    result = train_sft(_sft_cfg(run_copy, "train.resume=false", "optim.lr=1e-3", "train.checkpoint_every=1",
+                                "train.keep_checkpoints=5"))
+    assert len(result["history"]) == 2
+    assert [row["step"] for row in read_metrics(run_copy / "metrics.jsonl")] == [1, 2]
+    assert "train.resume=false: starting over" in capsys.readouterr().out
+    assert [row["optim/lr"] for row in read_metrics(run_copy / "metrics.jsonl")] == [1e-3, 1e-3]
+    assert json.loads((run_copy / "run.json").read_text())["config"]["optim"]["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("value", ["", "''", "'  '"])
+def test_an_empty_output_dir_is_an_error_naming_it(tmp_path, monkeypatch, capsys, value):
+    """Guards against an empty train.output_dir writing the run into the current directory,
+    overwriting a user's config.yaml there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("mine: true\n")
+    args = [arg for item in [*TINY, f"train.output_dir={value}", "train.steps=1"] for arg in ("--set", item)]
+    assert cli.main(["sft", *args]) == 2
+    assert "train.output_dir is empty" in capsys.readouterr().err
+    assert (tmp_path / "config.yaml").read_text() == "mine: true\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_an_empty_pipeline_output_dir_is_an_error_naming_it():
+    from agentic_rl.pipeline import PipelineConfig
+
+    with pytest.raises(ConfigError, match="output_dir is empty"):
+        load_config(PipelineConfig, None, overrides=["output_dir="])
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_output_dir_that_is_a_file_or_cannot_be_created_is_an_error_naming_it(tmp_path, capsys, where):
+    """Guards against a raw FileExistsError / NotADirectoryError traceback."""
+    (tmp_path / "notes.txt").write_text("not a folder")
+    out = tmp_path / "notes.txt" if where == "a file" else tmp_path / "notes.txt" / "run"
+    args = [arg for item in [*TINY, f"train.output_dir={out}", "train.steps=1"] for arg in ("--set", item)]
+    assert cli.main(["sft", *args]) == 2
+    err = capsys.readouterr().err
+    expected = "is a file, not a folder" if where == "a file" else "cannot be created"
+    assert f"error: train.output_dir={out} {expected}" in err and "choose another train.output_dir" in err
+
+
+def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its_section(run_copy, tmp_path, no_model_loading,
+                                                                                       capsys):
+    """Guards against a killed pipeline's SFT stage resuming its checkpoint under a changed `sft:`
+    section (the pipeline's own DONE.json check only covers finished stages)."""
+    from agentic_rl.pipeline import PipelineConfig, _run_stage
+
+    root = tmp_path / "pipeline"
+    root.mkdir()
+    shutil.copytree(run_copy, root / "sft")
+    if (root / "sft" / "run.json").exists():  # killed before it finished
+        record = json.loads((root / "sft" / "run.json").read_text())
+        (root / "sft" / "run.json").write_text(json.dumps({**record, "finished": None}))
+    sft = [f"sft.{item}" for item in TINY if not item.startswith("model.name")]
+    cfg = load_config(PipelineConfig, None, overrides=["model=tiny-qwen3", f"output_dir={root}", *sft, "sft.train.steps=2",
+                                                      "sft.optim.lr=1e-3"])
+    with pytest.raises(SystemExit) as exited:
+        _run_stage(cfg, "sft")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: pipeline stage 'sft' (keys are those of the `sft:` section)" in err
+    assert "optim.lr: 0.01 (recorded) -> 0.001 (now)" in err
+    assert not (root / "sft" / "DONE.json").exists()
