@@ -1,7 +1,6 @@
 """Connection limits of `agentic-rl serve`: a deadline for each request's headers, on uvicorn's h11 protocol.
 
-    config = uvicorn.Config(app, http=header_deadline_protocol(limits.read_timeout_s),
-                            timeout_keep_alive=limits.idle_timeout_s)
+    uvicorn.run(app, host=..., port=..., **uvicorn_options(cfg.http))   # as server.serve does
 
 Why: uvicorn (0.3x-0.55) arms its only timer, `timeout_keep_alive`, after a response, and disarms
 it on every byte received. A connection that never sends a request, or sends half its headers
@@ -18,8 +17,16 @@ Header size is bounded by uvicorn's `h11_max_incomplete_event_size` (16 KiB: a 4
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from agentic_rl.serving.config import HTTPLimits
+
+
+def uvicorn_options(limits: HTTPLimits) -> dict[str, Any]:
+    """uvicorn's options for the connection limits in `limits`: the header deadline and the keep-alive idle time."""
+    return {"http": header_deadline_protocol(limits.read_timeout_s), "timeout_keep_alive": limits.idle_timeout_s}
 
 
 def header_deadline_protocol(header_timeout_s: float) -> type[H11Protocol]:

@@ -201,8 +201,11 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             raise APIError(400, f"'{where}[{index}].function.name' is required", f"{where}[{index}].function")
         try:
             arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError, RecursionError):  # RecursionError: nested about a thousand deep
+        except (TypeError, ValueError):
             arguments = None
+        except RecursionError:  # CPython's parser stops near 1,000 levels (serve checks http.max_json_depth after this)
+            raise APIError(400, f"'{where}[{index}].function.arguments' nests arrays and objects about a thousand levels deep; "
+                           "this server accepts at most http.max_json_depth", f"{where}[{index}].function.arguments", "json_too_deep") from None
         if not isinstance(arguments, dict):
             raise APIError(400, f"'{where}[{index}].function.arguments' must be a JSON object as text, got "
                            f"{shown(function.get('arguments'))}", f"{where}[{index}].function.arguments")

@@ -49,22 +49,22 @@ def decode_chat_request(raw: bytes, model_id: str, rollout_limits: Any, agent_mo
     request = parse_chat_request(parse_json(raw, max_json_depth), model_id, rollout_limits, agent_mode)
     for index, message in enumerate(request.messages):
         for k, call in enumerate(message.get("tool_calls") or []):
-            parse_json(call["function"].get("arguments") or "{}", max_json_depth,
-                       f"'messages[{index}].tool_calls[{k}].function.arguments'")
+            where = f"messages[{index}].tool_calls[{k}].function.arguments"
+            parse_json(call["function"].get("arguments") or "{}", max_json_depth, f"'{where}'", where)
     return request
 
 
-def parse_json(raw: bytes | str, max_depth: int, what: str = "the request body") -> Any:
-    """`raw` as JSON nested at most `max_depth` levels, or an APIError 400 naming `what`."""
+def parse_json(raw: bytes | str, max_depth: int, what: str = "the request body", param: str | None = None) -> Any:
+    """`raw` as JSON nested at most `max_depth` levels, or an APIError 400 naming `what` (and the field `param`)."""
     try:
         value = json.loads(raw)
     except RecursionError:
-        raise _too_deep(what, "about a thousand", max_depth) from None
+        raise _too_deep(what, "about a thousand", max_depth, param) from None
     except ValueError as exc:  # UnicodeDecodeError is one
-        raise APIError(400, f"{what} is not valid JSON: {exc}") from None
+        raise APIError(400, f"{what} is not valid JSON: {exc}", param) from None
     depth = json_depth(value)
     if depth > max_depth:
-        raise _too_deep(what, str(depth), max_depth)
+        raise _too_deep(what, str(depth), max_depth, param)
     return value
 
 
@@ -86,6 +86,6 @@ def _too_large(how: str, limits: HTTPLimits) -> APIError:
                     "(http.max_body_bytes): send a shorter conversation", code="request_too_large")
 
 
-def _too_deep(what: str, depth: str, max_depth: int) -> APIError:
+def _too_deep(what: str, depth: str, max_depth: int, param: str | None) -> APIError:
     return APIError(400, f"{what} nests arrays and objects {depth} levels deep; this server accepts at most "
-                    f"{max_depth} (http.max_json_depth)", code="json_too_deep")
+                    f"{max_depth} (http.max_json_depth)", param, "json_too_deep")

@@ -49,7 +49,7 @@ from starlette.routing import Route
 
 from agentic_rl.serving.batcher import EngineWorker
 from agentic_rl.serving.config import HTTPLimits, ServeConfig
-from agentic_rl.serving.connections import header_deadline_protocol
+from agentic_rl.serving.connections import uvicorn_options
 from agentic_rl.serving.episodes import reply, request_episode
 from agentic_rl.serving.openai_api import APIError, chunk, completion, stream_deltas
 from agentic_rl.serving.request_body import decode_chat_request, read_body
@@ -218,7 +218,3 @@ def serve(cfg: ServeConfig) -> None:
     print(f"serving '{cfg.model_id}' ({mode}) on http://{cfg.host}:{cfg.port}/v1", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", **uvicorn_options(cfg.http))
 
-
-def uvicorn_options(limits: HTTPLimits) -> dict[str, Any]:
-    """uvicorn's options for the connection limits in `limits` (serving/connections.py)."""
-    return {"http": header_deadline_protocol(limits.read_timeout_s), "timeout_keep_alive": limits.idle_timeout_s}
