@@ -91,7 +91,10 @@ def _nested(depth: int) -> str:
         "name": "f", "parameters": json.loads(_nested(100))}}]}), "the request body nests arrays and objects 104 levels"),  # parses, but tojson recurses on it
     (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
         "function": {"name": "calculator", "arguments": '{"a": ' + _nested(5000) + "}"}}]}]}),
-     "'messages[1].tool_calls[0].function.arguments'"),  # RecursionError in the arguments' json.loads (a 500)
+     "'messages[1].tool_calls[0].function.arguments' nests"),  # RecursionError in the arguments' json.loads (a 500)
+    (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "calculator", "arguments": '{"a": ' + _nested(100) + "}"}}]}]}),
+     "'messages[1].tool_calls[0].function.arguments' nests arrays and objects 101 levels"),  # parses; dumped again for the prompt
 ])
 def test_json_nested_past_the_limit_is_a_400_never_a_500(qwen3_tokenizer, body, what):
     """Guards against the 500 from a RecursionError that 20 MB of `[` gave, and against nesting that parses
