@@ -12,8 +12,10 @@ client, one after another, for --seconds in each phase:
   chunked         the same without Content-Length (chunked): each is read up to http.max_body_bytes
                   (4 MiB by default) before its 413, so this is a flood of 4 MiB reads
 Reports, per phase, the small requests' median latency, their spread (p10-p90, max), the ratio of
-the medians to the phase alone, the big bodies' count, answers and time to the answer, and the
-server's resident memory before and after.
+the medians to the phase alone, the server's CPU seconds per second of the phase, the big
+bodies' count, answers and time to the answer, and the server's resident memory before and after.
+The sending client runs on the same cores as the server: on a small machine part of any slowdown
+is the sender's own CPU.
 The last line is JSON with every figure. Nothing leaves 127.0.0.1.
 """
 
@@ -57,13 +59,16 @@ def main() -> None:
         for _ in range(3):
             ask()  # warm-up
         rss_before = _rss_mb(server.pid)
-        phases = {"alone": (_for(args.seconds, ask), [])}
+        cpu = _cpu_s(server.pid)
+        phases = {"alone": (_for(args.seconds, ask), [], _cpu_s(server.pid) - cpu)}
         for mode in ("content-length", "chunked"):
             stop, refusals = threading.Event(), []
             sender = threading.Thread(target=_send_big_bodies, args=(port, mode == "chunked", stop, refusals))
             sender.start()
             time.sleep(0.2)  # the first big body is in flight
-            phases[mode] = (_for(args.seconds, ask), refusals)
+            cpu = _cpu_s(server.pid)
+            latencies = _for(args.seconds, ask)
+            phases[mode] = (latencies, refusals, _cpu_s(server.pid) - cpu)
             stop.set()
             sender.join()
         rss_after = _rss_mb(server.pid)
@@ -74,12 +79,13 @@ def main() -> None:
 
     alone_median = statistics.median(phases["alone"][0])
     report = {"rss_mb_before": rss_before, "rss_mb_after": rss_after, "small_request_after_s": still}
-    print(f"{'20 MB bodies':<16} {'n':>4} {'median ms':>10} {'p10-p90 ms':>14} {'max ms':>7} {'ratio':>6}   big bodies: n, answers, median/max ms to the answer")
-    for name, (latencies, refusals) in phases.items():
+    print(f"{'20 MB bodies':<16} {'n':>4} {'median ms':>10} {'p10-p90 ms':>14} {'max ms':>7} {'ratio':>6} {'server cpu':>10}"
+          "   big bodies: n, answers, median/max ms to the answer")
+    for name, (latencies, refusals, cpu_s) in phases.items():
         small = _summary(latencies)
-        row = {"small": small, "median_ratio": small["median"] / alone_median}
+        row = {"small": small, "median_ratio": small["median"] / alone_median, "server_cpu_s_per_s": cpu_s / args.seconds}
         line = (f"{name:<16} {small['n']:>4} {small['median'] * 1e3:>10.1f} {small['p10'] * 1e3:>6.1f}-{small['p90'] * 1e3:<7.1f} "
-                f"{small['max'] * 1e3:>7.1f} {row['median_ratio']:>6.2f}")
+                f"{small['max'] * 1e3:>7.1f} {row['median_ratio']:>6.2f} {row['server_cpu_s_per_s']:>9.2f}s")
         if refusals:
             big = _summary([seconds for _, seconds in refusals])
             row.update(big_bodies=len(refusals), big_statuses=sorted({status for status, _ in refusals}), big_time_to_answer_s=big)
@@ -137,6 +143,13 @@ def _summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"n": len(ordered), "median": statistics.median(ordered), "p10": pick(0.1), "p90": pick(0.9), "max": ordered[-1]}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:

@@ -14,11 +14,11 @@ class HTTPLimits:
     """Limits on what one client may make the server read, hold or wait for (`agentic-rl serve`'s `http:`)."""
 
     max_body_bytes: PositiveInt = 4 * 2**20
-    """Largest request body in bytes (default 4 MiB); a larger one is answered 413 before it is read
-    (its Content-Length) or as soon as it passes the limit (a chunked body)."""
+    """Largest request body in bytes (4 MiB); a larger one is answered 413 before it is read (from its
+    Content-Length) or as soon as the bytes received pass the limit (a chunked body)."""
     max_json_depth: PositiveInt = 64
-    """Deepest nesting of arrays and objects in a request body, and in a tool call's `arguments`
-    (default 64; a deeper one is a 400). Tool schemas rarely nest beyond 10."""
+    """Deepest nesting of arrays and objects in a request body, and in a tool call's `arguments`; a
+    deeper one is a 400 (CPython's parser fails near 1,000 levels, the chat template's tojson sooner)."""
     read_timeout_s: PositiveFloat = 10.0
     """Seconds a connection has to send a request's headers (from connecting, or from the end of its
     previous response), and then as long again for its body; past the first the connection is
