@@ -67,17 +67,16 @@ class ServedModel:
     """The environment's tools (agent mode), or None (model mode)."""
     seed: int = 0
     """Base seed of requests that name none."""
+    http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)
+    """What one client may make the server read, hold or wait for."""
+    in_flight: int = 0
+    """Chat requests admitted and not yet finished by the engine (bounded by http.max_concurrent_requests)."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     _counter: Any = dataclasses.field(default_factory=itertools.count)
 
     @property
     def agent_mode(self) -> bool:
         return self.agent_tools is not None
-
-    http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)
-    """What one client may make the server read, hold or wait for."""
-    in_flight: int = 0
-    """Chat requests admitted and not yet finished by the engine (bounded by http.max_concurrent_requests)."""
 
     def next_seed(self) -> int:
         return self.seed + next(self._counter)
