@@ -32,6 +32,8 @@ from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams
 from agentic_rl.serving.batcher import EngineWorker
+from agentic_rl.serving.config import HTTPLimits
+from agentic_rl.serving.connections import uvicorn_options
 from agentic_rl.serving.openai_api import APIError, parse_chat_request, reply_message, training_messages
 from agentic_rl.serving.server import ServedModel, build_app
 from agentic_rl.tools.parse import format_tool_call
@@ -162,15 +164,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _scripted_server(tokenizer, turns_per_request, agent_tools=None):
-    """The real app (routes, worker, engine, chat format, tools) over a model that writes `turns_per_request`."""
+def _scripted_server(tokenizer, turns_per_request, agent_tools=None, http=HTTPLimits()):
+    """The real app (routes, worker, engine, chat format, tools, connection limits) over a model that writes `turns_per_request`."""
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turns_per_request]
     engine = RolloutEngine(RunnerBackend(ScriptRunner(scripts, len(tokenizer)), chat_format), chat_format, tokenizer, LIMITS,
                            SamplingParams(temperature=1.0))
     worker = EngineWorker(engine, max_batch=16, batch_window_s=0.01)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(ServedModel("scripted", LIMITS, worker, agent_tools)), port=port, log_level="warning"))
+    app = build_app(ServedModel("scripted", LIMITS, worker, agent_tools, http=http))
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", **uvicorn_options(http)))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

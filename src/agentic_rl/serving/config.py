@@ -4,9 +4,31 @@ from __future__ import annotations
 
 import dataclasses
 
-from agentic_rl.config import PositiveInt, require_model
+from agentic_rl.config import PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.config import RolloutConfig
+
+
+@dataclasses.dataclass
+class HTTPLimits:
+    """Limits on what one client may make the server read, hold or wait for (`agentic-rl serve`'s `http:`)."""
+
+    max_body_bytes: PositiveInt = 4 * 2**20
+    """Largest request body in bytes (4 MiB); a larger one is answered 413 before it is read (from its
+    Content-Length) or as soon as the bytes received pass the limit (a chunked body)."""
+    max_json_depth: PositiveInt = 64
+    """Deepest nesting of arrays and objects in a request body, and in a tool call's `arguments`; a
+    deeper one is a 400 (CPython's parser fails near 1,000 levels, the chat template's tojson sooner)."""
+    read_timeout_s: PositiveFloat = 10.0
+    """Seconds a connection has to send a request's headers (from connecting, or from the end of its
+    previous response), and then as long again for its body; past the first the connection is
+    closed, past the second the request is answered 408."""
+    idle_timeout_s: PositiveFloat = 5.0
+    """Seconds an idle keep-alive connection stays open after a response (uvicorn's timeout_keep_alive)."""
+    max_concurrent_requests: PositiveInt = 64
+    """Most chat requests in flight at once (reading, queued or decoding); more are answered 429
+    at once, with Retry-After. Bounds the memory requests hold: at most this many bodies of
+    `max_body_bytes`."""
 
 
 @dataclasses.dataclass
@@ -33,6 +55,9 @@ class ServeConfig:
     """Most requests decoded together in one engine batch (the backend's slots)."""
     batch_window_ms: float = 20.0
     """After a request arrives at an idle engine, wait this long for others to join its batch (>= 0)."""
+    http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)
+    """What one client may make the server read, hold or wait for: body size, JSON nesting, timeouts,
+    requests in flight (serving/request_body.py, serving/connections.py)."""
     seed: int = 0
     """Base of the seeds of requests that name none (request i gets seed + i); a request's `seed` wins."""
 

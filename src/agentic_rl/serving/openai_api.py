@@ -39,6 +39,12 @@ _METADATA = {"user", "parallel_tool_calls", "stream_options"}
 """Fields accepted as they are (a user id; every call of a turn is always parsed; stream options)."""
 
 
+def shown(value: Any, limit: int = 200) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: a client's 4 MB value is not echoed back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 class APIError(Exception):
     """A request the server answers with an OpenAI-shaped error."""
 
@@ -86,7 +92,7 @@ def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) 
         raise APIError(400, f"unsupported field '{unknown[0]}'; this server accepts: {', '.join(sorted(known))}", unknown[0])
     for name, neutral in _NEUTRAL.items():
         if name in body and body[name] is not None and body[name] != neutral:
-            raise APIError(400, f"'{name}' must be {json.dumps(neutral)} here (the engine does not support it), got {body[name]!r}", name)
+            raise APIError(400, f"'{name}' must be {json.dumps(neutral)} here (the engine does not support it), got {shown(body[name])}", name)
     if body.get("model") != model_id:
         if not isinstance(body.get("model"), str) or not body.get("model"):
             raise APIError(400, "'model' is required: the id /v1/models lists", "model")
@@ -99,15 +105,15 @@ def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) 
         raise APIError(400, "'top_p' must be > 0 (1 disables nucleus sampling)", "top_p")
     top_k = body.get("top_k", limits.top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise APIError(400, f"'top_k' must be a non-negative integer (0: off), got {top_k!r}", "top_k")
+        raise APIError(400, f"'top_k' must be a non-negative integer (0: off), got {shown(top_k)}", "top_k")
     max_tokens = _max_tokens(body, limits)
     stop = _check_stop(body.get("stop"), agent_mode)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise APIError(400, f"'seed' must be a non-negative integer, got {seed!r}", "seed")
+        raise APIError(400, f"'seed' must be a non-negative integer, got {shown(seed)}", "seed")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
-        raise APIError(400, f"'stream' must be true or false, got {stream!r}", "stream")
+        raise APIError(400, f"'stream' must be true or false, got {shown(stream)}", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise APIError(400, "'stream_options' may only hold include_usage", "stream_options")
@@ -119,7 +125,7 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     if value is None:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
-        raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got {value!r}", name)
+        raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got {shown(value)}", name)
     return float(value)
 
 
@@ -130,7 +136,7 @@ def _max_tokens(body: dict[str, Any], limits: Any) -> int:
         return int(limits.max_turn_tokens)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.max_episode_tokens:
         raise APIError(400, f"'{name}' must be an integer in [1, {limits.max_episode_tokens}] (this server's "
-                       f"rollout.max_episode_tokens), got {value!r}", name)
+                       f"rollout.max_episode_tokens), got {shown(value)}", name)
     return value
 
 
@@ -139,7 +145,7 @@ def _check_stop(stop: Any, agent_mode: bool) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, got {stop!r}", "stop")
+        raise APIError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, got {shown(stop)}", "stop")
     if agent_mode and stops:
         raise APIError(400, "'stop' is not supported in agent mode: the environment decides when a turn's text "
                        "is a tool call or the answer; start the server without --env to use stop", "stop")
@@ -156,7 +162,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise APIError(400, f"'{where}' must be an object with role and content", where)
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise APIError(400, f"'{where}.role' must be system, user, assistant or tool, got {role!r}", f"{where}.role")
+            raise APIError(400, f"'{where}.role' must be system, user, assistant or tool, got {shown(role)}", f"{where}.role")
         out = {"role": "system" if role == "developer" else role, "content": _text(message.get("content"), f"{where}.content",
                                                                                optional=role == "assistant")}
         if role == "assistant" and message.get("tool_calls"):
@@ -183,7 +189,7 @@ def _text(content: Any, where: str, optional: bool = False) -> str:
                 raise APIError(400, f"'{where}[{index}]' must be a text part {{type: text, text: ...}} (this model reads text only)", f"{where}[{index}]")
             parts.append(part["text"])
         return "".join(parts)
-    raise APIError(400, f"'{where}' must be a string or a list of text parts, got {content!r}", where)
+    raise APIError(400, f"'{where}' must be a string or a list of text parts, got {shown(content)}", where)
 
 
 def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
@@ -197,15 +203,18 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             arguments = json.loads(function.get("arguments") or "{}")
         except (TypeError, ValueError):
             arguments = None
+        except RecursionError:  # CPython's parser stops near 1,000 levels (serve checks http.max_json_depth after this)
+            raise APIError(400, f"'{where}[{index}].function.arguments' nests arrays and objects about a thousand levels deep; "
+                           "this server accepts at most http.max_json_depth", f"{where}[{index}].function.arguments", "json_too_deep") from None
         if not isinstance(arguments, dict):
             raise APIError(400, f"'{where}[{index}].function.arguments' must be a JSON object as text, got "
-                           f"{function.get('arguments')!r}", f"{where}[{index}].function.arguments")
+                           f"{shown(function.get('arguments'))}", f"{where}[{index}].function.arguments")
     return calls
 
 
 def _check_tools(tools: Any, tool_choice: Any, agent_mode: bool) -> list[dict[str, Any]]:
     if tool_choice not in (None, "auto", "none"):
-        raise APIError(400, f"'tool_choice' must be auto or none here (the model decides whether to call), got {tool_choice!r}", "tool_choice")
+        raise APIError(400, f"'tool_choice' must be auto or none here (the model decides whether to call), got {shown(tool_choice)}", "tool_choice")
     if not tools:
         return []
     if agent_mode:

@@ -14,7 +14,10 @@ training and evaluation use (same chat format, tool parser, sampler and limits):
 says how a request becomes an episode, serving/batcher.py how concurrent requests share a batch,
 serving/openai_api.py the wire format and its checks. Errors have OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request (the message and `param`
-name the field), 404 for an unknown model or route, 500 when an episode fails.
+name the field), 404 for an unknown model or route, 413 / 408 for a body over http.max_body_bytes
+or slower than http.read_timeout_s, 429 past http.max_concurrent_requests in flight, 500 only when
+an episode fails. What one client may cost (body size, JSON nesting, header and idle timeouts) is
+`ServeConfig.http`: serving/request_body.py and serving/connections.py enforce it.
 
 Streaming (`stream: true`, server-sent events ending with `data: [DONE]`) is per turn, not per
 token: the engine's backend hands back whole turns, so the reply's content (or its tool calls)
@@ -38,15 +41,18 @@ import uuid
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentic_rl.serving.batcher import EngineWorker
-from agentic_rl.serving.config import ServeConfig
+from agentic_rl.serving.config import HTTPLimits, ServeConfig
+from agentic_rl.serving.connections import uvicorn_options
 from agentic_rl.serving.episodes import reply, request_episode
-from agentic_rl.serving.openai_api import APIError, chunk, completion, parse_chat_request, stream_deltas
+from agentic_rl.serving.openai_api import APIError, chunk, completion, stream_deltas
+from agentic_rl.serving.request_body import decode_chat_request, read_body
 
 
 @dataclasses.dataclass
@@ -61,6 +67,10 @@ class ServedModel:
     """The environment's tools (agent mode), or None (model mode)."""
     seed: int = 0
     """Base seed of requests that name none."""
+    http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)
+    """What one client may make the server read, hold or wait for."""
+    in_flight: int = 0
+    """Chat requests admitted and not yet finished by the engine (bounded by http.max_concurrent_requests)."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     _counter: Any = dataclasses.field(default_factory=itertools.count)
 
@@ -71,27 +81,40 @@ class ServedModel:
     def next_seed(self) -> int:
         return self.seed + next(self._counter)
 
+    def release(self) -> None:
+        self.in_flight -= 1
+
 
 def build_app(served: ServedModel) -> Starlette:
     """The ASGI app for `served` (tests run it in-process with a scripted engine)."""
 
     async def chat_completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise APIError(400, "the request body is not valid JSON") from None
-        chat = parse_chat_request(body, served.model_id, served.limits, served.agent_mode)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        seed = chat.seed if chat.seed is not None else served.next_seed()
+        # Held from here until the engine is done with the episode (a client that hangs up does not free it).
+        if served.in_flight >= served.http.max_concurrent_requests:
+            raise APIError(429, f"this server has {served.in_flight} requests in flight, its limit (http.max_concurrent_requests); "
+                           "retry shortly", kind="requests", code="rate_limit_exceeded")
+        served.in_flight += 1  # one event loop: no lock needed
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        future = None
+        try:
+            raw = await read_body(request, served.http)
+            # Parsing a body of a few MB is tens of ms of Python: on a worker thread, the loop answers the others meanwhile.
+            chat = await run_in_threadpool(decode_chat_request, raw, served.model_id, served.limits, served.agent_mode,
+                                           served.http.max_json_depth)
+            request_id = f"chatcmpl-{uuid.uuid4().hex}"
+            seed = chat.seed if chat.seed is not None else served.next_seed()
+            events: asyncio.Queue = asyncio.Queue()
 
-        def on_trace(messages: list[dict[str, Any]]) -> None:  # called on the engine's threads
-            if chat.stream:
-                loop.call_soon_threadsafe(events.put_nowait, messages)
+            def on_trace(messages: list[dict[str, Any]]) -> None:  # called on the engine's threads
+                if chat.stream:
+                    loop.call_soon_threadsafe(events.put_nowait, messages)
 
-        env, task, options = request_episode(chat, request_id, seed, served.agent_tools, served.limits.max_turns, on_trace)
-        future = served.worker.submit(env, task, options)
+            env, task, options = request_episode(chat, request_id, seed, served.agent_tools, served.limits.max_turns, on_trace)
+            future = served.worker.submit(env, task, options)
+        finally:
+            if future is None:
+                served.in_flight -= 1
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(served.release))
         if not chat.stream:
             trajectory = await asyncio.wrap_future(future)
             message, finish, tokens = reply(trajectory, chat, served.agent_mode)
@@ -111,7 +134,7 @@ def build_app(served: ServedModel) -> Starlette:
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": served.model_id, "mode": "agent" if served.agent_mode else "model",
-                             **served.worker.stats()})
+                             "in_flight": served.in_flight, **served.worker.stats()})
 
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/models", list_models, methods=["GET"]),
@@ -162,7 +185,9 @@ def _internal(exc: BaseException) -> APIError:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError), exc
-    return JSONResponse(exc.body(), status_code=exc.status)
+    # 408: the body is still coming (or never will), so the connection cannot carry another request.
+    headers = {"retry-after": "1"} if exc.status == 429 else {"connection": "close"} if exc.status == 408 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -187,7 +212,8 @@ def serve(cfg: ServeConfig) -> None:
     engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_batch)
     worker = EngineWorker(engine, cfg.max_batch, cfg.batch_window_ms / 1000)
     agent_tools = [tool.name for tool in cfg.env.make().tools] if cfg.env is not None else None
-    app = build_app(ServedModel(cfg.model_id, cfg.rollout, worker, agent_tools, cfg.seed))
+    app = build_app(ServedModel(cfg.model_id, cfg.rollout, worker, agent_tools, cfg.seed, http=cfg.http))
     mode = f"agent mode: env {cfg.env.name}, tools {', '.join(agent_tools)}" if cfg.env is not None and agent_tools else "model mode"
     print(f"serving '{cfg.model_id}' ({mode}) on http://{cfg.host}:{cfg.port}/v1", flush=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", **uvicorn_options(cfg.http))
+

@@ -1,0 +1,190 @@
+"""`agentic-rl serve` under abuse: what one client may make the server read, hold or wait for (ServeConfig.http).
+
+The real app and uvicorn in-process on the scripted model of test_serve.py, driven with raw sockets
+where a client misbehaves below HTTP (bodies it never sends, headers it never finishes) and with
+the official `openai` client elsewhere. Every refusal is OpenAI-shaped; none is a 500."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from agentic_rl.serving import request_body, server
+from agentic_rl.serving.config import HTTPLimits
+from test_serve import _scripted_server
+
+REPLY = [["It is 24.<|im_end|>"]]
+QUESTION = [{"role": "user", "content": "What is 48/2?"}]
+
+
+def _connect(client: openai.OpenAI) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", client.base_url.port))
+    sock.settimeout(3.0)  # every expected answer comes within 2 s; old code never answered: the test fails, not hangs
+    return sock
+
+
+def _head(content_length: int | None = None, chunked: bool = False) -> bytes:
+    lines = ["POST /v1/chat/completions HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    lines += [f"Content-Length: {content_length}"] if content_length is not None else []
+    lines += ["Transfer-Encoding: chunked"] if chunked else []
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _response(sock: socket.socket) -> tuple[int, dict[str, str], dict]:
+    """(status, headers, JSON body) of one HTTP response read from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or pytest.fail(f"the server closed the connection without a response: {data!r}")
+    head, body = data.split(b"\r\n\r\n", 1)
+    status_line, *header_lines = head.decode().split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True when the server closes `sock` (EOF) within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(qwen3_tokenizer):
+    """Guards against the 20 MB body that the old server read whole and parsed on the event loop (other
+    requests waited ~40 s, memory grew 5 GB): a body over http.max_body_bytes must be refused from its
+    Content-Length alone, and a chunked one as soon as the bytes passed the limit."""
+    limits = HTTPLimits(max_body_bytes=64 * 1024)
+    with _scripted_server(qwen3_tokenizer, REPLY, http=limits) as (client, _):
+        with _connect(client) as sock:  # 20 MB declared, not one byte of it sent
+            sock.sendall(_head(content_length=20_000_000))
+            status, _, body = _response(sock)
+        assert status == 413 and body["error"]["code"] == "request_too_large" and "65,536" in body["error"]["message"]
+
+        with _connect(client) as sock:  # chunked: no Content-Length; 5 chunks of 16 KiB pass the limit, no end chunk
+            sock.sendall(_head(chunked=True) + b"".join(b"4000\r\n" + b" " * 16384 + b"\r\n" for _ in range(5)))
+            status, _, body = _response(sock)
+        assert status == 413 and "while it streamed" in body["error"]["message"]
+
+        with pytest.raises(openai.APIStatusError) as caught:  # the official client gets it as an API error
+            client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "x" * 100_000}])
+        assert caught.value.status_code == 413 and caught.value.body["code"] == "request_too_large"
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("body, what", [
+    ("[" * 200_000, "the request body nests"),  # the issue's case, scaled to the limit: RecursionError in json.loads (a 500)
+    (json.dumps({"model": "scripted", "messages": QUESTION, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": json.loads(_nested(100))}}]}), "the request body nests arrays and objects 104 levels"),  # parses, but tojson recurses on it
+    (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "calculator", "arguments": '{"a": ' + _nested(5000) + "}"}}]}]}),
+     "'messages[1].tool_calls[0].function.arguments' nests"),  # RecursionError in the arguments' json.loads (a 500)
+    (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "calculator", "arguments": '{"a": ' + _nested(100) + "}"}}]}]}),
+     "'messages[1].tool_calls[0].function.arguments' nests arrays and objects 101 levels"),  # parses; dumped again for the prompt
+])
+def test_json_nested_past_the_limit_is_a_400_never_a_500(qwen3_tokenizer, body, what):
+    """Guards against the 500 from a RecursionError that 20 MB of `[` gave, and against nesting that parses
+    but breaks later (the chat template renders tool schemas with a recursive tojson)."""
+    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_body_bytes=2**20)) as (client, _):
+        request = urllib.request.Request(f"{client.base_url}chat/completions", data=body.encode(),
+                                         headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request)
+        assert caught.value.code == 400, caught.value.read()[:2000]
+        error = json.load(caught.value)["error"]
+        assert error["code"] == "json_too_deep" and error["message"].startswith(what) and "http.max_json_depth" in error["message"]
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(qwen3_tokenizer):
+    """Guards against connections held open forever: uvicorn's only timer (keep-alive) starts after a
+    response, so a client that never sends a request, or trickles its headers a byte at a time
+    (slowloris), kept its connection for good."""
+    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
+        with _connect(client) as silent, _connect(client) as trickle:
+            started = time.monotonic()
+            try:
+                for byte in _head(content_length=2):  # a byte every 0.1 s: each one reset uvicorn's keep-alive timer
+                    trickle.sendall(bytes([byte]))
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed while it trickled
+            assert _closed_within(trickle, 0.1) and 0.4 < time.monotonic() - started < 1.5
+            assert _closed_within(silent, 0.1)
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout_s(qwen3_tokenizer):
+    """Guards against http.idle_timeout_s being documented but unused (uvicorn's own default is 5 s)."""
+    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(idle_timeout_s=0.3)) as (client, _):
+        with _connect(client) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _response(sock)[0] == 200
+            assert _closed_within(sock, 1.5)
+
+
+def test_a_body_that_stalls_is_answered_408(qwen3_tokenizer):
+    """Guards against a request whose body never arrives holding its slot (and its bytes) forever."""
+    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
+        with _connect(client) as sock:
+            sock.sendall(_head(content_length=1000) + b'{"model": ')
+            started = time.monotonic()
+            status, headers, body = _response(sock)
+        assert status == 408 and body["error"]["code"] == "request_timeout" and "http.read_timeout_s" in body["error"]["message"]
+        assert 0.4 < time.monotonic() - started < 2.0 and headers["connection"] == "close"
+
+
+def test_requests_past_the_in_flight_limit_are_answered_429_at_once(qwen3_tokenizer):
+    """Guards against an unbounded number of requests held at once (each may hold a body of
+    max_body_bytes): past http.max_concurrent_requests the server answers 429 with Retry-After, and a
+    finished request, failed or not, frees its place."""
+    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_concurrent_requests=1, read_timeout_s=1.0)) as (client, _):
+        with pytest.raises(openai.BadRequestError):  # a refused request frees its place too
+            client.chat.completions.create(model="scripted", messages=QUESTION, temperature=-1)
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        with _connect(client) as holder:
+            holder.sendall(_head(content_length=1000) + b"{")  # in flight: its body is being read
+            time.sleep(0.2)
+            with pytest.raises(openai.RateLimitError) as caught:
+                client.chat.completions.create(model="scripted", messages=QUESTION)
+            assert caught.value.response.headers["retry-after"] == "1" and "http.max_concurrent_requests" in caught.value.message
+            assert _response(holder)[0] == 408
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+
+
+def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_tokenizer, monkeypatch):
+    """Guards against parsing and checking a body on the event loop, where a large one stalled every
+    other request (the old server parsed a 20 MB body inline). Checking is made to take 1.5 s here;
+    /health must answer meanwhile."""
+    original = request_body.parse_chat_request
+
+    def slow_parse(*args, **kwargs):
+        time.sleep(1.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(request_body, "parse_chat_request", slow_parse)
+    monkeypatch.setattr(server, "parse_chat_request", slow_parse, raising=False)  # where the old server called it
+    with _scripted_server(qwen3_tokenizer, REPLY) as (client, _):
+        replies = []
+        slow = threading.Thread(target=lambda: replies.append(client.chat.completions.create(model="scripted", messages=QUESTION)))
+        slow.start()
+        time.sleep(0.3)  # the slow request is being checked now
+        started = time.monotonic()
+        assert urllib.request.urlopen(str(client.base_url).replace("/v1/", "/health")).status == 200
+        assert time.monotonic() - started < 0.5, "the event loop waited for the slow request's parsing"
+        slow.join()
+        assert replies[0].choices[0].message.content == "It is 24."
