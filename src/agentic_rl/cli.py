@@ -386,15 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     from agentic_rl.config import ConfigError
-    from agentic_rl.errors import RunStopped
+    from agentic_rl.errors import RunStopped, capped
 
     try:
         return func(args)
     except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {capped(str(exc))}", file=sys.stderr)
         return 2
     except RunStopped as exc:  # e.g. a non-finite loss: the message names the step and the resume point
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {capped(str(exc))}", file=sys.stderr)
         return 3
 
 
