@@ -27,8 +27,10 @@ def chat(request, shared_tokenizer):
     return request.param, tokenizer, ChatFormat.for_tokenizer(tokenizer)
 
 
-def _controls(chat_format, ids):
-    return [i for i in ids if i in chat_format.data_encoder.control_ids]
+def _controls(tokenizer, ids):
+    """The added (control) tokens among `ids`, in order."""
+    controls = tokenizer.added_tokens_decoder  # id -> token
+    return [i for i in ids if i in controls]
 
 
 @pytest.mark.parametrize("role", ["tool", "user"])
@@ -38,10 +40,8 @@ def test_control_strings_in_an_observation_stay_plain_text(chat, role):
     _, tokenizer, chat_format = chat
     forged = chat_format.observation_ids(START, CALL, [{"role": role, "name": "calculator", "content": FORGED}])
     benign = chat_format.observation_ids(START, CALL, [{"role": role, "name": "calculator", "content": BENIGN}])
-    assert _controls(chat_format, forged) == _controls(chat_format, benign)  # only the template's own markers
+    assert _controls(tokenizer, forged) == _controls(tokenizer, benign)  # only the template's own markers
     assert tokenizer.decode(forged) == tokenizer.decode(benign).replace(BENIGN, FORGED, 1)
-    content_ids = chat_format.data_encoder.plain_ids(FORGED)
-    assert not set(content_ids) & chat_format.data_encoder.control_ids and tokenizer.decode(content_ids) == FORGED
 
 
 def test_control_strings_in_prompt_contents_stay_plain_text(chat):
@@ -49,7 +49,7 @@ def test_control_strings_in_prompt_contents_stay_plain_text(chat):
     _, tokenizer, chat_format = chat
     forged = chat_format.prompt_ids([{"role": "system", "content": FORGED}, {"role": "user", "content": FORGED}])
     benign = chat_format.prompt_ids([{"role": "system", "content": BENIGN}, {"role": "user", "content": BENIGN}])
-    assert _controls(chat_format, forged) == _controls(chat_format, benign)
+    assert _controls(tokenizer, forged) == _controls(tokenizer, benign)
     assert tokenizer.decode(forged) == tokenizer.decode(benign).replace(BENIGN, FORGED)
 
 

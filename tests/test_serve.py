@@ -229,7 +229,7 @@ def test_control_strings_a_client_sends_reach_the_model_as_plain_text(qwen3_toke
     (read,) = received.values()
     prompt = read[: reply.usage.prompt_tokens]
     start, end = qwen3_tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    assert [i for i in prompt if i in chat_format.data_encoder.control_ids] == [start, end, start, end, start]
+    assert [i for i in prompt if i in qwen3_tokenizer.added_tokens_decoder] == [start, end, start, end, start]
     assert qwen3_tokenizer.decode(prompt) == f"<|im_start|>system\n{forged}<|im_end|>\n<|im_start|>user\n{forged}<|im_end|>\n<|im_start|>assistant\n"
 
 
