@@ -73,7 +73,8 @@ class DataSafeEncoder:
 
     def encode(self, pieces: Sequence[Piece]) -> list[int]:
         """Token ids of the concatenated pieces; added tokens matched in structure pieces only."""
-        ids: list[int] = []
+        runs: list[str] = []  # the plain text before each matched control token, then the rest
+        controls: list[int] = []
         run: list[str] = []
         for text, is_data in pieces:
             if is_data or self._pattern is None:
@@ -82,11 +83,18 @@ class DataSafeEncoder:
             at = 0
             for match in self._pattern.finditer(text):
                 run.append(text[at : match.start()])
-                ids += self.plain_ids("".join(run))
-                ids.append(self._added_ids[match.group()])
+                runs.append("".join(run))
+                controls.append(self._added_ids[match.group()])
                 run, at = [], match.end()
             run.append(text[at:])
-        return ids + self.plain_ids("".join(run))
+        runs.append("".join(run))
+        encoded = self._plain.encode_batch(runs, add_special_tokens=False)  # one call: the per-call cost dominates short runs
+        ids: list[int] = []
+        for run_encoding, control in zip(encoded, [*controls, None]):
+            ids += run_encoding.ids
+            if control is not None:
+                ids.append(control)
+        return ids
 
 
 def drop_prefix(pieces: Sequence[Piece], chars: int) -> list[Piece]:
