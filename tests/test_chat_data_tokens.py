@@ -101,3 +101,20 @@ def _with_template(tokenizer, template):
         yield tokenizer
     finally:
         tokenizer.chat_template = saved
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "smollm2-135m-instruct"])
+def test_a_tokenizer_left_padding_by_a_batch_call_encodes_without_pads(name):
+    """Guards against copying the caller's padding into the data encoder: a fast tokenizer keeps the
+    padding and truncation of its last batch call (`tokenizer(texts, padding=True)` in SFT, the reward
+    model, evaluation), and an encoder built then padded every run of a rendering to the longest."""
+    from agentic_rl.models.loader import load_tokenizer
+
+    fresh = ChatFormat.for_tokenizer(load_tokenizer(name))
+    padded_tokenizer = load_tokenizer(name)
+    padded_tokenizer(["a", "a much longer text than the first"], padding=True, truncation=True, max_length=8)
+    padded = ChatFormat.for_tokenizer(padded_tokenizer)
+    messages = [*START, {"role": "assistant", "content": CALL}, {"role": "tool", "content": BENIGN}]
+    want = fresh.prompt_ids(messages)
+    assert len(want) > 8  # longer than the truncation, with runs of different lengths to pad
+    assert padded.prompt_ids(messages) == want

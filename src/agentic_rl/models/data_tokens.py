@@ -65,6 +65,8 @@ class DataSafeEncoder:
         spec = json.loads(tokenizer.backend_tokenizer.to_str())
         spec["added_tokens"] = []
         spec["post_processor"] = None
+        spec["padding"] = None  # the backend keeps the padding and truncation of the caller's last batch call
+        spec["truncation"] = None
         self._plain = Tokenizer.from_str(json.dumps(spec))
 
     def plain_ids(self, text: str) -> list[int]:
