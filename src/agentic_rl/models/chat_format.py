@@ -28,7 +28,16 @@ End-of-turn bookkeeping (which tokens get loss mask 1):
 Either way the token sequence equals the template's rendering of the same conversation; only
 the owner of the `<|im_end|>` token differs. Every observation starts either with a special
 token or right after one, and special tokens are hard boundaries of the tokenizer, so
-tokenizing the delta alone gives the same ids as tokenizing the whole rendering.
+tokenizing the delta alone gives the same ids as tokenizing the whole rendering (`render_ids`).
+
+Message contents are data, never control tokens (models/data_tokens.py): the content of every
+message but the policy's own (system, user, tool: the env's prompt, tool output, a serve client's
+text) is encoded as plain text, so a tool result that prints `<|im_end|>\n<|im_start|>assistant`
+(or Qwen3's `</tool_response>`, `<think>`) cannot forge a turn boundary. Only the template's own
+text gives control tokens; assistant contents keep theirs (the policy's `<tool_call>` is a token).
+To know which text is content, each content is rendered as a sentinel and put back, and the result
+is checked to be the template's own rendering of the real contents (else `ChatFormatError`: a
+template that rewrites contents). For contents without control strings the ids are unchanged.
 
 Where a full re-render of the conversation is NOT token-identical to the episode (documented,
 and shown in tests/test_chat_format.py):
@@ -57,6 +66,7 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from agentic_rl.models.data_tokens import DataSafeEncoder, DataTokensError, Piece, drop_prefix
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE
 
 Message = dict[str, Any]
@@ -64,6 +74,12 @@ Message = dict[str, Any]
 # An opaque stand-in for assistant content when deriving observation deltas. It contains no
 # "</think>" and no special markers, so no template rewrites it.
 _ASSISTANT_PLACEHOLDER = "\u2983ASSISTANT-TURN-{index}\u2984"
+
+# Where a message's content is in the rendering (a data content; see `render_pieces`). Qwen3's
+# template tests whether a user content starts with "<tool_response>" and ends with
+# "</tool_response>" (a tool turn, not a query), so a sentinel keeps those ends of its content.
+_DATA_SENTINEL = "\u2983DATA-{index}\u2984"
+_TOOL_RESPONSE_OPEN, _TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 _HERMES_TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -102,6 +118,11 @@ class ChatFormat:
         """Text that also ends a turn. One special token in Qwen3 (151658), five in SmolLM2."""
         self.supports_tools: bool = "tools" in str(tokenizer.chat_template)
         """True when the template renders `tools=` and role "tool" itself (Qwen3); else Hermes injection."""
+        try:
+            self.data_encoder = DataSafeEncoder(tokenizer)
+            """Encodes rendered pieces so message contents never become control tokens."""
+        except DataTokensError as exc:
+            raise ChatFormatError(str(exc)) from None
         self._check_end_of_turn_follows_assistant()
 
     @classmethod
@@ -123,13 +144,55 @@ class ChatFormat:
             messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
 
+    def render_pieces(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+    ) -> list[Piece]:
+        """`render`'s text as (text, is_data) pieces: every non-assistant content is data.
+
+        Each data content is rendered as a sentinel and put back; the joined pieces are checked to
+        equal the template's rendering of the real contents, so a template that rewrites or tests a
+        content in a way the sentinel hides is refused (ChatFormatError), never encoded wrongly."""
+        contents: dict[str, str] = {}
+        marked = []
+        for index, message in enumerate(messages):
+            content = message.get("content")
+            if message.get("role") != "assistant" and isinstance(content, str) and content:
+                head = _TOOL_RESPONSE_OPEN if content.startswith(_TOOL_RESPONSE_OPEN) else ""
+                tail = _TOOL_RESPONSE_CLOSE if content.endswith(_TOOL_RESPONSE_CLOSE) else ""
+                sentinel = head + _DATA_SENTINEL.format(index=index) + tail
+                contents[sentinel] = content
+                message = {**message, "content": sentinel}
+            marked.append(message)
+        text = self.render(marked, tools, add_generation_prompt)
+        pieces: list[Piece] = []
+        at = 0
+        for sentinel, content in sorted(contents.items(), key=lambda item: text.find(item[0])):
+            found = text.find(sentinel)
+            if found < at or text.count(sentinel) != 1:
+                raise ChatFormatError(f"the chat template rendered a message content {text.count(sentinel)} times (expected "
+                                      "once, as written); contents cannot be kept apart from the template's control tokens")
+            pieces += [(text[at:found], False), (content, True)]
+            at = found + len(sentinel)
+        pieces.append((text[at:], False))
+        if "".join(piece for piece, _ in pieces) != self.render(messages, tools, add_generation_prompt):
+            raise ChatFormatError("the chat template rewrites message contents (it does not write each one as it is), so "
+                                  "contents cannot be kept apart from its control tokens; only such templates are supported")
+        return [piece for piece in pieces if piece[0]]
+
+    def render_ids(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+    ) -> list[int]:
+        """The whole conversation as token ids, contents as data: what the engine's incremental ids add up to."""
+        return self.data_encoder.encode(self.render_pieces(messages, tools, add_generation_prompt))
+
     def encode(self, text: str) -> list[int]:
-        """Tokenize rendered template text (no BOS/EOS added: the template wrote every marker)."""
+        """Tokenize the policy's own text (its control tokens kept; no BOS/EOS added). Never for
+        message contents from tools, envs or clients: those go through `render_ids`/`observation_ids`."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
-        """The episode's prompt: `messages` rendered with the assistant generation prompt."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        """The episode's prompt: `messages` rendered with the assistant generation prompt, contents as data."""
+        return self.render_ids(messages, tools, add_generation_prompt=True)
 
     def observation_ids(
         self,
@@ -152,23 +215,24 @@ class ChatFormat:
         history = _with_placeholder_assistants(messages_before)
         placeholder = _ASSISTANT_PLACEHOLDER.format(index="current")
         before = self.render(history, tools, add_generation_prompt=True)
-        after = self.render(
+        after_pieces = self.render_pieces(
             [*history, {"role": "assistant", "content": placeholder}, *observation_messages],
             tools,
             add_generation_prompt=True,
         )
+        after = "".join(text for text, _ in after_pieces)
         if not after.startswith(before + placeholder):
             raise ChatFormatError(
                 "the chat template does not preserve the rendered prefix when an assistant turn and an "
                 "observation are appended, so observations cannot be rendered incrementally. Prefix:\n"
                 f"{before[-200:]!r}\nre-rendered:\n{after[max(0, len(before) - 200):len(before) + 60]!r}"
             )
-        delta = after[len(before) + len(placeholder):]
-        if not delta.startswith(self.end_of_turn):
-            raise ChatFormatError(f"expected the template to close the assistant turn with {self.end_of_turn!r}, got {delta[:40]!r}")
+        start = len(before) + len(placeholder)
+        if not after[start:].startswith(self.end_of_turn):
+            raise ChatFormatError(f"expected the template to close the assistant turn with {self.end_of_turn!r}, got {after[start:start + 40]!r}")
         if assistant_text.endswith(self.end_of_turn):
-            delta = delta[len(self.end_of_turn):]  # the policy generated (and owns) the marker
-        return self.encode(delta)
+            start += len(self.end_of_turn)  # the policy generated (and owns) the marker
+        return self.data_encoder.encode(drop_prefix(after_pieces, start))
 
     # ------------------------------------------------------------------ stop detection
 

@@ -37,6 +37,13 @@ def load_policy(cfg: ModelConfig, device: Any = "cpu", log=print):
     return make_trainable(model, cfg, log=log), tokenizer, base_name
 
 
+def context_length(model: Any) -> int | None:
+    """The longest sequence the model was built for (its config's max_position_embeddings), or None
+    when the config does not say. A PEFT wrapper forwards `config` to the base model."""
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def make_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", log=print):
     """`model` ready to train per cfg: gradient checkpointing if asked, then LoRA adapters (or every
     weight trainable when cfg.lora.enabled is false); logs what trains."""

@@ -34,12 +34,9 @@ from typing import Any, Sequence
 from agentic_rl.envs.base import Env, Task
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.rollout.demo_schema import DemoError, check_demo_record
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, assistant_turn_text
-
-
-class DemoError(ValueError):
-    """A demonstration cannot be turned into a trajectory; the message names where and why."""
 
 
 def trajectory_from_messages(
@@ -145,8 +142,12 @@ def cap_repeats(sequences: Sequence[Trajectory], max_repeats: int, seed: int) ->
     return [seq for index, seq in enumerate(sequences) if index not in dropped], counts
 
 
-def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajectory]:
-    """Demonstrations from a JSONL file of conversations (format in the module docstring)."""
+def load_jsonl_demos(path: str | Path, chat_format: ChatFormat, max_tokens: int | None = None,
+                     limit_name: str = "max_tokens") -> list[Trajectory]:
+    """Demonstrations from a JSONL file of conversations (format in the module docstring).
+
+    Every line is checked first (rollout/demo_schema.py); a demonstration longer than `max_tokens`
+    (the model's context, or a configured limit: `limit_name` says which) is refused, never cut."""
     from agentic_rl.data import utf8_lines
     from agentic_rl.tools.base import get_tool
 
@@ -161,16 +162,22 @@ def load_jsonl_demos(path: str | Path, chat_format: ChatFormat) -> list[Trajecto
         except (ValueError, RecursionError) as exc:  # also: too deeply nested, integers too long
             message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
             raise DemoError(f"{where}: not valid JSON ({message}); each line must be one JSON object") from None
-        if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-            raise DemoError(f'{where}: each line needs a "messages" list of chat messages')
-        for i, message in enumerate(record["messages"]):
-            if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
-                raise DemoError(f"{where}: messages[{i}] needs a role of system, user, assistant or tool")
+        check_demo_record(record, where)
         try:
             tools = [get_tool(name).schema for name in record.get("tools", [])]
-            demos.append(trajectory_from_messages(chat_format, record["messages"], tools or None, env="jsonl", task_id=where))
+            demo = trajectory_from_messages(chat_format, record["messages"], tools or None, env="jsonl", task_id=where)
         except (DemoError, ValueError, KeyError) as exc:
             raise DemoError(f"{where}: {exc}") from exc
+        check_length(demo, max_tokens, where, limit_name)
+        demos.append(demo)
     if not demos:
         raise DemoError(f"{path}: no demonstrations found")
     return demos
+
+
+def check_length(demo: Trajectory, max_tokens: int | None, where: str, limit_name: str) -> None:
+    """DemoError when any token sequence of `demo` is longer than `max_tokens` (None: no limit)."""
+    longest = max(len(sequence) for sequence in demo.sequences())
+    if max_tokens is not None and longest > max_tokens:
+        raise DemoError(f"{where}: the demonstration is {longest} tokens, longer than {max_tokens} ({limit_name}); "
+                        "shorten or split the conversation, or remove it")

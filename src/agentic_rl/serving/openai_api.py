@@ -16,6 +16,9 @@ Conversion to the training chat format (one code path with SFT and rollouts):
     policy writes (tools/parse.py `assistant_turn_text`, as demonstrations are written);
   * a `tool` message becomes {"role": "tool", "name": <the function its tool_call_id named>,
     "content"}, which ChatFormat renders as training does (Qwen3: <tool_response> in a user turn);
+    its tool_call_id must name a call of an earlier assistant message (else a 400);
+  * every content the client sends is data: ChatFormat encodes control strings in it (`<|im_end|>`,
+    `<|im_start|>assistant`) as plain text, so a client cannot forge turns (models/data_tokens.py);
   * content given as a list of parts is joined from its text parts (other parts are rejected).
 """
 
@@ -156,6 +159,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' is required: a non-empty list of {role, content} objects", "messages")
     checked = []
+    call_ids: set[str] = set()  # the ids of the tool calls so far: a tool message must answer one of them
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -167,9 +171,15 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
                                                                                optional=role == "assistant")}
         if role == "assistant" and message.get("tool_calls"):
             out["tool_calls"] = _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+            call_ids.update(str(call.get("id")) for call in out["tool_calls"] if call.get("id") is not None)
         if role == "tool":
             if not isinstance(message.get("tool_call_id"), str):
                 raise APIError(400, f"'{where}.tool_call_id' is required: the id of the call this result answers", f"{where}.tool_call_id")
+            if message["tool_call_id"] not in call_ids:
+                known = ", ".join(sorted(call_ids)) or "none"
+                raise APIError(400, f"'{where}.tool_call_id' is {message['tool_call_id']!r}, which no earlier assistant message's "
+                               f"tool_calls has (their ids: {known}); a tool message answers a call the model made: send the "
+                               "assistant message with that call before it", f"{where}.tool_call_id")
             out["tool_call_id"] = message["tool_call_id"]
         if isinstance(message.get("name"), str):
             out["name"] = message["name"]

@@ -22,7 +22,7 @@ import torch
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.rollout.trajectory import Trajectory, collate
-from agentic_rl.models.policy import ModelConfig, load_policy
+from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import save_final
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
@@ -50,12 +50,18 @@ class DemoSource:
     """Keep at most this many of the source's demonstrations whose trained tokens are identical
     (memory's `Next.`, the oracle's reply to every distractor), drawn by the seed; the log says how
     many were dropped. None keeps every one. Without it a majority action can be all SFT learns."""
+    max_tokens: int | None = None
+    """The longest demonstration (token sequence) this source may hold; a longer one stops the run,
+    naming its file and line (or task), never cut or dropped. None: the model's context
+    (max_position_embeddings), which always applies."""
 
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("sft.sources[].path is required when kind is jsonl")
         if self.n <= 0:
             raise ValueError(f"sft.sources[].n must be > 0, got {self.n}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}")
         if self.max_repeats is not None and self.max_repeats < 1:
             raise ValueError(f"sft.sources[].max_repeats must be >= 1 or null (keep all), got {self.max_repeats}")
 
@@ -98,19 +104,26 @@ class SFTConfig:
     """Loop, output and checkpoints."""
 
 
-def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print) -> list[Trajectory]:
+def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print, context: int | None = None) -> list[Trajectory]:
+    """Every source's demonstrations, in order. context: the model's max_position_embeddings (None:
+    unknown); no demonstration may be longer than it or than its source's max_tokens."""
     from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.rollout.demos import cap_repeats, demo_sequences, load_jsonl_demos, oracle_demos
+    from agentic_rl.rollout.demos import cap_repeats, check_length, demo_sequences, load_jsonl_demos, oracle_demos
 
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     demos: list[Trajectory] = []
     for number, source in enumerate(sources):
+        limit, limit_name = context, f"the model's context, max_position_embeddings={context}"
+        if source.max_tokens is not None and (context is None or source.max_tokens < context):
+            limit, limit_name = source.max_tokens, f"sft.sources[{number}].max_tokens"
         if source.kind == "jsonl":
-            found = load_jsonl_demos(source.path, chat_format)
+            found = load_jsonl_demos(source.path, chat_format, limit, limit_name)
         else:
             env = source.env.make()
             tasks = env.tasks(source.split, n=source.n, seed=seed)
             found = demo_sequences(oracle_demos(env, tasks, chat_format))  # one example per token sequence
+            for demo in found:
+                check_length(demo, limit, f"sft.sources[{number}] (env {env.name}, task {demo.task_id})", limit_name)
         if source.max_repeats is not None:
             kept, dropped = cap_repeats(found, source.max_repeats, seed + number)
             for tokens, count in sorted(dropped.items(), key=lambda item: -item[1]):
@@ -186,7 +199,7 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
         return run_dir.finished
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     if demos is None:
-        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print)
+        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print, context=context_length(policy))
     if len(demos) < cfg.batch.batch_size:
         raise ValueError(f"{len(demos)} demonstrations cannot fill batch.batch_size={cfg.batch.batch_size}; add demonstrations or lower it")
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)

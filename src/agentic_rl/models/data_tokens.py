@@ -1,0 +1,111 @@
+"""Message contents are data: encode rendered chat text so that only the template's own markers are control tokens.
+
+    encoder = DataSafeEncoder(tokenizer)
+    encoder.encode([("<|im_start|>user\\n", False), ("hi <|im_end|>", True), ("<|im_end|>\\n", False)])
+
+Why: a tokenizer matches its added tokens (`<|im_end|>`, `<|im_start|>`, and Qwen3's `<tool_call>`,
+`<tool_response>`, `<think>`, ...) anywhere in a string, before its normalizer, pre-tokenizer and
+BPE see the text between them. Tool output that prints `<|im_end|>\\n<|im_start|>assistant\\n`,
+tokenized with the rendering, would close the tool turn and forge an assistant turn in what the
+policy reads and is trained on (and a serve client could do the same with its message contents).
+
+How: the rendered text comes as pieces, each either the template's text (structure) or a message's
+content (data, True above). Added tokens are matched in structure pieces only, leftmost-longest as
+the tokenizer matches them; the text between two matches, structure and data alike, is one run,
+encoded by the same tokenizer with its added vocabulary removed (same normalizer, pre-tokenizer and
+BPE). A run never crosses a control token, exactly as in the tokenizer's own encoding, so for text
+without added-token strings in its data the ids equal `tokenizer(text, add_special_tokens=False)`
+(tests/test_chat_format.py), and `decode(ids)` gives the text back in every case.
+
+    structure   <|im_start|>user\\n          \\n<|im_start|>assistant\\n        (its added tokens: control)
+    data                         a<|im_end|>b                                (plain text, 5 tokens)
+    runs                    "user\\na<|im_end|>b"  "\\n"  "assistant\\n"
+
+Supported: fast tokenizers whose added tokens match as plain strings (no lstrip, rstrip,
+single_word or normalized option), as SmolLM2's and Qwen3's do; others are refused at
+construction, never encoded approximately.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+Piece = tuple[str, bool]
+"""(text, is_data): a run of rendered chat text and whether it is a message's content."""
+
+
+class DataTokensError(ValueError):
+    """The tokenizer's added tokens cannot be kept out of data exactly."""
+
+
+class DataSafeEncoder:
+    """Encodes rendered pieces: control tokens only from structure, data always plain text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from tokenizers import Tokenizer
+
+        if not getattr(tokenizer, "is_fast", False):
+            raise DataTokensError(
+                f"{type(tokenizer).__name__} is a slow (Python) tokenizer; the chat format needs a fast one "
+                "(tokenizer.json) to keep control strings in observations as plain text. Load it with use_fast=True")
+        self._added_ids: dict[str, int] = {}
+        for token_id, token in tokenizer.added_tokens_decoder.items():
+            if token.lstrip or token.rstrip or token.single_word or token.normalized:
+                raise DataTokensError(
+                    f"added token {token.content!r} (id {token_id}) matches with lstrip/rstrip/single_word/normalized "
+                    "options, which this encoder does not reproduce; only tokenizers whose added tokens match as plain "
+                    "strings (SmolLM2, Qwen3) are supported")
+            self._added_ids[token.content] = token_id
+        self.control_ids: frozenset[int] = frozenset(self._added_ids.values())
+        """Every added token id: the ids that data never produces."""
+        by_length = sorted(self._added_ids, key=len, reverse=True)  # longest first: leftmost-longest, as the tokenizer
+        self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
+        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+        spec["added_tokens"] = []
+        spec["post_processor"] = None
+        spec["padding"] = None  # the backend keeps the padding and truncation of the caller's last batch call
+        spec["truncation"] = None
+        self._plain = Tokenizer.from_str(json.dumps(spec))
+
+    def plain_ids(self, text: str) -> list[int]:
+        """`text` as plain text: normalizer, pre-tokenizer and BPE, never an added token."""
+        return list(self._plain.encode(text, add_special_tokens=False).ids) if text else []
+
+    def encode(self, pieces: Sequence[Piece]) -> list[int]:
+        """Token ids of the concatenated pieces; added tokens matched in structure pieces only."""
+        runs: list[str] = []  # the plain text before each matched control token, then the rest
+        controls: list[int] = []
+        run: list[str] = []
+        for text, is_data in pieces:
+            if is_data or self._pattern is None:
+                run.append(text)
+                continue
+            at = 0
+            for match in self._pattern.finditer(text):
+                run.append(text[at : match.start()])
+                runs.append("".join(run))
+                controls.append(self._added_ids[match.group()])
+                run, at = [], match.end()
+            run.append(text[at:])
+        runs.append("".join(run))
+        encoded = self._plain.encode_batch(runs, add_special_tokens=False)  # one call: the per-call cost dominates short runs
+        ids: list[int] = []
+        for run_encoding, control in zip(encoded, [*controls, None]):
+            ids += run_encoding.ids
+            if control is not None:
+                ids.append(control)
+        return ids
+
+
+def drop_prefix(pieces: Sequence[Piece], chars: int) -> list[Piece]:
+    """The pieces without their first `chars` characters (a piece cut there keeps its kind)."""
+    out: list[Piece] = []
+    for text, is_data in pieces:
+        if chars >= len(text):
+            chars -= len(text)
+            continue
+        out.append((text[chars:], is_data))
+        chars = 0
+    return out
