@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from agentic_rl.errors import quoted
-from agentic_rl.strict_json import write_json
+from agentic_rl.strict_json import read_json, write_json
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_QWEN3 = "tiny-qwen3"
@@ -131,12 +131,7 @@ def check_model_dir(folder: Path) -> None:
         raise ValueError(f"'{folder}' exists but has no config.json: not a Hugging Face model directory; pass a "
                          "folder written by save_pretrained, a hub id (owner/name) or a built-in name "
                          f"{list(BUILTIN_MODELS)}")
-    try:
-        parsed = json.loads(config.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        where = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-        raise ValueError(f"{config}: not valid JSON ({where}); the model's config is damaged: restore it or "
-                         "save the model again with save_pretrained") from None
+    parsed = read_json(config, "the model's config is damaged: restore it or save the model again with save_pretrained")
     if not isinstance(parsed, dict) or "model_type" not in parsed:
         raise ValueError(f"{config}: not a model config (a JSON object with a 'model_type' key); restore it or "
                          "save the model again with save_pretrained")

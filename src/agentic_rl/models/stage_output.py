@@ -13,7 +13,6 @@ a model name (eval, the trainers, merge, serve) loads through `load_base_and_tok
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from agentic_rl.errors import quoted
-from agentic_rl.strict_json import write_json
+from agentic_rl.strict_json import read_json, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINAL_DIR = "final"
@@ -35,11 +34,7 @@ def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     fix = f"restore it, or delete it if '{folder}' is a plain Hugging Face model folder"
-    try:
-        record = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        where = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise ValueError(f"{path}: not valid JSON ({where}); {fix}") from None
+    record = read_json(path, fix)
     if not (isinstance(record, dict) and record.get("kind") in ("lora", "full") and isinstance(record.get("base"), str)
             and record["base"]):
         raise ValueError(f'{path}: a stage record is {{"kind": "lora" | "full", "base": "<model>"}}, got '
