@@ -242,9 +242,27 @@ def test_a_pickle_that_runs_code_is_refused_even_with_matching_checksums(tmp_pat
     newest = folder / "step-000003"
     torch.save({"step": 3, "objective": Exploit()}, newest / "trainer_state.pt")  # a valid torch file
     _rewrite_checksum(newest, "trainer_state.pt")
-    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+    from agentic_rl.training.checkpoint import CheckpointError
+
+    # Refused as before, but named: the checkpoint, why, and the way on (not a raw UnpicklingError).
+    with pytest.raises(CheckpointError, match=r"checkpoint .*step-000003 cannot be restored \(UnpicklingError: "
+                       r"'Weights only load failed.*Delete .*step-000003 to resume from an older checkpoint"):
         _run(tmp_path, _Objective(), steps=4)
     assert not marker.exists()
+
+
+def test_wrong_shape_weights_in_a_checkpoint_are_refused_naming_it(tmp_path):
+    """Guards against a checkpoint whose weights have another shape (checksums rewritten to match)
+    failing as a raw RuntimeError ("size mismatch for weight") with no file and no way on."""
+    folder = _three_checkpoints(tmp_path)
+    newest = folder / "step-000003"
+    torch.save({"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}, newest / "pytorch_model.bin")  # Linear(4, 3), not (4, 1)
+    _rewrite_checksum(newest, "pytorch_model.bin")
+    from agentic_rl.training.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"step-000003 cannot be restored \(RuntimeError: .*size mismatch.*"
+                       r"tensors of another shape.*train.resume=false"):
+        _run(tmp_path, _Objective(), steps=4)
 
 
 def test_no_intact_checkpoint_is_an_error_not_a_silent_restart(tmp_path):

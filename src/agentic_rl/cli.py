@@ -133,6 +133,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     cfg = _load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
+    if cfg.out:
+        _prepare_out(cfg.out)  # before the evaluation, not after minutes of it
     model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if cfg.out:
@@ -152,6 +154,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     print(f"[{message['role']}] {message.get('content', '')}")
     _print_json({"model": cfg.model, "env": cfg.env.name, **result})
     return 0
+
+
+def _prepare_out(out: str, folder: bool = False) -> None:
+    """`--out`: its missing parent folders are created (eval's --out FILE; merge's --out FOLDER);
+    a folder where a file goes, a file where a folder goes, or a path under a file is a ValueError
+    naming it (eval raised a raw traceback after the whole evaluation; merge "succeeded", writing nothing)."""
+    from pathlib import Path
+
+    path = Path(out)
+    if not folder and path.is_dir():
+        raise ValueError(f"--out '{out}' is a folder; give a file name, e.g. --out {path / 'eval.json'}")
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"--out '{out}' is a file; merge writes a model folder: give a folder path")
+    try:
+        (path if folder else path.parent).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"--out '{out}': a part of it is a file, not a folder; give another path") from None
+    except OSError as exc:
+        raise ValueError(f"--out '{out}': cannot create {path if folder else path.parent} ({exc.strerror}); "
+                         "give a path in a writable folder") from None
 
 
 _CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.temperature", "max_turns": "rollout.max_turns",
@@ -288,6 +310,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from agentic_rl.models.stage_output import merge_adapters
 
+    _prepare_out(args.out, folder=True)
     out = merge_adapters(args.adapters, args.out)
     _print_json({"merged": str(out)})
     return 0
@@ -386,15 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     from agentic_rl.config import ConfigError
-    from agentic_rl.errors import RunStopped
+    from agentic_rl.errors import RunStopped, capped
 
     try:
         return func(args)
     except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {capped(str(exc))}", file=sys.stderr)
         return 2
     except RunStopped as exc:  # e.g. a non-finite loss: the message names the step and the resume point
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {capped(str(exc))}", file=sys.stderr)
         return 3
 
 

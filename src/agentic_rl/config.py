@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from agentic_rl.errors import QUOTE_LIMIT, quoted
+
 T = TypeVar("T")
 
 
@@ -76,7 +78,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     for override in overrides or []:
         _apply_override(data, override)
     if overrides:
-        source = f"{source if path is not None else 'config'} with --set {' '.join(overrides)}"
+        source = f"{source if path is not None else 'config'} with --set {' '.join(map(_shown, overrides))}"
     return from_dict(cls, data, prefix="", source=source)
 
 
@@ -112,14 +114,19 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def _shown(override: str) -> str:
+    """An override as an error quotes it: cut like `quoted` cuts a value, never megabytes long."""
+    return override if len(override) <= QUOTE_LIMIT else quoted(override)
+
+
 def _apply_override(data: dict[str, Any], override: str) -> None:
     if "=" not in override:
-        raise ConfigError(f"override '{override}' must look like key.subkey=value")
+        raise ConfigError(f"override {quoted(override)} must look like key.subkey=value")
     key, raw = override.split("=", 1)
     try:
         value = _load_yaml(raw) if raw.strip() else ""
     except DuplicateKeyError as exc:
-        raise ConfigError(f"override '{override}': {exc}") from exc
+        raise ConfigError(f"override {quoted(override)}: {exc}") from exc
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")
@@ -127,7 +134,7 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override '{override}': '{part}' is not a section")
+            raise ConfigError(f"override {quoted(override)}: '{part}' is not a section")
         node = child
     node[parts[-1]] = value
 
@@ -138,7 +145,7 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{where}' must be a mapping, got {data!r}")
+        raise ConfigError(f"{source}: '{where}' must be a mapping, got {quoted(data)}")
     hints = get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -179,7 +186,7 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
     if origin is Annotated:
         value = _coerce(args[0], value, key, source)
         if any(isinstance(mark, _Positive) for mark in args[1:]) and not value > 0:
-            raise ConfigError(f"{source}: '{key}' must be > 0, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be > 0, got {quoted(value)}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)
@@ -188,7 +195,7 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
             spelled = [a for a in args if isinstance(a, str) and a.lower() in (("no", "off", "false") if not value else ("yes", "on", "true"))]
             value = spelled[0] if len(spelled) == 1 else value
         if value not in args:
-            raise ConfigError(f"{source}: '{key}' must be one of {list(args)}, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be one of {list(args)}, got {quoted(value)}")
         return value
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
@@ -201,16 +208,16 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
                 return _coerce(arg, value, key, source)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{source}: '{key}' got {value!r}, which fits none of {hint}")
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{source}: '{key}' got {quoted(value)}, which fits none of {hint}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be a list, got {quoted(value)}")
         item = args[0] if args else Any
         items = [_coerce(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be a mapping, got {quoted(value)}")
         _reject_non_finite(value, key, source)
         return dict(value)
     if hint is Any:
@@ -218,11 +225,11 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
         return value
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be true or false, got {quoted(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be an integer, got {quoted(value)}")
         return value
     if hint is float:
         if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
@@ -231,12 +238,12 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be a number, got {quoted(value)}")
         _reject_non_finite(value, key, source)
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' must be a string, got {quoted(value)}")
         return value
     return value
 
@@ -244,7 +251,7 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
 def _reject_non_finite(value: Any, key: str, source: str) -> None:
     """ConfigError naming the key if `value` is, or holds, a NaN or infinite float."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{source}: '{key}' must be a finite number, got {value!r}; "
+        raise ConfigError(f"{source}: '{key}' must be a finite number, got {quoted(value)}; "
                           "NaN and inf would make the run's losses and weights NaN")
     if isinstance(value, dict):
         for sub_key, item in value.items():

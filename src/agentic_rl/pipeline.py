@@ -40,7 +40,7 @@ from agentic_rl.config import ConfigError
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
-from agentic_rl.strict_json import dumps, write_json
+from agentic_rl.strict_json import dumps, read_json, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.reward_model import RMConfig
@@ -50,6 +50,8 @@ from agentic_rl.training.sft import SFTConfig
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
 RL_STAGES = {"grpo": ("grpo", "eval_grpo"), "ppo": ("ppo", "eval_ppo")}
 """The stages of each RL algorithm; only rl.algorithm's run."""
+
+_REDO_STAGE = "delete the stage's folder to run that stage again (a rerun resumes from the stages before it)"
 
 
 @dataclasses.dataclass
@@ -154,7 +156,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     for index, stage in enumerate(stages):
         done = root / stage / "DONE.json"
         if done.exists():
-            results[stage] = json.loads(done.read_text())
+            results[stage] = read_json(done, _REDO_STAGE)
             _check_unchanged(cfg, stage, results[stage], done)
             log(f"[pipeline] {stage}: already complete, skipping")
             continue
@@ -168,7 +170,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
         if worker.exitcode != 0 or not done.exists():
             raise RuntimeError(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); see the messages above. "
                                "Rerun the same command to resume from this stage.")
-        results[stage] = json.loads(done.read_text())
+        results[stage] = read_json(done, _REDO_STAGE)
         log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
     if not recorded:
         RunDir(root, cfg, tensorboard=False)
@@ -303,7 +305,7 @@ def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, 
 
     steps = cfg.control.steps
     if not steps:
-        sft_done, rl_done = (json.loads((root / name / "DONE.json").read_text()) for name in ("sft", cfg.rl.algorithm))
+        sft_done, rl_done = (read_json(root / name / "DONE.json", _REDO_STAGE) for name in ("sft", cfg.rl.algorithm))
         per_step = sft_done["train_seconds"] / max(1, sft_done["steps"])
         steps = max(1, round(rl_done["train_seconds"] / per_step))
         log(f"[pipeline]   control: {cfg.rl.algorithm.upper()} trained {rl_done['train_seconds']:.0f} s; "

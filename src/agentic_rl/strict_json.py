@@ -61,3 +61,18 @@ def _reject_constant(name: str) -> Any:
 def loads_strict(text: str) -> Any:
     """json.loads that rejects NaN, Infinity and -Infinity instead of accepting them."""
     return json.loads(text, parse_constant=_reject_constant)
+
+
+def read_json(path: str | Path, fix: str) -> Any:
+    """The JSON value in the file `path`; a ValueError naming the file, the line and column, and
+    `fix` (what the user can do) when it is not UTF-8 JSON. For the toolkit's own records
+    (run.json, DONE.json, stage and reward-model records), whose readers once raised a bare
+    JSONDecodeError that named no file."""
+    try:
+        return loads_strict(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text, so not JSON; {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); {fix}") from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity, too deeply nested
+        raise ValueError(f"{path}: not valid JSON ({exc or type(exc).__name__}); {fix}") from None

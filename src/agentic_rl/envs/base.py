@@ -122,7 +122,13 @@ def make_env(name: str, **options: Any) -> Env:
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for environment '{name}'; allowed: {sorted(fields)}")
-    return factory(options_cls(**options))
+    from agentic_rl.config import ConfigError, from_dict  # each option checked against its type: `tools: none` is no list
+
+    try:
+        checked = from_dict(options_cls, options, prefix="options.", source=f"environment '{name}'")
+    except ConfigError as exc:  # a plain ValueError, so a config embedding this env prefixes its file and key
+        raise ValueError(str(exc)) from None
+    return factory(checked)
 
 
 @dataclasses.dataclass

@@ -40,6 +40,7 @@ from typing import Any
 
 from agentic_rl.envs.answer import answers_match, extract_final_answer
 from agentic_rl.envs.base import Env, StepResult, Task
+from agentic_rl.errors import quoted
 from agentic_rl.tools.base import ToolError, ToolUnavailable, get_tool
 from agentic_rl.tools.parse import ToolCall, parse_tool_calls
 
@@ -62,6 +63,8 @@ class ToolEnv(Env):
     def __init__(self, tool_names: list[str] | tuple[str, ...], max_turns: int, tool_success_reward: float = 0.0):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}; the answer needs a turn")
+        if isinstance(tool_names, str) or not isinstance(tool_names, (list, tuple)):
+            raise ValueError(f"tools must be a list of tool names, e.g. ['calculator'], got {quoted(tool_names)}")
         if not tool_names:
             raise ValueError("a ToolEnv needs at least one tool, e.g. ['calculator']")
         self.tools = [get_tool(name) for name in tool_names]

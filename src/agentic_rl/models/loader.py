@@ -18,6 +18,7 @@ Nothing here downloads weights except an explicit hub id, which only works onlin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -32,7 +33,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from agentic_rl.strict_json import write_json
+from agentic_rl.errors import quoted
+from agentic_rl.strict_json import read_json, write_json
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_QWEN3 = "tiny-qwen3"
@@ -63,8 +65,36 @@ def load_model(
         return model.to(device=device, dtype=dtype), tokenizer
     path = resolve_model_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    return model, tokenizer
+    with unloadable_weights(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device), tokenizer
+
+
+@contextlib.contextmanager
+def unloadable_weights(folder: str | Path):
+    """Turn transformers' and PEFT's errors on damaged or wrong-shape weight files in `folder` into
+    a ValueError naming the folder and what to do (they were raw RuntimeError/SafetensorError
+    tracebacks). The tensors were only ever read as data; this changes the message, not the check."""
+    try:
+        yield
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ValueError(weights_error(folder, exc)) from exc
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":  # safetensors' own error type is not importable stably
+            raise
+        raise ValueError(weights_error(folder, exc)) from exc
+
+
+def weights_error(folder: str | Path, exc: BaseException) -> str:
+    """What to tell a user whose weight files in `folder` would not load."""
+    first_line = quoted(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    if "mismatch" in str(exc):  # transformers: "ignore_mismatched_sizes"; torch/PEFT: "size mismatch for ..."
+        return (f"'{folder}': its weights do not fit its config: a tensor has another shape, as when "
+                "the weight files and the config come from different models (or LoRA adapters from another rank "
+                "or base); the load report above lists each tensor. Restore the matching files or save the "
+                "model again")
+    return (f"'{folder}': its weight files cannot be read ({type(exc).__name__}: {first_line}): they are damaged "
+            "or not weights; restore them, or save the model again with save_pretrained")
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -74,8 +104,7 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path == TINY_QWEN3:
         raise ValueError("tiny-qwen3 has no directory; use load_model('tiny-qwen3')")
     if Path(name_or_path).exists():
-        if not (Path(name_or_path) / "config.json").exists():
-            raise ValueError(f"'{name_or_path}' exists but has no config.json: not a Hugging Face model directory")
+        check_model_dir(Path(name_or_path))
         return name_or_path
     if _HUB_ID.fullmatch(name_or_path):  # owner/name: the local HF cache, else a quick hub check
         check_hub_model(name_or_path)
@@ -87,6 +116,28 @@ def resolve_model_path(name_or_path: str) -> str:
         f"unknown model '{name_or_path}': not a local directory, not a hub id (owner/name), "
         f"and not a built-in name {list(BUILTIN_MODELS)}"
     )
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+"""The files transformers reads a model's weights from (one of them, or the index of shards)."""
+
+
+def check_model_dir(folder: Path) -> None:
+    """ValueError naming the file and the fix when `folder` is no loadable Hugging Face model
+    directory: no or a corrupt `config.json`, or no weights. Without this transformers raised a
+    bare OSError traceback after the tokenizer had already loaded (or failed to, confusingly)."""
+    config = folder / "config.json"
+    if not folder.is_dir() or not config.is_file():
+        raise ValueError(f"'{folder}' exists but has no config.json: not a Hugging Face model directory; pass a "
+                         "folder written by save_pretrained, a hub id (owner/name) or a built-in name "
+                         f"{list(BUILTIN_MODELS)}")
+    parsed = read_json(config, "the model's config is damaged: restore it or save the model again with save_pretrained")
+    if not isinstance(parsed, dict) or "model_type" not in parsed:
+        raise ValueError(f"{config}: not a model config (a JSON object with a 'model_type' key); restore it or "
+                         "save the model again with save_pretrained")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"'{folder}' has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); copy "
+                         "the weight files into it, or save the model again with save_pretrained")
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")

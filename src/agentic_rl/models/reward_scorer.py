@@ -13,7 +13,6 @@ end-of-turn id, which every trajectory contains.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from agentic_rl.models.backbone import backbone_hidden, backbone_of, shared_pref
 from agentic_rl.models.lora import apply_lora, describe_trainable
 from agentic_rl.models.policy import ModelConfig, make_trainable
 from agentic_rl.models.stage_output import DTYPES, load_base_and_tokenizer
-from agentic_rl.strict_json import write_json
+from agentic_rl.strict_json import read_json, write_json
 
 RM_RECORD = "agentic_rl_rm.json"
 
@@ -92,7 +91,7 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
     folder = Path(folder)
     if not is_reward_model_folder(folder):
         raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
-    meta = json.loads((folder / RM_RECORD).read_text())
+    meta = read_json(folder / RM_RECORD, "restore it, or train the reward model again with `agentic-rl rm`")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if meta.get("lora"):
         from peft import AutoPeftModelForSequenceClassification

@@ -13,13 +13,14 @@ a model name (eval, the trainers, merge, serve) loads through `load_base_and_tok
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentic_rl.strict_json import write_json
+from agentic_rl.errors import quoted
+from agentic_rl.strict_json import read_json, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINAL_DIR = "final"
@@ -27,36 +28,64 @@ STAGE_RECORD = "agentic_rl_model.json"
 
 
 def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
-    """`folder`'s stage record ({"kind", "base"}), or None when it is not a stage's output."""
+    """`folder`'s stage record ({"kind", "base"}), or None when it is not a stage's output.
+    ValueError naming the file when the record is not valid JSON or lacks its two keys."""
     path = Path(folder) / STAGE_RECORD
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    fix = f"restore it, or delete it if '{folder}' is a plain Hugging Face model folder"
+    record = read_json(path, fix)
+    if not (isinstance(record, dict) and record.get("kind") in ("lora", "full") and isinstance(record.get("base"), str)
+            and record["base"]):
+        raise ValueError(f'{path}: a stage record is {{"kind": "lora" | "full", "base": "<model>"}}, got '
+                         f"{quoted(record)}; {fix}")
+    return record
 
 
 def write_stage_record(folder: str | Path, kind: str, base: str) -> None:
     write_json(Path(folder) / STAGE_RECORD, {"kind": kind, "base": base})
 
 
-def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu"):
+def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: tuple[str, ...] = ()):
     """(model, tokenizer, base_name): follows a previous stage's `final/` folder back to its base.
 
     A LoRA `final/` folder is loaded as base + adapters and merged, so the next stage starts
     from the trained weights with fresh adapters (the standard SFT -> RL hand-off).
+    `_chain`: the stage folders already followed, so a record naming itself (or any loop of
+    bases) is an error naming the loop, not a RecursionError.
     """
     from agentic_rl.models import load_model
+    from agentic_rl.models.loader import unloadable_weights
 
     record = read_stage_record(name)
     if record is not None:
+        here = os.path.realpath(name)
+        if here in _chain:
+            loop = " -> ".join([*_chain[_chain.index(here):], here])
+            raise ValueError(f"{Path(_chain[-1]) / STAGE_RECORD}: the stage records' bases form a loop ({loop}); set "
+                             "\"base\" in the record to the model these weights were trained on (e.g. tiny-qwen3, "
+                             "or the previous stage's final/ folder)")
         if record["kind"] == "lora":
             from peft import PeftModel
 
             # "base" is the model these adapters were trained on, itself possibly a stage's
             # final/ folder (SFT -> GRPO): resolve the chain down to real weights.
-            base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device)
-            merged = PeftModel.from_pretrained(base, name).merge_and_unload()
+            base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device, (*_chain, here))
+            _require_adapters(Path(name))
+            with unloadable_weights(name):
+                merged = PeftModel.from_pretrained(base, name).merge_and_unload()
             return merged, tokenizer, root
         return (*load_model(name, dtype=DTYPES[dtype], device=device), record["base"])
     model, tokenizer = load_model(name, dtype=DTYPES[dtype], device=device)
     return model, tokenizer, name
+
+
+def _require_adapters(folder: Path) -> None:
+    """ValueError naming `folder` when its record says LoRA but its adapter files are missing."""
+    missing = [name for name in ("adapter_config.json", "adapter_model.safetensors") if not (folder / name).is_file()]
+    if missing and not (missing == ["adapter_model.safetensors"] and (folder / "adapter_model.bin").is_file()):
+        raise ValueError(f"'{folder}': its {STAGE_RECORD} says LoRA adapters, but {' and '.join(missing)} "
+                         "is missing; copy the stage's final/ folder whole, or rerun the stage")
 
 
 def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: str, accelerator: Any,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from agentic_rl.errors import RunStopped
+from agentic_rl.errors import RunStopped, quoted
 from agentic_rl.rollout.trajectory import Span, Trajectory, TrajectoryBatch
 from agentic_rl.strict_json import loads_strict, write_json
 from agentic_rl.training.grpo_batch import RolloutBatch
@@ -122,9 +123,20 @@ def verify_checkpoint(path: Path) -> str | None:
 def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
     """Restore accelerate's state from `path` and return the trainer state (weights-only loads)."""
     _warn_if_rng_unreadable(path, accelerator.process_index)
-    accelerator.load_state(str(path))  # accelerate loads with weights_only=True
-    with torch.serialization.safe_globals(_STATE_CLASSES):
-        return torch.load(path / "trainer_state.pt", weights_only=True)
+    try:
+        accelerator.load_state(str(path))  # accelerate loads with weights_only=True
+        with torch.serialization.safe_globals(_STATE_CLASSES):
+            return torch.load(path / "trainer_state.pt", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+        # Refused (a pickle that would run code) or not this run's shapes: the check held, but the
+        # user got a raw UnpicklingError/RuntimeError with no file and no way on.
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+        shown = [lines[0], *[line for line in lines[1:] if "mismatch" in line][:1]]  # torch's "size mismatch for w: ..."
+        raise CheckpointError(f"checkpoint {path} cannot be restored ({type(exc).__name__}: "
+                              f"{' '.join(quoted(line) for line in shown)}): it holds "
+                              "something other than this run's weights and state (a crafted or foreign file, or "
+                              f"tensors of another shape). Delete {path} to resume from an older checkpoint, or set "
+                              "train.resume=false (or use another output_dir) to start over") from exc
 
 
 def _warn_if_rng_unreadable(path: Path, rank: int) -> None:
