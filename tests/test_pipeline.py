@@ -57,7 +57,8 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert len(pairs) == 4 * 4
     entry = summary["stages"]["eval_grpo"]["arith-d1"]
     assert entry["n"] == 4 and len(entry["pass@1"]["ci95"]) == 2 and "solved/sometimes" in entry
-    assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "kl_and_length.png"))
+    assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "length_and_variance.png"))
+    assert not (out / "plots" / "kl.png").exists()  # grpo.loss.beta is 0: no reference pass, no KL logged
 
     # A rerun with another SFT config must not pass off these results as its own.
     command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={out}",

@@ -1,22 +1,25 @@
-"""The pipeline report: report.md opens with its verdict (each stage against the one it started
-from, and the RL stage against the compute-matched control, one line each), then a metrics table
-per stage, the paired comparisons in full, summary.json, plus PNG plots. What the run did not
-measure is left out: the sampled columns when every evaluation is greedy only (k = 1), the KL
-panel when no KL was logged (β = 0 skips the reference pass).
+"""The pipeline report: report.md opens with its verdict (one line per compared pair of stages
+and evaluation: each stage against the one it started from, and the RL stage against the
+compute-matched control), then a metrics table per stage, the paired comparisons in full,
+summary.json, plus PNG plots. What the run did not measure is left out: the sampled columns when
+every evaluation is greedy only (k = 1), the KL chart when no KL was logged (β = 0 skips the
+reference pass).
 
     summary.json   per stage and evaluation: n, each accuracy with its 95% interval, the
-                   success histogram; and the paired differences (B − A, 95% CI, McNemar p)
-                   of each stage against the one it started from, and of GRPO against the
-                   compute-matched SFT control
+                   success histogram (k > 1 only); and the paired differences (B − A, 95% CI,
+                   McNemar p) of each stage against the one it started from, and of GRPO against
+                   the compute-matched SFT control
 
-    plots/reward_components.png   GRPO reward per step, one line per component
-    plots/accuracy_by_stage.png   pass@1 of each evaluation at base / SFT / GRPO
-    plots/kl_and_length.png       GRPO KL (when logged), mean completion length and the share of
-                                  groups with reward variance (the groups that carry a gradient) per step
+    plots/reward_components.png    RL reward per step, one line per component
+    plots/accuracy_by_stage.png    pass@1 of each evaluation at base / SFT / GRPO
+    plots/length_and_variance.png  mean completion length and the share of groups with reward
+                                   variance (the groups that carry a gradient) per RL step
+    plots/kl.png                   KL to the reference per RL step, only when it was logged (β > 0)
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft"
 and the RL stage (GRPO or PPO) against the compute-matched control."""
 PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/mean", "rollout/groups_with_variance",
                    "train/groups_with_variance")
-"""The GRPO metrics the plots show; the report defines each under the plots (training/metric_keys.py)."""
+"""The RL metrics the plots show; the report defines each it plotted under the plots (training/metric_keys.py)."""
 
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
@@ -50,13 +53,7 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     lines += _stage_table(results)
     rl_metrics = next((root / name / "metrics.jsonl" for name in ("grpo", "ppo") if (root / name / "metrics.jsonl").exists()), None)
     if rl_metrics is not None:
-        from agentic_rl.training.run_dir import read_metrics
-
-        rows = read_metrics(rl_metrics)
-        _plot_rewards(rows, plots / "reward_components.png")
-        _plot_kl_length(rows, plots / "kl_and_length.png")
-        lines += ["", "![reward components](plots/reward_components.png)", "![KL and length](plots/kl_and_length.png)", ""]
-        lines += [f"- `{key}`: {describe_metric(key)}" for key in PLOTTED_METRICS if key != "loss/kl" or _logged(rows, key)]
+        lines += _rl_plots(rl_metrics, plots)
     if _plot_accuracy(results, plots / "accuracy_by_stage.png"):
         lines += ["![accuracy by stage](plots/accuracy_by_stage.png)"]
     failures = _failures(results)
@@ -113,26 +110,26 @@ def _eval_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+_VERDICT_WORDS = {"B better": "better", "A better": "worse", "within noise": "within noise"}
+"""compare's verdict on B − A (stats.PairedDifference.verdict) as the verdict line says it of B."""
+
+
 def verdict_lines(comparisons: list[dict[str, Any]]) -> list[str]:
-    """The report's opening: one line per compared pair of stages (COMPARISONS order), greedy
-    pass@1 on every evaluation, e.g. "after GRPO against after SFT: new-stories +12.5 points
-    [+6.6, +18.4], better (p < 0.001); seen-stories −2.0 [−10.0, +6.0], within noise"."""
+    """The report's opening: one line per compared pair of stages and evaluation label
+    (COMPARISONS order), on greedy pass@1: both accuracies, B − A with its 95% interval, compare's
+    verdict and the McNemar p, e.g. "after GRPO against after SFT, new-stories: 75.0% against
+    25.0%, +50.0 points [+35.0, +65.0], better (p < 0.001)"."""
     lines = []
     for a, b in COMPARISONS:
-        rows = [row for row in comparisons if row["a"] == a and row["b"] == b and row["metric"] == "pass@1"]
-        if not rows:
-            continue
-        parts = []
-        for row in rows:
-            verdict = {"B better": "better", "A better": "worse"}.get(row["verdict"], "within noise")
+        for row in [row for row in comparisons if row["a"] == a and row["b"] == b and row["metric"] == "pass@1"]:
             p = "" if row["mcnemar_p"] is None else " (p < 0.001)" if row["mcnemar_p"] < 0.001 else f" (p = {row['mcnemar_p']:.3f})"
-            parts.append(f"{row['label']} {100 * row['difference']:+.1f} points [{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], "
-                         f"{verdict}{p}")
-        lines.append(f"- **{_STAGE_NAMES[b]}** against **{_STAGE_NAMES[a]}**: " + "; ".join(parts))
+            lines.append(f"- **{_STAGE_NAMES[b]}** against **{_STAGE_NAMES[a]}**, {row['label']}: "
+                         f"{row['mean_b']:.1%} against {row['mean_a']:.1%}, {100 * row['difference']:+.1f} points "
+                         f"[{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], {_VERDICT_WORDS[row['verdict']]}{p}")
     if not lines:
         return []
-    return ["## Verdict", "", "Greedy pass@1, B − A on the same problems with its 95% paired-bootstrap interval and the "
-            "exact McNemar p; \"within noise\" when the interval contains 0.", ""] + lines + [""]
+    return ["## Verdict", "", "Greedy pass@1 of B against A on the same problems: B − A with its 95% paired-bootstrap interval "
+            "and the exact McNemar p; \"within noise\" when the interval contains 0.", ""] + lines + [""]
 
 
 def _with_ci(metrics: dict[str, Any], key: str) -> str:
@@ -187,31 +184,69 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _logged(rows: list[dict[str, Any]], key: str) -> bool:
-    return any(key in row for row in rows)
+def _rl_plots(metrics_file: Path, plots: Path) -> list[str]:
+    """Draw the RL stage's plots from its metrics.jsonl; returns their report lines, each
+    plotted metric defined below them (only those the run logged)."""
+    from agentic_rl.training.run_dir import read_metrics
+
+    rows = read_metrics(metrics_file)
+    _plot_rewards(rows, plots / "reward_components.png")
+    _plot_length_variance(rows, plots / "length_and_variance.png")
+    lines = ["", "![reward components](plots/reward_components.png)",
+             "![policy tokens and groups with reward variance](plots/length_and_variance.png)"]
+    if _kl_measured(rows):
+        _plot_kl(rows, plots / "kl.png")
+        lines.append("![KL to the reference](plots/kl.png)")
+    else:
+        (plots / "kl.png").unlink(missing_ok=True)  # an earlier report's chart would describe another run
+    lines.append("")
+    logged = [key for key in PLOTTED_METRICS if "{" in key or (_kl_measured(rows) if key == "loss/kl" else _measured(rows, key))]
+    return lines + [f"- `{key}`: {describe_metric(key)}" for key in logged]
 
 
-def _plot_kl_length(rows: list[dict[str, Any]], path: Path) -> None:
-    """KL to the reference (only when logged: with β = 0 there is no reference pass), policy tokens
-    per episode, and the share of groups with reward variance, per RL step."""
+def _measured(rows: list[dict[str, Any]], key: str) -> bool:
+    """Some step logged a finite value of `key` (a non-finite one is logged as null, read as NaN)."""
+    return any(_finite(row.get(key)) for row in rows)
+
+
+def _kl_measured(rows: list[dict[str, Any]]) -> bool:
+    """Some step logged a finite, non-zero KL: with β = 0 there is no reference pass and no
+    loss/kl, and a chart of nulls or zeros would only draw an empty line."""
+    return any(_finite(row.get("loss/kl")) and row["loss/kl"] != 0.0 for row in rows)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _plot_kl(rows: list[dict[str, Any]], path: Path) -> None:
+    """The k3 estimate of KL(π_θ ‖ π_ref) per trained token, per RL step."""
     import matplotlib.pyplot as plt
 
-    with_kl = _logged(rows, "loss/kl")
-    fig, axes = plt.subplots(1, 3 if with_kl else 2, figsize=(11 if with_kl else 7.5, 3.2))
+    fig, ax = plt.subplots(figsize=(4, 3.2))
+    ax.plot([r["step"] for r in rows], [r.get("loss/kl", float("nan")) for r in rows])
+    ax.set_title("KL (k3) to reference")
+    ax.set_xlabel("RL step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_length_variance(rows: list[dict[str, Any]], path: Path) -> None:
+    """Policy tokens per episode, and the share of groups with reward variance, per RL step."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(7.5, 3.2))
     steps = [r["step"] for r in rows]
-    if with_kl:
-        axes[0].plot(steps, [r.get("loss/kl", float("nan")) for r in rows])
-        axes[0].set_title("KL (k3) to reference")
-    middle, right = axes[-2:]
-    middle.plot(steps, [r.get("rollout/completion_tokens/mean", float("nan")) for r in rows])
-    middle.set_title("policy tokens per episode")
+    left.plot(steps, [r.get("rollout/completion_tokens/mean", float("nan")) for r in rows])
+    left.set_title("policy tokens per episode")
     right.plot(steps, [r.get("rollout/groups_with_variance", float("nan")) for r in rows], label="as sampled")
-    if _logged(rows, "train/groups_with_variance"):
+    if _measured(rows, "train/groups_with_variance"):
         right.plot(steps, [r.get("train/groups_with_variance", float("nan")) for r in rows], label="trained")
     right.set_title("groups with reward variance")
     right.set_ylim(0, 1.05)
     right.legend(fontsize=8)
-    for ax in axes:
+    for ax in (left, right):
         ax.set_xlabel("RL step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
