@@ -328,9 +328,11 @@ def test_every_rank_of_a_two_process_launch_imports_the_plugin(tmp_path):
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    command = [str(accelerate), "launch", "--num_processes", "2", "--cpu", "--main_process_port", "0", "-m", "agentic_rl.cli",
+    # --multi_gpu, not --cpu: with --cpu accelerate starts one process; without GPUs the two ranks run on gloo.
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", "-m", "agentic_rl.cli",
                "grpo", "--config", str(config), "--plugin", str(plugin)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.count('{"final": ') == 2, "each rank reads its config (plugin env and reward) and finishes"
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["step"] == 1 and "reward/few_tokens/mean" in row
