@@ -115,18 +115,26 @@ def test_a_plugin_file_registers_its_env_and_tool_for_the_cli(tmp_path):
     assert json.loads(ran.stdout.splitlines()[-1]) == {"tool": "cube", "ok": True, "result": "27"}
 
 
-def _readme_plugin_blocks() -> list[str]:
-    return [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block]
+def _readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"## {title}\n")
+    return text[start:text.index("\n## ", start + 1)]
 
 
-def test_the_readme_example_runs_as_a_plugin_file_through_eval(tmp_path):
-    """The README's env, tool and reward, saved as one file and passed with --plugin, evaluate on
-    tiny-qwen3 with the config keys the README shows (guards against a tutorial that only works in-process)."""
-    plugin = tmp_path / "my_tasks.py"
-    plugin.write_text("\n\n".join(_readme_plugin_blocks()))
-    config = tmp_path / "eval.yaml"
-    config.write_text(f"plugins: [{plugin}]\nenv: {{name: squares, options: {{max_base: 10}}}}\n")
-    done = _cli("eval", "--config", str(config), "--model", "tiny-qwen3", "--n", "2", "--max-turn-tokens", "4", "--max-turns", "1", "--json")
+def test_the_readme_example_runs_as_a_plugin_file_through_the_cli(tmp_path):
+    """The README's env, tool and reward, saved as `my_tasks.py`, listed by the README's command and
+    evaluated on tiny-qwen3 with the README's config (guards against a tutorial that works only
+    in-process, or a plugin config shown in the README that does not load)."""
+    blocks = [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block]
+    (tmp_path / "my_tasks.py").write_text("\n\n".join(blocks))
+    section = _readme_section("Add your own environment")
+    (command,) = [line for line in re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).splitlines() if " envs list " in line]
+    listed = _cli(*command.split()[1:], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "squares" in listed.stdout.splitlines()
+    (tmp_path / "eval.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    done = _cli("eval", "--config", "eval.yaml", "--model", "tiny-qwen3", "--n", "2", "--max-turn-tokens", "4", "--max-turns", "1",
+                "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert (result["env"], result["n"], result["mean_tokens"]) == ("squares", 2, 4.0)

@@ -20,6 +20,9 @@
     agentic-rl config   eval|sft|rm|grpo|ppo|pipeline  (every key, its type, default and meaning)
     agentic-rl metrics                             (every metric key in metrics.jsonl, defined)
 
+Every command that builds envs, tools or rewards takes `--plugin MODULE_OR_FILE` (repeatable): your
+own registrations, imported before the config is read (agentic_rl.plugins).
+
 Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
 """
 
