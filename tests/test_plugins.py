@@ -172,7 +172,6 @@ def test_an_entry_point_that_fails_to_import_stops_naming_it_and_its_distributio
             "ModuleNotFoundError: No module named 'cubes_envs_missing'") in listed.stderr
 
 
-@pytest.mark.e2e
 def test_grpo_trains_on_an_installed_distributions_env_tool_and_reward(tmp_path):
     """A short GRPO run on tiny-qwen3 whose env, tool and reward all come from entry points."""
     _install_distribution(tmp_path / "site")
