@@ -20,6 +20,9 @@
     agentic-rl config   eval|sft|rm|grpo|ppo|pipeline  (every key, its type, default and meaning)
     agentic-rl metrics                             (every metric key in metrics.jsonl, defined)
 
+Every command that builds envs, tools or rewards takes `--plugin MODULE_OR_FILE` (repeatable): your
+own registrations, imported before the config is read (agentic_rl.plugins).
+
 Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
 """
 
@@ -37,6 +40,7 @@ def _print_json(payload: Any) -> None:
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
+    _load_plugin_flags(args)
     from agentic_rl.envs.base import env_options_class, list_envs
     from agentic_rl.config import describe
 
@@ -50,6 +54,7 @@ def _cmd_envs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_envs_oracle(args: argparse.Namespace) -> int:
+    _load_plugin_flags(args)
     from agentic_rl.envs.oracle import run_oracle
 
     options = parse_options(args.option)
@@ -59,6 +64,7 @@ def _cmd_envs_oracle(args: argparse.Namespace) -> int:
 
 
 def _cmd_tools_run(args: argparse.Namespace) -> int:
+    _load_plugin_flags(args)
     from agentic_rl.tools.base import ToolError, get_tool
 
     tool = get_tool(args.tool)
@@ -76,6 +82,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_rewards_list(args: argparse.Namespace) -> int:
+    _load_plugin_flags(args)
     from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters
 
     for name in list_rewards():
@@ -104,7 +111,7 @@ def _load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
 
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
     overrides += [f"env.options.{pair}" for pair in args.option or []]
-    return load_config(cls, args.config, overrides + args.set)
+    return load_config(cls, args.config, overrides + args.set, plugins=args.plugin)
 
 
 def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
@@ -118,6 +125,20 @@ def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, s
                        help=f"{key}: {field_help(cls, key)}".replace("%", "%%"))
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=f"override any key, e.g. {set_example} (repeatable)")
+    _add_plugin_flag(p)
+
+
+def _add_plugin_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="import a module (on PYTHONPATH) or a .py file that registers envs, tools or rewards, "
+                   "before the config is read; appended to the config's `plugins` (repeatable)")
+
+
+def _load_plugin_flags(args: argparse.Namespace) -> None:
+    """--plugin on a command without a config (envs, tools, rewards)."""
+    from agentic_rl.plugins import load_plugins
+
+    load_plugins(args.plugin)
 
 
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
@@ -282,7 +303,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     module, cls_name, fn_path, _ = _CONFIG_COMMANDS[args.command]
     fn_module, _, fn_name = fn_path.rpartition(":")  # "module:function", or a function of `module`
-    cfg = load_config(_config_class(args.command), args.config, args.set)
+    cfg = load_config(_config_class(args.command), args.config, args.set, plugins=args.plugin)
     result = getattr(__import__(fn_module or module, fromlist=[fn_name]), fn_name)(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":
@@ -327,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     envs = sub.add_parser("envs", help="list environments or run the scripted oracle policy").add_subparsers(dest="envs_command", required=True)
     p = envs.add_parser("list", help="list registered environments")
     p.add_argument("-v", "--verbose", action="store_true", help="also list each environment's options")
+    _add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_list)
     p = envs.add_parser("oracle", help="run the oracle policy through the environment API; last line is a JSON summary")
     p.add_argument("env", help="environment name (see `agentic-rl envs list`)")
@@ -334,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "test"], help="task split")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable (e.g. difficulty=3)")
+    _add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_oracle)
 
     tools = sub.add_parser("tools", help="run a tool by hand").add_subparsers(dest="tools_command", required=True)
@@ -342,10 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expression", help="calculator: the expression")
     p.add_argument("--code", help="python: the code to run in the sandbox")
     p.add_argument("--arg", action="append", metavar="KEY=VALUE", help="any other tool argument, repeatable")
+    _add_plugin_flag(p)
     p.set_defaults(func=_cmd_tools_run)
 
     rewards = sub.add_parser("rewards", help="list reward terms").add_subparsers(dest="rewards_command", required=True)
     p = rewards.add_parser("list", help="list registered reward terms and their parameters")
+    _add_plugin_flag(p)
     p.set_defaults(func=_cmd_rewards_list)
 
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
@@ -388,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
         p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
+        _add_plugin_flag(p)
         p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("merge", help="merge LoRA adapters into a standalone HF model directory (transformers, vLLM)")

@@ -56,8 +56,13 @@ RENAMED = {
 """Keys that older configs used, and where they went: named in the unknown-key error."""
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Build `cls` from a YAML file (optional) plus `key.sub=value` overrides, strictly."""
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                plugins: list[str] | None = None) -> T:
+    """Build `cls` from a YAML file (optional) plus `key.sub=value` overrides, strictly.
+
+    `plugins` (the `--plugin` flags) are appended to the config's `plugins` list, and that list is
+    imported (agentic_rl.plugins) before anything else is read: a plugin's env and reward names
+    validate like built-in ones."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -79,7 +84,23 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         _apply_override(data, override)
     if overrides:
         source = f"{source if path is not None else 'config'} with --set {' '.join(map(_shown, overrides))}"
+    _import_plugins(cls, data, plugins or [], source)
     return from_dict(cls, data, prefix="", source=source)
+
+
+def _import_plugins(cls: type, data: dict[str, Any], extra: list[str], source: str) -> None:
+    """Import the config's `plugins` (its own list, then `extra`) before the rest is validated."""
+    from agentic_rl.plugins import load_plugins
+
+    has_plugins = dataclasses.is_dataclass(cls) and any(f.name == "plugins" for f in dataclasses.fields(cls))
+    if extra and not has_plugins:
+        raise ConfigError(f"{cls.__name__} has no plugins key: this command loads no plugins")
+    if not has_plugins:
+        return  # a `plugins` key is then an unknown key, which from_dict names
+    if extra:
+        data["plugins"] = [*_coerce(list[str], data.get("plugins") or [], "plugins", source), *extra]
+    if "plugins" in data:
+        load_plugins(_coerce(list[str], data["plugins"], "plugins", source))
 
 
 class DuplicateKeyError(yaml.YAMLError):

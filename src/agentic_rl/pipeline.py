@@ -40,6 +40,7 @@ from agentic_rl.config import ConfigError
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.strict_json import dumps, read_json, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.ppo_config import PPOConfig
@@ -81,7 +82,7 @@ class ControlConfig:
 
 
 @dataclasses.dataclass
-class PipelineConfig:
+class PipelineConfig(PluginsConfig):
     """`agentic-rl pipeline`: every stage of the seed pipeline, in order."""
 
     model: str = "smollm2-135m-instruct"
@@ -121,6 +122,8 @@ class PipelineConfig:
                 raise ValueError(f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it")
             if stage.train.output_dir != defaults[name].train.output_dir:
                 raise ValueError(f"{name}.train.output_dir is set by the pipeline (output_dir/{name}); remove it")
+            if stage.plugins:
+                raise ValueError(f"{name}.plugins: list plugins at the top level (`plugins:`), where every stage imports them")
         if self.control.enabled and "sft" in self.skip:
             raise ValueError("control.enabled: the control continues the SFT stage's model, so 'sft' cannot be skipped")
         rl = self.rl.algorithm
@@ -190,7 +193,17 @@ def active_stages(cfg: PipelineConfig) -> list[str]:
 
 
 def _run_stage(cfg: PipelineConfig, stage: str) -> None:
-    """Body of one stage's process: run it and write its DONE.json atomically."""
+    """Body of one stage's process: import the plugins, run the stage, write its DONE.json atomically.
+
+    A spawned process starts with none of the parent's imports, so the envs, tools and rewards of
+    `cfg.plugins` are registered again here, before the stage builds its first env."""
+    from agentic_rl.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(cfg.plugins)
+    except PluginError as exc:
+        print(f"error: pipeline stage '{stage}': {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     root = Path(cfg.output_dir)
     models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final"),
               "ppo": str(root / "ppo" / "final"), "control": str(root / "control" / "final")}

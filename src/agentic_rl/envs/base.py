@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
 from agentic_rl.tools.base import Tool
 
 
@@ -90,6 +91,8 @@ class Env:
 
 EnvFactory = Callable[..., Env]
 _REGISTRY: dict[str, tuple[EnvFactory, type | None]] = {}
+_ORIGINS: dict[str, str] = {}
+"""Where each name was registered (module and file), for the error on a second registration."""
 
 
 def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory], EnvFactory]:
@@ -101,8 +104,9 @@ def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory
 
     def decorator(factory: EnvFactory) -> EnvFactory:
         if name in _REGISTRY:
-            raise ValueError(f"environment '{name}' is already registered")
+            raise duplicate_registration("environment", name, _ORIGINS[name], registration_origin(factory))
         _REGISTRY[name] = (factory, options)
+        _ORIGINS[name] = registration_origin(factory)
         return factory
 
     return decorator
@@ -162,4 +166,7 @@ def list_envs() -> list[str]:
 
 
 def _ensure_builtin_envs() -> None:
+    """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
     from agentic_rl.envs import arith, gsm8k, memory, plan, self_correction  # noqa: F401
+
+    load_entry_points("agentic_rl.envs")

@@ -9,6 +9,7 @@ from typing import Literal
 
 from agentic_rl.config import PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 
 
@@ -41,7 +42,7 @@ class EvalConfig:
 
 
 @dataclasses.dataclass
-class EvalCommandConfig(EvalConfig):
+class EvalCommandConfig(EvalConfig, PluginsConfig):
     """`agentic-rl eval`: one evaluation of one model. Flags such as `--n 100` override these keys."""
 
     model: str = ""
@@ -54,7 +55,7 @@ class EvalCommandConfig(EvalConfig):
 
 
 @dataclasses.dataclass
-class AuditConfig:
+class AuditConfig(PluginsConfig):
     """`agentic-rl audit`: checks that training sees what inference sees (evaluation/audit.py)."""
 
     model: str = ""

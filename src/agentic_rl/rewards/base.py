@@ -19,10 +19,13 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Sequence
 
+from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
 from agentic_rl.rollout.trajectory import Trajectory
 
 RewardFn = Callable[..., list[float]]
 _REGISTRY: dict[str, RewardFn] = {}
+_ORIGINS: dict[str, str] = {}
+"""Where each name was registered (module and file), for the error on a second registration."""
 
 
 def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable], Callable]:
@@ -35,7 +38,8 @@ def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable],
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY:
-            raise ValueError(f"reward '{name}' is already registered")
+            raise duplicate_registration("reward", name, _ORIGINS[name], registration_origin(fn))
+        _ORIGINS[name] = registration_origin(fn)
         if per_episode:
             def batched(trajectories: Sequence[Trajectory], **params: Any) -> list[float]:
                 return [float(fn(t, **params)) for t in trajectories]
@@ -115,4 +119,7 @@ class RewardComposer:
 
 
 def _ensure_builtin_rewards() -> None:
+    """The built-in rewards, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
     from agentic_rl.rewards import terms  # noqa: F401
+
+    load_entry_points("agentic_rl.rewards")

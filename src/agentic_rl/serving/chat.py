@@ -25,11 +25,12 @@ from typing import Any, Callable
 from agentic_rl.config import require_model
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.tools.parse import TOOL_CALL_OPEN, parse_tool_calls
 
 @dataclasses.dataclass
-class ChatConfig:
+class ChatConfig(PluginsConfig):
     """`agentic-rl chat`: which agent, which tools, how replies are decoded."""
 
     model: str = ""

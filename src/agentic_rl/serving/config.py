@@ -6,6 +6,7 @@ import dataclasses
 
 from agentic_rl.config import PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 
 
@@ -32,7 +33,7 @@ class HTTPLimits:
 
 
 @dataclasses.dataclass
-class ServeConfig:
+class ServeConfig(PluginsConfig):
     """`agentic-rl serve`: an OpenAI-compatible HTTP server on the rollout engine (serving/server.py)."""
 
     model: str = ""

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 from transformers.utils import get_json_schema
 
+from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
+
 
 class ToolError(Exception):
     """A tool call failed in a way the model should be told about (bad input, limit hit, the
@@ -94,6 +96,8 @@ def _json_type_matches(expected: str | None, value: Any) -> bool:
 
 
 _REGISTRY: dict[str, Callable[[], Tool]] = {}
+_ORIGINS: dict[str, str] = {}
+"""Where each name was registered (module and file), for the error on a second registration."""
 
 
 def register_tool(name: str) -> Callable:
@@ -113,7 +117,8 @@ def register_tool(name: str) -> Callable:
 
     def decorator(fn: Callable) -> Callable:
         if name in _REGISTRY:
-            raise ValueError(f"tool '{name}' is already registered")
+            raise duplicate_registration("tool", name, _ORIGINS[name], registration_origin(fn))
+        _ORIGINS[name] = registration_origin(fn)
         if inspect.isfunction(fn) and fn.__annotations__.get("return") in ("Tool", Tool):
             _REGISTRY[name] = fn
         else:
@@ -131,6 +136,14 @@ def get_tool(name: str) -> Tool:
     return _REGISTRY[name]()
 
 
+def list_tools() -> list[str]:
+    _ensure_builtin_tools()
+    return sorted(_REGISTRY)
+
+
 def _ensure_builtin_tools() -> None:
+    """The built-in tools, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
     # Importing the modules runs their @register_tool decorators.
     from agentic_rl.tools import calculator, python_sandbox  # noqa: F401
+
+    load_entry_points("agentic_rl.tools")

@@ -10,6 +10,7 @@ from typing import Literal
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.config import PositiveInt
 from agentic_rl.models.policy import ModelConfig
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
 from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
 from agentic_rl.training.groups import GuidanceConfig, SelectionConfig
@@ -55,7 +56,7 @@ class AdvantageConfig:
 
 
 @dataclasses.dataclass
-class GRPOConfig:
+class GRPOConfig(PluginsConfig):
     """`agentic-rl grpo`: Group Relative Policy Optimization on agent episodes."""
 
     backend: Literal["agentic_rl", "trl"] = "agentic_rl"

@@ -10,6 +10,7 @@ from typing import Literal
 from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.config import PositiveFloat, PositiveInt
 from agentic_rl.models.policy import ModelConfig
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
 from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
 from agentic_rl.training.groups import SelectionConfig
@@ -49,7 +50,7 @@ class ValueConfig:
 
 
 @dataclasses.dataclass
-class PPOConfig:
+class PPOConfig(PluginsConfig):
     """`agentic-rl ppo`: PPO with a value model and GAE on agent episodes."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

@@ -34,6 +34,7 @@ from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
 from agentic_rl.models.stage_output import FINAL_DIR
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
@@ -67,7 +68,7 @@ class PairsConfig:
 
 
 @dataclasses.dataclass
-class RMConfig:
+class RMConfig(PluginsConfig):
     """`agentic-rl rm`: a Bradley-Terry reward model."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

@@ -21,6 +21,7 @@ import torch
 
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
+from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import save_final
@@ -89,7 +90,7 @@ class SFTBatchConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig:
+class SFTConfig(PluginsConfig):
     """`agentic-rl sft`: supervised fine-tuning on demonstrations."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
