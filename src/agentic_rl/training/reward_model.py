@@ -131,11 +131,11 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
 def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
     from agentic_rl.rollout.factory import build_engine
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
 
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
-    policy, tokenizer, _ = load_base_and_tokenizer(cfg.policy, "float32")
+    policy, tokenizer, _ = load_for_decoding(cfg.policy, cfg.rollout.device, key="pairs.rollout.device")
     engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=len(tasks) * cfg.samples_per_task)
     envs = [cfg.env.make() for _ in range(len(tasks) * cfg.samples_per_task)]
     episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])
