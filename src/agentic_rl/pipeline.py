@@ -127,6 +127,12 @@ class PipelineConfig:
         for name, stage in (("grpo", self.grpo), ("ppo", self.ppo)):
             if stage.reward_model.path or stage.reward_model.weight:
                 raise ValueError(f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
+        thinking = {"sft.enable_thinking": self.sft.enable_thinking, "rm.pairs.rollout.enable_thinking": self.rm.pairs.rollout.enable_thinking,
+                    f"{rl}.rollout.enable_thinking": getattr(self, rl).rollout.enable_thinking,
+                    **{f"evals[{i}].rollout.enable_thinking": e.rollout.enable_thinking for i, e in enumerate(self.evals)}}
+        if len(set(thinking.values())) > 1:
+            raise ValueError("enable_thinking differs between the stages of one model (" + ", ".join(f"{k}={v}" for k, v in thinking.items())
+                             + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each")
         devices = sorted({e.rollout.device for e in self.evals})
         if len(devices) > 1:
             raise ValueError(f"evals[].rollout.device: the evaluations of a stage share one loaded model, so one device, "

@@ -53,7 +53,7 @@ class CheckResult:
 
 def run_audit(model: Any, tokenizer: Any, cfg: AuditConfig) -> list[CheckResult]:
     """Every check, in order. The model is not changed (the weights check works on a copy)."""
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
     results = [check_template(chat_format, cfg)]
     device = next(model.parameters()).device
     dtypes = dict.fromkeys(resolve_rollout_dtype(dtype, device) if dtype == "auto" else dtype for dtype in cfg.dtypes)

@@ -41,6 +41,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "rollout.temperature, top_p, top_k": "temperature, top_p, top_k (0 = off in both)",
     "rollout.backend": "only 'auto'/'hf' (TRL decodes with transformers generate); 'fast' raises",
     "rollout.tool_workers": "only the default (TRL runs tool calls sequentially); other values raise",
+    "rollout.enable_thinking": "chat_template_kwargs.enable_thinking (null: not passed) and our single-turn prompts",
     "rollout.device": "use_cpu = (it resolves to cpu); a built-in or `final/` base is merged there; cuda:N raises",
     "loss.loss_type": "loss_type ('token' -> 'dapo')",
     "loss.scale_rewards": "scale_rewards",
@@ -158,7 +159,7 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     turns = _effective_max_turns(cfg)
     multi_turn = turns > 1
     env = cfg.env.make()
-    chat = ChatFormat(tokenizer)
+    chat = ChatFormat(tokenizer, enable_thinking=r.enable_thinking)
     if multi_turn:
         if not supports_tool_calling(tokenizer):
             raise TRLConfigError(
@@ -217,6 +218,7 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
         bf16=train.mixed_precision == "bf16", fp16=False,
         use_cpu=device.type == "cpu",
         model_init_kwargs={"dtype": cfg.model.dtype},
+        chat_template_kwargs=None if r.enable_thinking is None else {"enable_thinking": r.enable_thinking},
         logging_steps=train.log_every, disable_tqdm=not train.progress,
         report_to="none", disable_dropout=False, log_completions=False,
     )

@@ -56,7 +56,19 @@ class SamplingParams:
 
 
 @dataclasses.dataclass
-class RolloutConfig:
+class TemplateOptions:
+    """How the chat template renders conversations (models/chat_format.py). Every rollout section
+    and `sft` carry it, so demonstrations and episodes render alike."""
+
+    enable_thinking: bool | None = dataclasses.field(default=None, kw_only=True)
+    """The chat template's thinking switch (Qwen3). null: the template's own default (Qwen3:
+    thinking, the model opens `<think>` itself); false: no thinking (Qwen3 writes an empty
+    `<think></think>` block after each generation prompt); true: thinking. A template without
+    the switch (SmolLM2) refuses true/false. Keep it equal across the stages of one model."""
+
+
+@dataclasses.dataclass
+class RolloutConfig(TemplateOptions):
     """Episode limits, sampling and the decode backend."""
 
     max_turn_tokens: PositiveInt = 128

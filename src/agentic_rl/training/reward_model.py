@@ -63,7 +63,8 @@ class PairsConfig:
     max_pairs_per_task: int = 4
     """Most pairs taken from one task."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    """For source=sampled: how attempts are decoded (limits, temperature, backend)."""
+    """For source=sampled: how attempts are decoded (limits, temperature, backend, device); for
+    both sources, enable_thinking renders the pairs."""
 
 
 @dataclasses.dataclass
@@ -110,7 +111,7 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
     env = cfg.env.make()
     tasks = env.tasks(split, n=n_tasks, seed=seed)
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
     if cfg.source == "sampled":
         return _sampled_pairs(cfg, tasks, seed)
     rng = random.Random(seed)
