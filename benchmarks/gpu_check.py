@@ -27,6 +27,10 @@ Sections (each timed; one that fails records its error and the others still run)
                (128 episodes × 2,048 tokens, bf16) and one GRPO micro-batch (16 × 1,024 tokens,
                LoRA r = 32, bf16 weights, forward + backward + AdamW), to replace the README's
                computed figures.
+  evaluation   `agentic-rl eval`'s path with rollout.device auto and rollout.dtype auto: tiny-qwen3
+               loaded by models/device.py `load_for_decoding`, then a short greedy evaluation (arith,
+               16 problems); the device the model sits on (cuda on a GPU machine: the check fails
+               otherwise), the decode precision auto chose there, and the load and eval seconds.
 The last line printed (and --out) is the JSON: {"device", "sections": {name: {...}}, ...}.
 """
 
@@ -217,6 +221,32 @@ def check_memory(model, tokenizer, args) -> dict:
             "train_tokens": tokens, "train_peak_gb": peak_gb, "train_loss": float(loss)}
 
 
+def check_evaluation(model, tokenizer, args) -> dict:
+    """The eval command's device path on this machine (the section's own tiny-qwen3, not `model`)."""
+    from agentic_rl.evaluation.config import EvalConfig
+    from agentic_rl.evaluation.runner import evaluate
+    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.models.precision import resolve_rollout_dtype
+    from agentic_rl.rollout.config import RolloutConfig
+
+    begun = time.perf_counter()
+    policy, policy_tokenizer, _ = load_for_decoding("tiny-qwen3", "auto")
+    device = next(policy.parameters()).device
+    loaded_s = time.perf_counter() - begun
+    cfg = EvalConfig(n=16, batch_size=16,
+                     rollout=RolloutConfig(max_turn_tokens=32, max_turns=2, device="auto", dtype="auto"))
+    begun = time.perf_counter()
+    result = evaluate(policy, policy_tokenizer, cfg, progress=False)
+    _sync(args.device)
+    eval_s = time.perf_counter() - begun
+    print(f"# evaluation: tiny-qwen3 on {device}, decoded in {resolve_rollout_dtype('auto', device)}, "
+          f"{cfg.n} greedy episodes in {eval_s:.2f} s", file=sys.stderr, flush=True)
+    if device.type != args.device:
+        raise RuntimeError(f"rollout.device auto put the model on {device}, expected {args.device}")
+    return {"model_device": str(device), "decode_dtype": resolve_rollout_dtype("auto", device), "problems": result["n"],
+            "pass@1": result["pass@1"], "load_s": loaded_s, "eval_s": eval_s}
+
+
 def _allocated(cuda: bool) -> int:
     if cuda:
         torch.cuda.synchronize()
@@ -229,7 +259,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-SECTIONS = {"correctness": check_correctness, "throughput": check_throughput, "memory": check_memory, "grpo_step": check_grpo_step}
+SECTIONS = {"correctness": check_correctness, "throughput": check_throughput, "evaluation": check_evaluation,
+            "memory": check_memory, "grpo_step": check_grpo_step}
 
 
 def main(argv: list[str] | None = None) -> dict:

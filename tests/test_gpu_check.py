@@ -35,7 +35,7 @@ def report(tmp_path_factory):
 def test_every_section_runs_and_the_run_is_labelled(report):
     """Guards against a section that fails silently on the GPU machine, where a rerun costs minutes."""
     assert (report["device"], report["tiny"]) == ("cpu", True)
-    assert set(report["sections"]) == {"correctness", "throughput", "memory", "grpo_step"}
+    assert set(report["sections"]) == {"correctness", "throughput", "evaluation", "memory", "grpo_step"}
     for name, section in report["sections"].items():
         assert section["ok"], f"{name}: {section.get('error')}\n{section.get('trace')}"
         assert section["seconds"] > 0
@@ -58,3 +58,14 @@ def test_throughput_grpo_and_memory_report_positive_figures(report):
     for setting in ("lora", "full"):
         assert g[f"ours_{setting}_s"] > 0 and 0 < g[f"ours_{setting}_tokens"] <= 8  # at most max_turn_tokens per episode
     assert m["train_loss"] > 0 and m["kv_cache_gb"] is None and m["train_peak_gb"] is None  # CUDA-only figures
+
+
+def test_the_evaluation_runs_where_rollout_device_auto_puts_it(report):
+    """Guards against an eval that decodes on the CPU of a GPU machine (auto -> cuda there; the
+    section itself fails when the model is not on the --device it was run for)."""
+    from agentic_rl.models.precision import resolve_rollout_dtype
+
+    e = report["sections"]["evaluation"]
+    assert (e["model_device"], e["problems"]) == ("cpu", 16)  # CUDA_VISIBLE_DEVICES="": auto -> cpu
+    assert e["decode_dtype"] == resolve_rollout_dtype("auto", "cpu")  # float32 on AVX2, bfloat16 on AVX512/AMX
+    assert e["load_s"] > 0 and e["eval_s"] > 0

@@ -144,19 +144,20 @@ def _load_plugin_flags(args: argparse.Namespace) -> None:
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
     "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.temperature",
     "split": "split", "seed": "seed", "batch_size": "batch_size", "max_turn_tokens": "rollout.max_turn_tokens",
-    "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "label": "label", "out": "out",
+    "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
+    "label": "label", "out": "out",
 }
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.config import EvalCommandConfig
     from agentic_rl.evaluation.runner import evaluate
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
 
     cfg = _load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
     if cfg.out:
         _prepare_out(cfg.out)  # before the evaluation, not after minutes of it
-    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if cfg.out:
         from agentic_rl.strict_json import write_json
@@ -198,15 +199,15 @@ def _prepare_out(out: str, folder: bool = False) -> None:
 
 
 _CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.temperature", "max_turns": "rollout.max_turns",
-               "max_turn_tokens": "rollout.max_turn_tokens"}
+               "max_turn_tokens": "rollout.max_turn_tokens", "device": "rollout.device"}
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
     from agentic_rl.serving.chat import ChatConfig, chat_loop
 
     cfg = _load_flagged(args, _CHAT_FLAGS, ChatConfig)
-    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     tools = [tool.name for tool in cfg.env.make().tools]
     print(f"chatting with {cfg.model}, tools: {', '.join(tools)}; end with Ctrl-D or 'exit'")
 
@@ -226,7 +227,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 _SERVE_FLAGS = {"model": "model", "env": "env.name", "host": "host", "port": "port", "served_name": "served_name",
                 "temperature": "rollout.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
-                "max_batch": "max_batch", "dtype": "rollout.dtype", "backend": "rollout.backend", "seed": "seed"}
+                "max_batch": "max_batch", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
+                "seed": "seed"}
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -239,16 +241,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-_AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance"}
+_AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance",
+                "device": "rollout.device"}
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.audit import format_report, run_audit
     from agentic_rl.evaluation.config import AuditConfig
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
 
     cfg = _load_flagged(args, _AUDIT_FLAGS, AuditConfig)
-    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     results = run_audit(model, tokenizer, cfg)
     print(format_report(results))
     _print_json({"model": cfg.model, "env": cfg.env.name, "passed": all(r.passed for r in results),

@@ -132,6 +132,16 @@ class PipelineConfig(PluginsConfig):
         for name, stage in (("grpo", self.grpo), ("ppo", self.ppo)):
             if stage.reward_model.path or stage.reward_model.weight:
                 raise ValueError(f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
+        thinking = {"sft.enable_thinking": self.sft.enable_thinking, "rm.pairs.rollout.enable_thinking": self.rm.pairs.rollout.enable_thinking,
+                    f"{rl}.rollout.enable_thinking": getattr(self, rl).rollout.enable_thinking,
+                    **{f"evals[{i}].rollout.enable_thinking": e.rollout.enable_thinking for i, e in enumerate(self.evals)}}
+        if len(set(thinking.values())) > 1:
+            raise ValueError("enable_thinking differs between the stages of one model (" + ", ".join(f"{k}={v}" for k, v in thinking.items())
+                             + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each")
+        devices = sorted({e.rollout.device for e in self.evals})
+        if len(devices) > 1:
+            raise ValueError(f"evals[].rollout.device: the evaluations of a stage share one loaded model, so one device, "
+                             f"got {devices}; give every entry the same device")
 
 
 def _log(message: str) -> None:
@@ -151,6 +161,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     from agentic_rl.training.run_record import usable_output_dir
 
     root = usable_output_dir(cfg.output_dir, "output_dir")
+    _check_devices(cfg)
     recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
     context = multiprocessing.get_context("spawn")
@@ -182,6 +193,17 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     report = write_report(root, results, cfg)
     log(f"[pipeline] report: {report}")
     return results
+
+
+def _check_devices(cfg: PipelineConfig) -> None:
+    """Resolve the devices the stages will load models on, so a GPU that is not there stops the run
+    now rather than after the stages before the first one that needs it."""
+    from agentic_rl.models.device import resolve_device
+
+    for index, eval_cfg in enumerate(cfg.evals):
+        resolve_device(eval_cfg.rollout.device, f"evals[{index}].rollout.device")
+    if cfg.rm.pairs.source == "sampled":
+        resolve_device(cfg.rm.pairs.rollout.device, "rm.pairs.rollout.device")
 
 
 def active_stages(cfg: PipelineConfig) -> list[str]:
@@ -271,9 +293,10 @@ def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
     from agentic_rl.evaluation.runner import TRUNCATED, evaluate
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
 
-    model, tokenizer, _ = load_base_and_tokenizer(model_name, "float32")
+    device = evals[0].rollout.device if evals else "auto"  # one device for all: PipelineConfig checks
+    model, tokenizer, _ = load_for_decoding(model_name, device, "evals[0].rollout.device")
     out = {}
     for eval_cfg in evals:
         label = eval_cfg.name

@@ -53,7 +53,7 @@ class CheckResult:
 
 def run_audit(model: Any, tokenizer: Any, cfg: AuditConfig) -> list[CheckResult]:
     """Every check, in order. The model is not changed (the weights check works on a copy)."""
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
     results = [check_template(chat_format, cfg)]
     device = next(model.parameters()).device
     dtypes = dict.fromkeys(resolve_rollout_dtype(dtype, device) if dtype == "auto" else dtype for dtype in cfg.dtypes)
@@ -205,6 +205,7 @@ def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], tem
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = collate([sequence for trajectory in trajectories for sequence in trajectory.sequences()], pad)
+    batch = batch.to(next(model.parameters()).device)  # rollout.device (on the CPU this is a no-op)
     with torch.no_grad():
         logps, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature)
     trained = batch.loss_mask.bool()
@@ -234,7 +235,8 @@ def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResu
     generator = torch.Generator().manual_seed(cfg.seed)
     with torch.no_grad():
         for parameter in trained.parameters():  # one "optimizer step": every weight moves by ~1%
-            parameter.mul_(1.0 + 0.01 * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)  # drawn on the CPU: the same on any device
+            parameter.mul_(1.0 + 0.01 * noise.to(parameter.device))
     version = engine.sync_weights()
     with torch.no_grad():
         after = engine.run([cfg.env.make() for _ in tasks], tasks)

@@ -23,8 +23,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agentic_rl.models.stage_output import FINAL_DIR, write_stage_record
 
 CONFIG_MAPPING: dict[str, str] = {
@@ -43,6 +41,8 @@ CONFIG_MAPPING: dict[str, str] = {
     "rollout.temperature, top_p, top_k": "temperature, top_p, top_k (0 = off in both)",
     "rollout.backend": "only 'auto'/'hf' (TRL decodes with transformers generate); 'fast' raises",
     "rollout.tool_workers": "only the default (TRL runs tool calls sequentially); other values raise",
+    "rollout.enable_thinking": "chat_template_kwargs.enable_thinking (null: not passed) and our single-turn prompts",
+    "rollout.device": "use_cpu = (it resolves to cpu); a built-in or `final/` base is merged there; cuda:N raises",
     "loss.loss_type": "loss_type ('token' -> 'dapo')",
     "loss.scale_rewards": "scale_rewards",
     "loss.epsilon, epsilon_high": "epsilon, epsilon_high",
@@ -63,7 +63,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "train.resume": "resume_from_checkpoint = the newest checkpoint in output_dir, if any",
     "train.mixed_precision": "bf16 (fp16 always off)",
     "train.log_every, progress": "logging_steps, disable_tqdm",
-    "(fixed)": "report_to=none, use_cpu when no GPU, disable_dropout=False (ours keeps dropout), log_completions=False",
+    "(fixed)": "report_to=none, disable_dropout=False (ours keeps dropout), log_completions=False",
 }
 
 
@@ -88,6 +88,9 @@ def _check_unmappable(cfg) -> None:
         errors.append(f"rollout.tool_workers={cfg.rollout.tool_workers}: TRL runs tool calls one after another")
     if cfg.rollout.dtype != "float32":
         errors.append(f"rollout.dtype={cfg.rollout.dtype}: TRL generates with the training weights; use float32")
+    if cfg.rollout.device.startswith("cuda:"):
+        errors.append(f"rollout.device={cfg.rollout.device}: TRL puts the model on accelerate's device, one GPU per process; "
+                      "use auto, cuda or cpu and pick GPUs with CUDA_VISIBLE_DEVICES")
     if cfg.updates_per_batch > 1 and cfg.old_logprobs == "sampling":
         errors.append("old_logprobs=sampling with updates_per_batch > 1: TRL re-scores pi_old with a forward pass; "
                       "set old_logprobs: recompute")
@@ -103,7 +106,8 @@ def _effective_max_turns(cfg) -> int:
 def _model_source(cfg, output_dir: Path) -> tuple[str, Any, str]:
     """(path TRL loads, tokenizer, base_name). Built-ins without a folder and `final/` folders are saved first."""
     from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
-    from agentic_rl.models.stage_output import load_base_and_tokenizer, read_stage_record
+    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.models.stage_output import read_stage_record
 
     name = cfg.model.name
     if name != TINY_QWEN3 and read_stage_record(name) is None:
@@ -111,7 +115,7 @@ def _model_source(cfg, output_dir: Path) -> tuple[str, Any, str]:
 
         path = resolve_model_path(name)
         return path, AutoTokenizer.from_pretrained(path), name
-    model, tokenizer, base_name = load_base_and_tokenizer(name, "float32")
+    model, tokenizer, base_name = load_for_decoding(name, cfg.rollout.device)  # merged there, saved for TRL to load
     target = output_dir / "base_model"
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
@@ -133,9 +137,11 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
 
     from agentic_rl.integrations.trl_adapters import make_trl_dataset, make_trl_environment_factory, make_trl_reward_funcs
     from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.models.device import resolve_device
 
     _check_unmappable(cfg)
     r, loss, optim, train = cfg.rollout, cfg.loss, cfg.optim, cfg.train
+    device = resolve_device(r.device)  # a missing GPU stops here, before any model loads
     output_dir = Path(train.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path, tokenizer, base_name = _model_source(cfg, output_dir)
@@ -153,7 +159,7 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     turns = _effective_max_turns(cfg)
     multi_turn = turns > 1
     env = cfg.env.make()
-    chat = ChatFormat(tokenizer)
+    chat = ChatFormat(tokenizer, enable_thinking=r.enable_thinking)
     if multi_turn:
         if not supports_tool_calling(tokenizer):
             raise TRLConfigError(
@@ -210,8 +216,9 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
         save_strategy="steps" if train.checkpoint_every else "no",
         save_steps=train.checkpoint_every or 500, save_total_limit=train.keep_checkpoints,
         bf16=train.mixed_precision == "bf16", fp16=False,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=device.type == "cpu",
         model_init_kwargs={"dtype": cfg.model.dtype},
+        chat_template_kwargs=None if r.enable_thinking is None else {"enable_thinking": r.enable_thinking},
         logging_steps=train.log_every, disable_tqdm=not train.progress,
         report_to="none", disable_dropout=False, log_completions=False,
     )

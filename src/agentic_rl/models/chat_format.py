@@ -47,8 +47,16 @@ and shown in tests/test_chat_format.py):
     `<think>\\n\\n</think>\\n\\n` block, which the model never generated.
   * A template renders `<|im_end|>\\n` after the final assistant message; an episode that ends
     on a generated `<|im_end|>` has no trailing newline.
+  * With enable_thinking=false, Qwen3 writes an empty `<think>\n\n</think>\n\n` after every
+    generation prompt, which the policy's turn follows, but drops it from assistant turns it
+    re-renders (they have no reasoning). The episode keeps it: the policy saw it.
 These affect re-rendering only. The engine never re-renders earlier turns, so its prefixes are
 always exactly what the policy saw.
+
+Thinking models (`enable_thinking`, the `rollout.enable_thinking` / `sft.enable_thinking` setting):
+None leaves the template's own default (Qwen3: thinking on, the model opens `<think>` itself);
+true/false is passed to every rendering as the template variable `enable_thinking`. A template
+without that switch refuses a set value (ChatFormatError) rather than ignore it.
 
 Tools for templates without tool support (SmolLM2's plain ChatML; detected by the absence of
 "tools" in the template source), one fixed rendering that SFT teaches:
@@ -99,10 +107,16 @@ class ChatFormatError(ValueError):
 class ChatFormat:
     """Renders prompts and observations to token ids for one tokenizer (see module docstring)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, end_of_turn: str = "<|im_end|>") -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, end_of_turn: str = "<|im_end|>",
+                 enable_thinking: bool | None = None) -> None:
         if tokenizer.chat_template is None:
             raise ChatFormatError("the tokenizer has no chat template; ChatFormat needs one to render turns")
+        if enable_thinking is not None and "enable_thinking" not in str(tokenizer.chat_template):
+            raise ChatFormatError(f"enable_thinking={str(enable_thinking).lower()}, but this tokenizer's chat template has no "
+                                  "enable_thinking switch, so the setting would be ignored; leave enable_thinking unset (null)")
         self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
+        """The template's `enable_thinking` variable (None: not passed, the template's default)."""
         self.end_of_turn = end_of_turn
         """The text the template writes after an assistant turn's content (ChatML: <|im_end|>)."""
         end_ids = tokenizer.convert_tokens_to_ids([end_of_turn])
@@ -124,10 +138,13 @@ class ChatFormat:
         except DataTokensError as exc:
             raise ChatFormatError(str(exc)) from None
         self._check_end_of_turn_follows_assistant()
+        self.generation_suffix: str = self._generation_suffix()
+        """Text this setting adds to a generation prompt that the template drops when it re-renders
+        the turn (Qwen3, enable_thinking=false: the empty think block); "" otherwise."""
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> "ChatFormat":
-        return cls(tokenizer)
+    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, enable_thinking: bool | None = None) -> "ChatFormat":
+        return cls(tokenizer, enable_thinking=enable_thinking)
 
     # ------------------------------------------------------------------ rendering
 
@@ -140,8 +157,9 @@ class ChatFormat:
         if not self.supports_tools:
             messages = _inject_tools_hermes(_tool_messages_as_user(messages), tools)
             tools = None
+        options = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **options
         )
 
     def render_pieces(
@@ -221,13 +239,16 @@ class ChatFormat:
             add_generation_prompt=True,
         )
         after = "".join(text for text, _ in after_pieces)
-        if not after.startswith(before + placeholder):
+        # The re-render writes the turn's opening without the generation suffix the policy saw
+        # (an empty think block), so the prefix is the prompt less that suffix.
+        opened = before.removesuffix(self.generation_suffix) if self.generation_suffix else before
+        if not (before.endswith(self.generation_suffix) and after.startswith(opened + placeholder)):
             raise ChatFormatError(
                 "the chat template does not preserve the rendered prefix when an assistant turn and an "
                 "observation are appended, so observations cannot be rendered incrementally. Prefix:\n"
-                f"{before[-200:]!r}\nre-rendered:\n{after[max(0, len(before) - 200):len(before) + 60]!r}"
+                f"{before[-200:]!r}\nre-rendered:\n{after[max(0, len(opened) - 200):len(opened) + 60]!r}"
             )
-        start = len(before) + len(placeholder)
+        start = len(opened) + len(placeholder)
         if not after[start:].startswith(self.end_of_turn):
             raise ChatFormatError(f"expected the template to close the assistant turn with {self.end_of_turn!r}, got {after[start:start + 40]!r}")
         if assistant_text.endswith(self.end_of_turn):
@@ -252,6 +273,19 @@ class ChatFormat:
     def decode_turn(self, turn_ids: Sequence[int]) -> str:
         """The turn's text with special tokens kept (for env.step, messages and logs)."""
         return self.tokenizer.decode(list(turn_ids), skip_special_tokens=False)
+
+    def _generation_suffix(self) -> str:
+        """What this enable_thinking adds to the template's default generation prompt ("" for None
+        or where it adds nothing); ChatFormatError where it changes the prompt otherwise."""
+        if self.enable_thinking is None:
+            return ""
+        probe = [{"role": "user", "content": "q"}]
+        default = self.tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+        prompt = self.render(probe, add_generation_prompt=True)
+        if not prompt.startswith(default):
+            raise ChatFormatError(f"enable_thinking={str(self.enable_thinking).lower()} rewrites the template's generation "
+                                  f"prompt ({default[-40:]!r} -> {prompt[-40:]!r}) instead of adding to it; not supported")
+        return prompt[len(default):]
 
     def _check_end_of_turn_follows_assistant(self) -> None:
         probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _ASSISTANT_PLACEHOLDER.format(index=0)}]

@@ -10,12 +10,21 @@ decode at once is the caller's (a GRPO batch, an evaluation's batch_size), not a
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal
 
 from agentic_rl.config import PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16", "auto"]
+DEVICE_SETTING = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+"""The values `rollout.device` takes; models/device.py `resolve_device` turns one into a torch.device."""
+
+
+def check_device_setting(value: object, key: str = "rollout.device") -> None:
+    """ValueError naming `key` unless `value` is auto, cpu, cuda or cuda:N (torch-free: config time)."""
+    if not (isinstance(value, str) and DEVICE_SETTING.fullmatch(value)):
+        raise ValueError(f"{key} must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +56,19 @@ class SamplingParams:
 
 
 @dataclasses.dataclass
-class RolloutConfig:
+class TemplateOptions:
+    """How the chat template renders conversations (models/chat_format.py). Every rollout section
+    and `sft` carry it, so demonstrations and episodes render alike."""
+
+    enable_thinking: bool | None = dataclasses.field(default=None, kw_only=True)
+    """The chat template's thinking switch (Qwen3). null: the template's own default (Qwen3:
+    thinking, the model opens `<think>` itself); false: no thinking (Qwen3 writes an empty
+    `<think></think>` block after each generation prompt); true: thinking. A template without
+    the switch (SmolLM2) refuses true/false. Keep it equal across the stages of one model."""
+
+
+@dataclasses.dataclass
+class RolloutConfig(TemplateOptions):
     """Episode limits, sampling and the decode backend."""
 
     max_turn_tokens: PositiveInt = 128
@@ -75,11 +96,17 @@ class RolloutConfig:
     (models/precision.py); the run logs which."""
     tool_workers: PositiveInt = 4
     """Threads running the tool calls of different episodes in parallel."""
+    device: str = "auto"
+    """Where the model decodes: auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N.
+    eval, chat, audit, serve, the pipeline's evals, the RM's sampled pairs and the TRL backend load
+    the model there (models/device.py); dtype's auto rule is then that device's. The trainers
+    (grpo, ppo) decode with the model they train, on accelerate's device, so there it stays auto."""
 
     def __post_init__(self) -> None:
         for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):  # also when built in Python
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        check_device_setting(self.device)
         self.sampling(seed=0)  # SamplingParams' checks, at load time
 
     def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:

@@ -54,7 +54,7 @@ def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, m
     """A ready engine for `model`: `cfg`'s limits, sampling and backend; `max_concurrent` episodes
     decode at once (the backend's slots); `temperature` overrides cfg's (0: greedy)."""
     model.eval()
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.enable_thinking)
     runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
     return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, cfg,
                          cfg.sampling(seed, temperature), tool_workers=cfg.tool_workers)

@@ -205,10 +205,10 @@ def serve(cfg: ServeConfig) -> None:
     """Load the model, start the engine worker and serve until interrupted."""
     import uvicorn
 
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
     from agentic_rl.rollout.factory import build_engine
 
-    model, tokenizer, _ = load_base_and_tokenizer(cfg.model, "float32")
+    model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_batch)
     worker = EngineWorker(engine, cfg.max_batch, cfg.batch_window_ms / 1000)
     agent_tools = [tool.name for tool in cfg.env.make().tools] if cfg.env is not None else None

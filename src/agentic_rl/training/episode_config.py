@@ -76,3 +76,12 @@ def check_old_logprobs(old_logprobs: str, updates_per_batch: int, rollout_dtype:
         raise ValueError(f"rollout.dtype={named} samples with other weights than the trained "
                          f"{model_dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
                          f"or recompute, or rollout.dtype: {model_dtype}")
+
+
+def check_trainer_device(device: str) -> None:
+    """Our trainers decode with the model they train, which accelerate places (the GPU of each
+    process when there is one, else the CPU): a rollout.device other than auto would be ignored."""
+    if device != "auto":
+        raise ValueError(f"rollout.device={device}: the trainer decodes with the model it trains, on accelerate's device "
+                         "(each process's GPU when there is one, else the CPU); leave rollout.device: auto, and pick "
+                         "GPUs with CUDA_VISIBLE_DEVICES (empty: the CPU) or the accelerate launch")

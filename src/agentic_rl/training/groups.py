@@ -106,16 +106,14 @@ class PromptSelector:
         self.outcomes[group.task.id] = (correct + group.correct, total + len(group.rewards))
 
 
-def guide(groups: list[Group], make_env: Callable[[], Any], tokenizer: Any,
+def guide(groups: list[Group], make_env: Callable[[], Any], chat_format: Any,
           composer: Callable[[list[Trajectory]], list[float]], weights_version: int, accelerator: Any) -> int:
     """LUFFY-style guidance (GuidanceConfig): an oracle demonstration replaces the last episode of
     each group with no correct episode, in place. Every process computes the demonstration's
     reward; the process that owns the group's last row (rows are split by stride) also keeps its
     tokens. Returns the number of groups guided."""
-    from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import oracle_demos
 
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
     guided = 0
     for group in groups:
         if group.correct > 0:

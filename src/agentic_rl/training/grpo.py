@@ -77,7 +77,7 @@ class GRPOObjective(EpisodeObjective):
     # ---------------------------------------------------------------- batch: rollouts -> advantages
 
     def _after_draw(self, groups: list[Group]) -> dict[str, float]:
-        guided = guide(groups, self.make_env, self.tokenizer, self.composer, self.engine.weights_version,
+        guided = guide(groups, self.make_env, self.engine.chat_format, self.composer, self.engine.weights_version,
                        self.accelerator) if self.cfg.guidance.enabled else 0
         return {"train/guided_groups": float(guided)}
 

@@ -12,7 +12,7 @@ from agentic_rl.config import PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs, check_trainer_device
 from agentic_rl.training.groups import GuidanceConfig, SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -102,6 +102,8 @@ class GRPOConfig(PluginsConfig):
         if self.updates_per_batch < 1 or self.micro_batch_size < 1:
             raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
+        if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
+            check_trainer_device(self.rollout.device)
         discounted = [spec.params["gamma"] for spec in self.rewards if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0]
         if self.advantage.gamma != 1.0 and discounted:
             raise ValueError(

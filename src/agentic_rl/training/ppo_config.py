@@ -12,7 +12,7 @@ from agentic_rl.config import PositiveFloat, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs
+from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs, check_trainer_device
 from agentic_rl.training.groups import SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -86,3 +86,4 @@ class PPOConfig(PluginsConfig):
         if self.selection.dynamic_sampling and self.rollout.group_size < 2:
             raise ValueError("selection.dynamic_sampling keeps groups whose rewards differ, which needs rollout.group_size >= 2")
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
+        check_trainer_device(self.rollout.device)

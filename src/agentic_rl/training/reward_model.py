@@ -64,7 +64,8 @@ class PairsConfig:
     max_pairs_per_task: int = 4
     """Most pairs taken from one task."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    """For source=sampled: how attempts are decoded (limits, temperature, backend)."""
+    """For source=sampled: how attempts are decoded (limits, temperature, backend, device); for
+    both sources, enable_thinking renders the pairs."""
 
 
 @dataclasses.dataclass
@@ -111,7 +112,7 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
     env = cfg.env.make()
     tasks = env.tasks(split, n=n_tasks, seed=seed)
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
     if cfg.source == "sampled":
         return _sampled_pairs(cfg, tasks, seed)
     rng = random.Random(seed)
@@ -132,11 +133,11 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
 
 def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
     from agentic_rl.rollout.factory import build_engine
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
+    from agentic_rl.models.device import load_for_decoding
 
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
-    policy, tokenizer, _ = load_base_and_tokenizer(cfg.policy, "float32")
+    policy, tokenizer, _ = load_for_decoding(cfg.policy, cfg.rollout.device, key="pairs.rollout.device")
     engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=len(tasks) * cfg.samples_per_task)
     envs = [cfg.env.make() for _ in range(len(tasks) * cfg.samples_per_task)]
     episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])

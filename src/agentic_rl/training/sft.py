@@ -22,6 +22,7 @@ import torch
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
+from agentic_rl.rollout.config import TemplateOptions
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import save_final
@@ -90,8 +91,8 @@ class SFTBatchConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig(PluginsConfig):
-    """`agentic-rl sft`: supervised fine-tuning on demonstrations."""
+class SFTConfig(PluginsConfig, TemplateOptions):
+    """`agentic-rl sft`: supervised fine-tuning on demonstrations (enable_thinking: how they render)."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The model and its adapters."""
@@ -105,13 +106,15 @@ class SFTConfig(PluginsConfig):
     """Loop, output and checkpoints."""
 
 
-def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print, context: int | None = None) -> list[Trajectory]:
+def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print, context: int | None = None,
+                enable_thinking: bool | None = None) -> list[Trajectory]:
     """Every source's demonstrations, in order. context: the model's max_position_embeddings (None:
-    unknown); no demonstration may be longer than it or than its source's max_tokens."""
+    unknown); no demonstration may be longer than it or than its source's max_tokens.
+    enable_thinking: the chat template's switch (TemplateOptions), as the rollouts render."""
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import cap_repeats, check_length, demo_sequences, load_jsonl_demos, oracle_demos
 
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    chat_format = ChatFormat.for_tokenizer(tokenizer, enable_thinking)
     demos: list[Trajectory] = []
     for number, source in enumerate(sources):
         limit, limit_name = context, f"the model's context, max_position_embeddings={context}"
@@ -200,7 +203,8 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
         return run_dir.finished
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     if demos is None:
-        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print, context=context_length(policy))
+        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print, context=context_length(policy),
+                            enable_thinking=cfg.enable_thinking)
     if len(demos) < cfg.batch.batch_size:
         raise ValueError(f"{len(demos)} demonstrations cannot fill batch.batch_size={cfg.batch.batch_size}; add demonstrations or lower it")
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
