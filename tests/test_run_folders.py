@@ -74,6 +74,19 @@ def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_c
     assert _fingerprints(run_copy) == before  # config.yaml, metrics, checkpoints and final/ untouched
 
 
+def test_a_setting_newer_than_the_record_differs_only_when_set_away_from_its_default(run_copy, no_model_loading, capsys):
+    """Guards against every run folder made before a new setting existed (`plugins`, `enable_thinking`)
+    refusing to resume as "made with another config", when the setting at its default is what that
+    run had in effect; set to another value, it is a difference like any other."""
+    record = json.loads((run_copy / "run.json").read_text())
+    del record["config"]["plugins"], record["config"]["enable_thinking"]  # as a run of an older version records it
+    (run_copy / "run.json").write_text(json.dumps(record))
+    train_sft(_sft_cfg(run_copy))  # the same run, finished: no differing key
+    assert f"the run in {run_copy} finished at step 2; nothing to train" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"Differing keys:\n  enable_thinking: \(absent\) \(recorded\) -> false \(now\)\nSet"):
+        train_sft(_sft_cfg(run_copy, "enable_thinking=false"))
+
+
 @pytest.mark.parametrize("backend", ["agentic_rl", "trl"])
 def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading, monkeypatch, backend):
     """Guards against `grpo` resuming an `sft` folder's checkpoint and mixing both runs in one

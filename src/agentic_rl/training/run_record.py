@@ -83,7 +83,7 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
     config = _json_ready(cfg)
     finished = None
     if cfg.train.resume:
-        finished = _check_previous(folder, command, config, cfg.train.steps)
+        finished = _check_previous(folder, command, config, cfg.train.steps, defaults=_json_ready(type(cfg)()))
     process.wait_for_everyone()  # every rank has read the old record before the main one replaces it
     if finished is not None:
         process.print(f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
@@ -98,15 +98,17 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
                   record={"command": command, "config": config})
 
 
-def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: int) -> dict[str, Any] | None:
-    """Raise if `folder` holds another run; the finished record if it holds this one, finished."""
+def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: int,
+                    defaults: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Raise if `folder` holds another run; the finished record if it holds this one, finished.
+    `defaults`: the command's default config, for keys newer than the record (see `differing_keys`)."""
     record = _read_record(folder)
     if record is not None and record["command"] not in (None, command):
         raise RunFolderError(
             f"train.output_dir={folder} holds a `{record['command']}` run ({folder / RECORD}); `{command}` cannot "
             f"resume it. Choose another train.output_dir, or set train.resume=false to delete that run and start over there.")
     if record is not None:
-        differing = differing_keys(record["config"], config)
+        differing = differing_keys(record["config"], config, defaults)
         if differing:
             lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
             if len(differing) > _SHOWN:
@@ -129,12 +131,18 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
     return finished if final is None or Path(final).exists() else None  # final/ deleted: resume re-exports it
 
 
-def differing_keys(recorded: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(dotted key, recorded value, current value) for each key that differs, outside RESUMABLE_KEYS."""
-    old, new = _flatten(recorded), _flatten(now)
+def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
+                   defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """(dotted key, recorded value, current value) for each key that differs, outside RESUMABLE_KEYS.
+
+    A key the record lacks whose current value is its default in `defaults` is no difference: it is
+    a setting added to the toolkit after that run was made (e.g. `plugins`, `rollout.device`), at the
+    value the run had in effect. Set to anything else, it differs."""
+    old, new, default = _flatten(recorded), _flatten(now), _flatten(defaults or {})
     missing = object()
     return [(key, old.get(key, "(absent)"), new.get(key, "(absent)")) for key in sorted(set(old) | set(new))
-            if key not in RESUMABLE_KEYS and old.get(key, missing) != new.get(key, missing)]
+            if key not in RESUMABLE_KEYS and old.get(key, missing) != new.get(key, missing)
+            and not (key not in old and key in default and new.get(key, missing) == default[key])]
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:
