@@ -47,3 +47,13 @@ def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
     traj = Trajectory([1, 2, 3], [0, 1, 1], [0.0] * 3, [Span("prompt", 0, 1), Span("policy", 1, 3)], info={"correct": True})
     composer = RewardComposer([RewardSpec("accuracy"), RewardSpec("short_and_right", weight=0.5, params={"budget": 150})])
     assert composer([traj]) == [1.5]
+
+
+def test_readme_is_a_users_document_short_and_free_of_lab_labels():
+    """Guards against the README growing back into a lab notebook: measurements and their history
+    belong in EXPERIMENTS.md and BENCHMARKS.md; a user cannot use internal work labels or dates."""
+    text = README.read_text()
+    assert len(text.encode()) < 16_000, f"README.md is {len(text.encode())} bytes; move measurements to EXPERIMENTS.md"
+    for label in ("issue ", "Issue ", "session ", "Session ", "work item"):
+        assert label not in text, f"README.md names an internal label {label!r}: {text[text.index(label) - 60:text.index(label) + 40]!r}"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "README.md carries a date; dated results go to EXPERIMENTS.md"
