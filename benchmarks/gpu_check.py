@@ -25,8 +25,8 @@ Sections (each timed; one that fails records its error and the others still run)
                CUDA, β = 0.04), after one unmeasured warm-up step on each side.
   memory       peak GPU memory of configs/gsm8k-qwen3-0.6b.yaml's shapes: the rollout KV cache
                (128 episodes × 2,048 tokens, bf16) and one GRPO micro-batch (16 × 1,024 tokens,
-               LoRA r = 32, bf16 weights, forward + backward + AdamW), to replace the README's
-               computed figures.
+               LoRA r = 32, bf16 weights, forward + backward + AdamW), to replace the
+               computed figures (EXPERIMENTS.md, "Qwen3-0.6B on GSM8K").
   evaluation   `agentic-rl eval`'s path with rollout.device auto and rollout.dtype auto: tiny-qwen3
                loaded by models/device.py `load_for_decoding`, then a short greedy evaluation (arith,
                16 problems); the device the model sits on (cuda on a GPU machine: the check fails

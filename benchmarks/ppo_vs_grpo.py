@@ -3,8 +3,7 @@ parameters each trainer holds, GRPO against PPO with a shared or a separate valu
 
     .venv/bin/python benchmarks/ppo_vs_grpo.py [--model runs/x2/sft/final] [--steps 2] [--rounds 2]
 
-Every variant trains from the same SFT adapters with the settings of the accuracy runs (README,
-EXPERIMENTS.md): configs/experiments/demo-grpo.yaml and demo-ppo.yaml, 32 episodes per step of
+Every variant trains from the same SFT adapters with the settings of the accuracy runs (EXPERIMENTS.md): configs/experiments/demo-grpo.yaml and demo-ppo.yaml, 32 episodes per step of
 two-step `arith` problems on the new story templates, bf16 rollouts and autocast, 2 CPU cores.
   grpo          8 prompts × G = 8, dynamic sampling (up to one extra rollout round), β = 0
   ppo-shared    32 prompts × 1, a value head on the policy's LoRA trunk

@@ -1,9 +1,18 @@
-"""The README's tutorial code runs as written: a custom environment, tool and reward."""
+"""The README's code runs as written: the tutorial's environment, tool and reward, its entry-point
+table, its reward config, and every command line of its shell blocks (parsed and its config
+validated as the CLI would, without the minutes of running it). The `openai` client block runs in
+tests/test_serve.py against a server, the plugin section's commands in tests/test_plugins.py."""
 
+import json
+import os
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 
 def _python_blocks() -> list[str]:
@@ -47,3 +56,104 @@ def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
     traj = Trajectory([1, 2, 3], [0, 1, 1], [0.0] * 3, [Span("prompt", 0, 1), Span("policy", 1, 3)], info={"correct": True})
     composer = RewardComposer([RewardSpec("accuracy"), RewardSpec("short_and_right", weight=0.5, params={"budget": 150})])
     assert composer([traj]) == [1.5]
+
+
+def test_readme_is_a_users_document_short_and_free_of_lab_labels():
+    """Guards against the README growing back into a lab notebook: measurements and their history
+    belong in EXPERIMENTS.md and BENCHMARKS.md; a user cannot use internal work labels or dates."""
+    text = README.read_text()
+    assert len(text.encode()) < 16_000, f"README.md is {len(text.encode())} bytes; move measurements to EXPERIMENTS.md"
+    for label in ("issue ", "Issue ", "session ", "Session ", "work item"):
+        assert label not in text, f"README.md names an internal label {label!r}: {text[text.index(label) - 60:text.index(label) + 40]!r}"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "README.md carries a date; dated results go to EXPERIMENTS.md"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.DOTALL)
+
+
+def _run_python(code: str, *args: str, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (a plugin registers its names once per process)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([str(pythonpath)] if pythonpath else []), str(REPO / "src")])}
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+# Checks one README command line as the CLI would read it: argparse, then the command's config
+# (file, flags, --set, --plugin) through the one loader; `envs`, `tools` and `rewards` run.
+_CHECK_COMMANDS = """
+import json, shlex, sys
+from agentic_rl import cli
+from agentic_rl.config import load_config
+
+FLAGS = {"eval": cli._EVAL_FLAGS, "chat": cli._CHAT_FLAGS, "serve": cli._SERVE_FLAGS, "audit": cli._AUDIT_FLAGS}
+checked = []
+for line in json.loads(sys.argv[1]):
+    argv = shlex.split(line)
+    args = cli.build_parser().parse_args(argv)
+    if args.command in cli._CONFIG_COMMANDS:
+        load_config(cli._config_class(args.command), args.config, args.set, plugins=args.plugin)
+    elif args.command in FLAGS:
+        cli._load_flagged(args, FLAGS[args.command], cli._config_class(args.command))
+    elif args.command in ("envs", "tools", "rewards"):
+        assert cli.main(argv) == 0, line
+    checked.append(args.command)
+print(json.dumps(checked))
+"""
+
+
+def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_validates(tmp_path):
+    """Guards against a README command with a flag, config file, key or value the CLI no longer
+    takes (each would stop a user's first try)."""
+    makefile = (REPO / "Makefile").read_text()
+    (tmp_path / "my_tasks.py").write_text("\n\n".join(_python_blocks()))
+    (tmp_path / "configs").symlink_to(REPO / "configs")  # the README's paths are relative to the checkout
+    lines, launched = [], 0
+    for block in _blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("make "):
+                assert re.search(rf"^{line.split()[1]}:", makefile, re.M), f"no make target for {line!r}"
+            elif line.startswith("accelerate launch "):
+                config_file = re.search(r"--config_file (\S+)", line)
+                assert config_file is None or (REPO / config_file.group(1)).is_file(), line
+                lines.append(line.split(" -m agentic_rl.cli ", 1)[1])
+                launched += 1
+            else:
+                assert line.startswith("agentic-rl "), f"a README shell line this test does not know: {line!r}"
+                lines.append(line.removeprefix("agentic-rl "))
+    done = _run_python(_CHECK_COMMANDS, json.dumps(lines), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checked = json.loads(done.stdout.splitlines()[-1])
+    assert launched == 4 and sorted(set(checked)) == ["envs", "grpo", "serve", "sft"], checked
+
+
+def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tmp_path):
+    """The entry-point table, installed as pip would leave it, registers the tutorial's reward (the
+    `rewards:` YAML then validates as a GRPO config), env and tool with no setting (guards against a
+    table that names only the env's group: each registry imports only its own group)."""
+    (rewards,) = [block for block in _blocks("yaml") if block.startswith("rewards:")]
+    (tmp_path / "rewards.yaml").write_text(rewards)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "my_tasks.py").write_text("\n\n".join(_python_blocks()))
+    (table,) = _blocks("toml")
+    groups = tomllib.loads(table)["project"]["entry-points"]
+    assert groups == {"agentic_rl.envs": {"squares": "my_tasks"}, "agentic_rl.tools": {"unit_price": "my_tasks"},
+                      "agentic_rl.rewards": {"short_and_right": "my_tasks"}}
+    info = site / "my_tasks-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-tasks\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("".join(f"[{group}]\n" + "".join(f"{name} = {module}\n" for name, module in entries.items())
+                                                   for group, entries in groups.items()))
+    done = _run_python("from agentic_rl import cli\n"
+                       "from agentic_rl.config import load_config\n"
+                       "from agentic_rl.envs.base import make_env\n"
+                       "cfg = load_config(cli._config_class('grpo'), 'rewards.yaml')\n"
+                       "print([(r.name, r.weight, r.params) for r in cfg.rewards])\n"
+                       "print(type(make_env('squares')).__module__)\n"
+                       "from agentic_rl.tools.base import get_tool\n"
+                       "print(get_tool('unit_price').call({'total': 9.0, 'count': 4}))\n", cwd=tmp_path, pythonpath=site)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["[('accuracy', 1.0, {}), ('short_and_right', 0.5, {'budget': 150})]", "my_tasks", "2.25"]

@@ -23,7 +23,7 @@ def seed_everything(seed: int) -> None:
 def make_accelerator(mixed_precision: str = "no", seed: int = 0):
     """An Accelerator for the launch context (single process, torchrun DDP, DeepSpeed, FSDP).
 
-    configs/accelerate/ holds the FSDP and DeepSpeed ZeRO-2/3 launch configs (README "GPUs")."""
+    configs/accelerate/ holds the FSDP and DeepSpeed ZeRO-2/3 launch configs (README, "GPUs and several processes")."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
