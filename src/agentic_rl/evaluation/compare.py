@@ -20,12 +20,12 @@ mean in the same way: e.g. three PPO seeds against three GRPO seeds, run from th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from agentic_rl.evaluation.runner import compared_metrics, per_problem_scores
 from agentic_rl.evaluation.stats import paired_difference
+from agentic_rl.strict_json import read_json
 
 
 def load_evaluations(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -35,10 +35,7 @@ def load_evaluations(path: str | Path) -> dict[str, dict[str, Any]]:
         path = path / "DONE.json"
     if not path.exists():
         raise ValueError(f"{path}: no such file; give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json")
-    try:
-        payload = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    payload = read_json(path, "give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json")
     if isinstance(payload, dict) and isinstance(payload.get("evals"), dict):
         evaluations = payload["evals"]
     elif isinstance(payload, dict) and "per_task" in payload:
