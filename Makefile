@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_INDEX ?=
 TORCH_FLAGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
-.PHONY: setup setup-dev demo test test-fast clean
+.PHONY: setup setup-dev tour demo test test-fast clean
 
 setup: $(VENV)/.setup-done
 
@@ -27,6 +27,9 @@ setup-dev: $(VENV)/.setup-dev-done
 $(VENV)/.setup-dev-done: $(VENV)/.setup-done
 	$(PIP) install --quiet -e '.[dev]'
 	touch $@
+
+tour: setup
+	$(VENV)/bin/agentic-rl pipeline --config configs/smoke.yaml
 
 demo: setup
 	$(VENV)/bin/agentic-rl pipeline --config configs/demo.yaml

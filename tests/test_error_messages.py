@@ -151,3 +151,13 @@ def test_a_damaged_reward_model_record_names_its_file(tmp_path):
     (tmp_path / RM_RECORD).write_text('{"lora": true')
     with pytest.raises(ValueError, match=rf"{RM_RECORD}: not valid JSON \(line 1 column 14: .*agentic-rl rm"):
         load_trained_reward_model(tmp_path)
+
+
+@pytest.mark.parametrize("batch_size, advice", [(2, "Use batch_size=4."), (10, "Use batch_size=8 or 12.")])
+def test_a_batch_of_broken_groups_is_told_the_nearest_whole_group_sizes(batch_size, advice):
+    """A batch smaller than one group once read "Use batch_size=4 or 4"."""
+    from agentic_rl.training.episode_config import BatchRolloutConfig
+
+    with pytest.raises(ValueError, match=f"rollout.batch_size={batch_size} is not a multiple of rollout.group_size=4") as raised:
+        BatchRolloutConfig(batch_size=batch_size, group_size=4)
+    assert str(raised.value).endswith(advice)

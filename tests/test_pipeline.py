@@ -41,6 +41,9 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert "eval_base: already complete, skipping" in log
     assert "sft: already complete, skipping" in log
     assert "[pipeline] sft: running" not in log and "[pipeline] grpo: running" in log
+    printed = json.loads(log.strip().splitlines()[-1])  # the command ends with each stage's outcome and the report
+    assert printed["report"] == str(out / "report.md") and set(printed["grpo"]) >= {"final", "steps", "train_seconds"}
+    assert not any("inputs" in row or "evals" in row for stage, row in printed.items() if stage != "report")
     for stage, mtime in finished_before.items():
         assert (out / stage / "DONE.json").stat().st_mtime_ns == mtime
     results = json.loads((out / "results.json").read_text())
@@ -158,3 +161,15 @@ def test_the_control_seed_defaults_to_a_batch_order_the_sft_stage_did_not_use():
 
     assert control_seed(load_config(PipelineConfig, CONFIG, overrides=["sft.train.seed=4"])) == 5
     assert control_seed(load_config(PipelineConfig, CONFIG, overrides=["sft.train.seed=4", "control.seed=11"])) == 11
+
+
+def test_the_tour_runs_every_stage_and_its_grpo_uses_the_trained_reward_model():
+    """`make tour` (configs/smoke.yaml) is the first thing a user runs: it must skip no stage, train
+    on the embedded model, and give the reward model a part in GRPO's reward."""
+    from agentic_rl.config import load_config
+    from agentic_rl.pipeline import PipelineConfig
+
+    cfg = load_config(PipelineConfig, Path(__file__).parent.parent / "configs" / "smoke.yaml")
+    assert cfg.skip == [] and cfg.model == "smollm2-135m-instruct" and cfg.use_reward_model > 0
+    assert cfg.rl.algorithm == "grpo" and cfg.grpo.loss.beta == 0.0
+    assert "agentic-rl pipeline --config configs/smoke.yaml" in (Path(__file__).parent.parent / "Makefile").read_text()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -309,8 +310,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(_config_class(args.command), args.config, args.set, plugins=args.plugin)
     result = getattr(__import__(fn_module or module, fromlist=[fn_name]), fn_name)(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
-    if args.command == "pipeline":
-        summary = {stage: {k: v for k, v in r.items() if k != "evals"} for stage, r in result.items()}
+    if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
+        summary = {stage: {k: v for k, v in r.items() if k not in ("evals", "inputs")} for stage, r in result.items()}
+        summary["report"] = str(Path(cfg.output_dir) / "report.md")
     _print_json(summary)
     return 0
 

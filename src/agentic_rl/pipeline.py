@@ -164,7 +164,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     _check_devices(cfg)
     recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
-    context = multiprocessing.get_context("spawn")
+    context = _stage_context(multiprocessing)
     stages = active_stages(cfg)
     started = time.perf_counter()
     for index, stage in enumerate(stages):
@@ -214,11 +214,28 @@ def active_stages(cfg: PipelineConfig) -> list[str]:
             and (cfg.control.enabled or stage not in ("control", "eval_control"))]
 
 
+_PRELOADED = ["torch", "transformers", "peft", "agentic_rl.training.grpo", "agentic_rl.evaluation.runner"]
+"""What every stage imports (~6 s on 2 cores): imported once, by the fork server, not by each stage."""
+
+
+def _stage_context(multiprocessing: Any) -> Any:
+    """The start method of the stage processes: a fork server that has imported torch and the toolkit
+    (but never run a kernel, started a thread pool or touched CUDA), so each stage is a fresh
+    process, whose memory returns to the system when it ends, without paying the imports again.
+    Where there is no fork server (Windows), a plain spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOADED)
+    return context
+
+
 def _run_stage(cfg: PipelineConfig, stage: str) -> None:
     """Body of one stage's process: import the plugins, run the stage, write its DONE.json atomically.
 
-    A spawned process starts with none of the parent's imports, so the envs, tools and rewards of
-    `cfg.plugins` are registered again here, before the stage builds its first env."""
+    A stage process starts with none of the parent's plugins (the fork server imported only the
+    toolkit), so the envs, tools and rewards of `cfg.plugins` are registered here, before the stage
+    builds its first env."""
     from agentic_rl.plugins import PluginError, load_plugins
 
     try:

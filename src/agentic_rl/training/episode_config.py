@@ -40,8 +40,7 @@ class BatchRolloutConfig(RolloutConfig):
                 f"rollout.batch_size={self.batch_size} is not a multiple of rollout.group_size={self.group_size}. "
                 "The G episodes of a prompt stay together in one batch (GRPO compares them with each other: "
                 "advantage = reward − group mean), so a batch is P whole groups: batch_size = prompts × G. "
-                f"Use batch_size={self.group_size * max(1, self.batch_size // self.group_size)} "
-                f"or {self.group_size * (self.batch_size // self.group_size + 1)}."
+                f"Use batch_size={_nearest_multiples(self.batch_size, self.group_size)}."
             )
         if self.temperature <= 0:
             raise ValueError("rollout.temperature must be > 0 for on-policy RL: the policy must sample, and its "
@@ -85,3 +84,9 @@ def check_trainer_device(device: str) -> None:
         raise ValueError(f"rollout.device={device}: the trainer decodes with the model it trains, on accelerate's device "
                          "(each process's GPU when there is one, else the CPU); leave rollout.device: auto, and pick "
                          "GPUs with CUDA_VISIBLE_DEVICES (empty: the CPU) or the accelerate launch")
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    """The multiples of `step` either side of `value` ("8 or 12"), or the smallest one ("4") below it."""
+    below, above = step * (value // step), step * (value // step + 1)
+    return f"{below} or {above}" if below else f"{above}"
