@@ -273,7 +273,8 @@ def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, ca
     from agentic_rl.models.chat_format import ChatFormat
 
     env = make_env("arith", difficulty=1)
-    prompt = min(len(ChatFormat.for_tokenizer(qwen3_tokenizer).prompt_ids(env.reset(task), env.tool_schemas))
+    chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
+    prompt = min(len(chat_format.prompt_ids(env.reset(task), env.tool_schemas))
                  for task in env.tasks("train", n=50, seed=0))  # room for at most 3 tokens in any episode
     cfg = _cfg(tmp_path, f"rollout.max_episode_tokens={prompt + 3}", "rollout.max_turn_tokens=8")
     _, objective, batch = _first_batch(cfg)

@@ -28,7 +28,6 @@ construction, never encoded approximately.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Sequence
 
@@ -62,12 +61,14 @@ class DataSafeEncoder:
         """Every added token id: the ids that data never produces."""
         by_length = sorted(self._added_ids, key=len, reverse=True)  # longest first: leftmost-longest, as the tokenizer
         self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
-        spec = json.loads(tokenizer.backend_tokenizer.to_str())
-        spec["added_tokens"] = []
-        spec["post_processor"] = None
-        spec["padding"] = None  # the backend keeps the padding and truncation of the caller's last batch call
-        spec["truncation"] = None
-        self._plain = Tokenizer.from_str(json.dumps(spec))
+        # The same model (vocabulary and merges, shared, not copied), normalizer and pre-tokenizer, without the
+        # added vocabulary, the post-processor, and the padding and truncation the backend keeps from the caller's
+        # last batch call. Built from its parts: 0.3 ms for Qwen3's 151k vocabulary, against 1.4 s through to_str.
+        backend = tokenizer.backend_tokenizer
+        self._plain = Tokenizer(backend.model)
+        self._plain.normalizer = backend.normalizer
+        self._plain.pre_tokenizer = backend.pre_tokenizer
+        self._plain.decoder = backend.decoder
 
     def plain_ids(self, text: str) -> list[int]:
         """`text` as plain text: normalizer, pre-tokenizer and BPE, never an added token."""
