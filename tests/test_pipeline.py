@@ -173,3 +173,16 @@ def test_the_tour_runs_every_stage_and_its_grpo_uses_the_trained_reward_model():
     assert cfg.skip == [] and cfg.model == "smollm2-135m-instruct" and cfg.use_reward_model > 0
     assert cfg.rl.algorithm == "grpo" and cfg.grpo.loss.beta == 0.0
     assert "agentic-rl pipeline --config configs/smoke.yaml" in (Path(__file__).parent.parent / "Makefile").read_text()
+
+
+def test_the_stage_fork_server_preloads_modules_that_exist():
+    """multiprocessing skips a preload module that fails to import without a word, so a renamed
+    module would quietly cost every stage its imports again (~8 s each on 2 cores)."""
+    import importlib
+    import multiprocessing
+
+    from agentic_rl.pipeline import _PRELOADED, _stage_context
+
+    for name in _PRELOADED:
+        importlib.import_module(name)
+    assert _stage_context(multiprocessing).get_start_method() == "forkserver"
