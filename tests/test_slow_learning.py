@@ -61,13 +61,14 @@ def test_reward_model_separates_heldout_correct_from_corrupted_solutions(tmp_pat
     from agentic_rl.training.reward_model import RMConfig, train_rm
 
     cfg = load_config(RMConfig, None, overrides=[
-        f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=48", "pairs.heldout_tasks=16",
-        "pairs.env.options={difficulty: [1, 2]}", "batch_size=4", "optim.lr=5e-4", "train.steps=6",
+        f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=32", "pairs.heldout_tasks=16",
+        "pairs.env.options={difficulty: 1}", "batch_size=4", "optim.lr=5e-4", "train.steps=4",
         "train.mixed_precision=auto",
         f"train.output_dir={tmp_path / 'rm'}", "train.progress=false",
     ])
     result = train_rm(cfg)
-    assert result["heldout_accuracy"] >= 0.75, result  # measured 1.0 after 6 and 8 steps (fp32, 2026-12-01)
+    # Measured (fp32, 2-core AVX2 CPU, 2026-12-03): 0.75 untrained -> 1.0 after 4 steps, on 16 held-out pairs.
+    assert result["heldout_accuracy"] >= 0.9 and result["heldout_accuracy"] > result["heldout_accuracy_before"], result
 
 
 def test_grpo_raises_the_training_reward_on_one_step_arith(tmp_path):
