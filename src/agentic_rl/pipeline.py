@@ -151,9 +151,9 @@ def _log(message: str) -> None:
 def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
     """Run every stage not yet done, each in a fresh process; write the report; return the results.
 
-    A stage runs in its own spawned process so the memory of its models, optimizer states and
-    KV caches is returned to the system when it ends; one process for all stages grew past
-    20 GB on the demo and was killed by the OOM killer.
+    A stage runs in its own fresh process (see `_stage_context`) so the memory of its models,
+    optimizer states and KV caches is returned to the system when it ends; one process for all
+    stages grew past 20 GB on the demo and was killed by the OOM killer.
     """
     import multiprocessing
 

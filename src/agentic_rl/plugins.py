@@ -10,7 +10,7 @@ Nobody edits `agentic_rl/` to add a task. Two ways in:
 
    `load_config` imports them before it reads the rest of the config, so the plugin's env names,
    env options and reward names validate like built-in ones. The config keeps the list, so every
-   process that builds envs imports them too: each spawned pipeline stage (`pipeline._run_stage`)
+   process that builds envs imports them too: each pipeline stage's process (`pipeline._run_stage`)
    and each rank of `accelerate launch -m agentic_rl.cli ...`, whose command line is the same.
 
 2. Entry points of an installed distribution, in the groups `agentic_rl.envs`, `agentic_rl.tools`
