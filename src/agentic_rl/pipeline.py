@@ -215,7 +215,7 @@ def active_stages(cfg: PipelineConfig) -> list[str]:
 
 
 _PRELOADED = ["torch", "transformers", "peft", "agentic_rl.training.grpo", "agentic_rl.evaluation.runner"]
-"""What every stage imports (~6 s on 2 cores): imported once, by the fork server, not by each stage."""
+"""What every stage imports (~8 s a stage on 2 cores): imported once, by the fork server, not by each stage."""
 
 
 def _stage_context(multiprocessing: Any) -> Any:

@@ -63,7 +63,8 @@ class DataSafeEncoder:
         self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
         # The same model (vocabulary and merges, shared, not copied), normalizer and pre-tokenizer, without the
         # added vocabulary, the post-processor, and the padding and truncation the backend keeps from the caller's
-        # last batch call. Built from its parts: 0.3 ms for Qwen3's 151k vocabulary, against 1.4 s through to_str.
+        # last batch call. Built from its parts in microseconds, against 1.3 s through to_str/from_str for Qwen3's 151k
+        # vocabulary (benchmarks/data_encoder_build.py).
         backend = tokenizer.backend_tokenizer
         self._plain = Tokenizer(backend.model)
         self._plain.normalizer = backend.normalizer

@@ -87,6 +87,6 @@ def check_trainer_device(device: str) -> None:
 
 
 def _nearest_multiples(value: int, step: int) -> str:
-    """The multiples of `step` either side of `value` ("8 or 12"), or the smallest one ("4") below it."""
+    """The multiples of `step` either side of `value` ("8 or 12" for 10 and 4), or `step` alone when `value` is below it."""
     below, above = step * (value // step), step * (value // step + 1)
     return f"{below} or {above}" if below else f"{above}"
