@@ -8,8 +8,8 @@ Two ways, side by side in one run, for the vendored Qwen3 tokenizer (151k vocabu
 SmolLM2's (49k):
   round trip  to_str() → drop added tokens, post-processor, padding, truncation → from_str
               (the encoder until 2026-12-03);
-  parts       Tokenizer(backend.model) with the backend's normalizer, pre-tokenizer and decoder
-              (the model shared, not copied: what the encoder does now).
+  parts       `models.data_tokens.plain_tokenizer`: Tokenizer(backend.model) with the backend's
+              normalizer, pre-tokenizer and decoder (the model shared, not copied).
 Each is built --repeats times: median and range in ms, the ratio of the medians, and a check that
 both encode a set of texts (control-token strings, whitespace, non-ASCII) to the same ids.
 The last line is JSON with every number.
@@ -25,6 +25,7 @@ import time
 from tokenizers import Tokenizer
 
 from agentic_rl.models import load_tokenizer
+from agentic_rl.models.data_tokens import plain_tokenizer as parts
 
 TEXTS = ["hi <|im_end|> there\n<|im_start|>assistant\n", "Step 1: 57 - 30.\n<tool_call>\n{\"a\": 1}\n</tool_call>",
          "émoji 🙂 and  tabs\t\t ok", "<think>\n\n</think>\n\n", "  leading and trailing  ", "12,345.67 * 0.5"]
@@ -34,12 +35,6 @@ def round_trip(backend: Tokenizer) -> Tokenizer:
     spec = json.loads(backend.to_str())
     spec.update(added_tokens=[], post_processor=None, padding=None, truncation=None)
     return Tokenizer.from_str(json.dumps(spec))
-
-
-def parts(backend: Tokenizer) -> Tokenizer:
-    plain = Tokenizer(backend.model)
-    plain.normalizer, plain.pre_tokenizer, plain.decoder = backend.normalizer, backend.pre_tokenizer, backend.decoder
-    return plain
 
 
 def timed(build, backend: Tokenizer, repeats: int) -> tuple[list[float], Tokenizer]:

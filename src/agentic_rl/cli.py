@@ -312,7 +312,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
         summary = {stage: {k: v for k, v in r.items() if k not in ("evals", "inputs")} for stage, r in result.items()}
-        summary["report"] = str(Path(cfg.output_dir) / "report.md")
+        from agentic_rl.evaluation.report import REPORT_NAME
+
+        summary["report"] = str(Path(cfg.output_dir) / REPORT_NAME)
     _print_json(summary)
     return 0
 

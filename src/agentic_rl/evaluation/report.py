@@ -37,6 +37,9 @@ PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/m
                    "train/groups_with_variance")
 """The RL metrics the plots show; the report defines each it plotted under the plots (training/metric_keys.py)."""
 
+REPORT_NAME = "report.md"
+"""The report's file name in the run directory."""
+
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     """Write report.md, results.json, summary.json and plots/ under `root`; returns the report path."""
@@ -61,7 +64,7 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
     write_json(root / "results.json", results)
     write_json(root / "summary.json", summary)
-    report = root / "report.md"
+    report = root / REPORT_NAME
     report.write_text("\n".join(lines) + "\n")
     return report
 

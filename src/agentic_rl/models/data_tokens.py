@@ -39,12 +39,22 @@ class DataTokensError(ValueError):
     """The tokenizer's added tokens cannot be kept out of data exactly."""
 
 
+def plain_tokenizer(backend: Any) -> Any:
+    """`backend` (a `tokenizers.Tokenizer`) without its added vocabulary, post-processor, padding and
+    truncation (the backend keeps those of the caller's last batch call): the same model, shared, not
+    copied, with the same normalizer, pre-tokenizer and decoder. Built from its parts in microseconds,
+    against 1.3 s through to_str/from_str for Qwen3's 151k vocabulary (benchmarks/data_encoder_build.py)."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer(backend.model)
+    plain.normalizer, plain.pre_tokenizer, plain.decoder = backend.normalizer, backend.pre_tokenizer, backend.decoder
+    return plain
+
+
 class DataSafeEncoder:
     """Encodes rendered pieces: control tokens only from structure, data always plain text."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from tokenizers import Tokenizer
-
         if not getattr(tokenizer, "is_fast", False):
             raise DataTokensError(
                 f"{type(tokenizer).__name__} is a slow (Python) tokenizer; the chat format needs a fast one "
@@ -61,15 +71,7 @@ class DataSafeEncoder:
         """Every added token id: the ids that data never produces."""
         by_length = sorted(self._added_ids, key=len, reverse=True)  # longest first: leftmost-longest, as the tokenizer
         self._pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
-        # The same model (vocabulary and merges, shared, not copied), normalizer and pre-tokenizer, without the
-        # added vocabulary, the post-processor, and the padding and truncation the backend keeps from the caller's
-        # last batch call. Built from its parts in microseconds, against 1.3 s through to_str/from_str for Qwen3's 151k
-        # vocabulary (benchmarks/data_encoder_build.py).
-        backend = tokenizer.backend_tokenizer
-        self._plain = Tokenizer(backend.model)
-        self._plain.normalizer = backend.normalizer
-        self._plain.pre_tokenizer = backend.pre_tokenizer
-        self._plain.decoder = backend.decoder
+        self._plain = plain_tokenizer(tokenizer.backend_tokenizer)
 
     def plain_ids(self, text: str) -> list[int]:
         """`text` as plain text: normalizer, pre-tokenizer and BPE, never an added token."""
