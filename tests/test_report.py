@@ -183,3 +183,38 @@ def test_the_sampled_columns_appear_exactly_when_an_evaluation_sampled(tmp_path)
     assert summary["stages"]["eval_sft"]["new"]["solved/sometimes"] == 1
     assert summary["stages"]["eval_sft"]["new"]["pass@4"]["value"] == 0.75
     assert [row["metric"] for row in summary["comparisons"]] == ["pass@1", "sampled_accuracy@T", "pass@4", "maj@4"]
+
+
+def test_accuracy_against_minutes_starts_each_continuation_at_sfts_end(tmp_path):
+    """Guards against a minutes plot that puts GRPO and the control at their own stage times
+    (both start from SFT's model, so their x is SFT's minutes plus theirs) or draws a line for a
+    stage the run did not train. SFT trained 300 s, GRPO 600 s, the control 590 s."""
+    from agentic_rl.evaluation.report import minutes_series
+
+    results = _results()
+    results["sft"]["train_seconds"], results["grpo"]["train_seconds"] = 300.0, 600.0
+    results["control"]["train_seconds"] = 590.0
+    series = minutes_series(results)["new"]
+    assert [(x, y) for x, y, _ in series["SFT"]] == [(5.0, 0.25)]
+    assert [(x, y) for x, y, _ in series["GRPO"]] == [(5.0, 0.25), (15.0, 0.75)]
+    assert [(x, y) for x, y, _ in series["SFT control"]] == [(5.0, 0.25), (5.0 + 590.0 / 60, 0.30)]
+    assert series["GRPO"][1][2] == [0.0, 1.0]  # the evaluation's own interval rides along
+    report = write_report(tmp_path, results, _Cfg()).read_text()
+    assert "![accuracy against training minutes](plots/accuracy_by_minutes.png)" in report
+    assert (tmp_path / "plots" / "accuracy_by_minutes.png").stat().st_size > 0
+
+    del results["control"], results["eval_control"]
+    assert set(minutes_series(results)["new"]) == {"SFT", "GRPO"}
+
+
+def test_an_untimed_run_gets_no_minutes_plot(tmp_path):
+    """Guards against a plot with made-up minutes when the stages recorded no training time, and
+    against a stale plot from an earlier report staying beside the new one."""
+    from agentic_rl.evaluation.report import minutes_series
+
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "accuracy_by_minutes.png").write_bytes(b"stale")
+    report = write_report(tmp_path, _results(), _Cfg()).read_text()
+    assert minutes_series(_results()) == {}
+    assert "accuracy_by_minutes" not in report
+    assert not (tmp_path / "plots" / "accuracy_by_minutes.png").exists()

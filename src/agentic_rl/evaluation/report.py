@@ -12,6 +12,8 @@ reference pass).
 
     plots/reward_components.png    RL reward per step, one line per component
     plots/accuracy_by_stage.png    pass@1 of each evaluation at base / SFT / GRPO
+    plots/accuracy_by_minutes.png  pass@1 of each evaluation against training minutes: SFT, then
+                                   the RL stage and the compute-matched control from SFT's end
     plots/length_and_variance.png  mean completion length and the share of groups with reward
                                    variance (the groups that carry a gradient) per RL step
     plots/kl.png                   KL to the reference per RL step, only when it was logged (β > 0)
@@ -59,6 +61,11 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
         lines += _rl_plots(rl_metrics, plots)
     if _plot_accuracy(results, plots / "accuracy_by_stage.png"):
         lines += ["![accuracy by stage](plots/accuracy_by_stage.png)"]
+    series = minutes_series(results)
+    if plot_minutes(series, plots / "accuracy_by_minutes.png"):
+        lines += ["![accuracy against training minutes](plots/accuracy_by_minutes.png)"]
+    else:
+        (plots / "accuracy_by_minutes.png").unlink(missing_ok=True)  # an earlier report's plot would describe another run
     failures = _failures(results)
     if failures:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
@@ -277,6 +284,63 @@ def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("pass@1 (greedy), 95% CI")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+_TIMED_STAGES = (("grpo", "GRPO"), ("ppo", "PPO"), ("control", "SFT control"))
+"""The stages that continue from SFT's model, each drawn as a line from SFT's point."""
+
+
+def minutes_series(results: dict[str, Any]) -> dict[str, dict[str, list[tuple[float, float, Any]]]]:
+    """{label: {line: [(training minutes, pass@1, 95% interval or None), ...]}}: for each evaluation,
+    SFT's point at its training minutes (after base at 0 when base was evaluated), and one line per
+    stage that continued from SFT (GRPO or PPO, the control) from SFT's point to its own, at SFT's
+    minutes plus its own. Minutes are the stages' `train_seconds` (optimizer steps with their
+    rollouts, no model loading): the budget the control is matched on. Empty without a timed SFT."""
+    sft = results.get("sft") or {}
+    if not sft.get("train_seconds"):
+        return {}
+    sft_minutes = sft["train_seconds"] / 60
+    out: dict[str, dict[str, list[tuple[float, float, Any]]]] = {}
+    for label, sft_metrics in ((results.get("eval_sft") or {}).get("evals") or {}).items():
+        start = [(sft_minutes, sft_metrics["pass@1"], (sft_metrics.get("ci95") or {}).get("pass@1"))]
+        base = ((results.get("eval_base") or {}).get("evals") or {}).get(label)
+        if base is not None:
+            start.insert(0, (0.0, base["pass@1"], (base.get("ci95") or {}).get("pass@1")))
+        lines = {"SFT": start}
+        for stage, name in _TIMED_STAGES:
+            metrics = ((results.get(f"eval_{stage}") or {}).get("evals") or {}).get(label)
+            seconds = (results.get(stage) or {}).get("train_seconds")
+            if metrics is not None and seconds:
+                lines[name] = [start[-1], (sft_minutes + seconds / 60, metrics["pass@1"], (metrics.get("ci95") or {}).get("pass@1"))]
+        out[label] = lines
+    return out
+
+
+def plot_minutes(series: dict[str, dict[str, list[tuple[float, float, Any]]]], path: Path, title: str = "") -> bool:
+    """Draw `minutes_series`' shape (one panel per evaluation, 95% intervals as error bars) to
+    `path`; False, and nothing drawn, when no line continues from SFT."""
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, lines in series.items() if len(lines) > 1]
+    if not labels:
+        return False
+    fig, axes = plt.subplots(1, len(labels), figsize=(4.2 * len(labels), 3.4), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        for name, points in series[label].items():
+            xs, ys = [x for x, _, _ in points], [y for _, y, _ in points]
+            errors = [[y - ci[0] if ci else 0.0 for _, y, ci in points], [ci[1] - y if ci else 0.0 for _, y, ci in points]]
+            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
+        ax.set_title(label)
+        ax.set_xlabel("training minutes")
+        ax.set_ylim(0, 1.02)
+    axes[0][0].set_ylabel("pass@1 (greedy), 95% CI")
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
