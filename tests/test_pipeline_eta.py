@@ -48,3 +48,13 @@ def test_the_progress_line_names_every_stage_left_and_which_cannot_be_estimated_
                     "(sft not estimable yet, eval_sft ~1 min 05 s, grpo not estimable yet, eval_grpo ~1 min 05 s)")
     assert progress_line(cfg, "eval_grpo", 5.0, 999.0, DONE, []) == "[pipeline] eval_grpo: done in 5 s (elapsed 16 min 39 s)"
     assert minutes(59.6) == "1 min 00 s"
+
+
+def test_a_line_with_nothing_estimable_says_so_instead_of_zero_seconds_left():
+    """Guards against "at least 0 s left" after the demo's SFT stage (no evaluation has run yet, so
+    nothing after it can be scaled), which reads as "done" with ~25 minutes to go (session 17's demo)."""
+    cfg = _cfg()
+    line = progress_line(cfg, "sft", 410.0, 414.0, {"sft": {"seconds": 410.0, "train_seconds": 400.0, "steps": 72}},
+                         ["eval_sft", "grpo", "eval_grpo"])
+    assert line == ("[pipeline] sft: done in 6 min 50 s (elapsed 6 min 54 s); time left not estimable yet "
+                    "(eval_sft not estimable yet, grpo not estimable yet, eval_grpo not estimable yet)")

@@ -67,6 +67,8 @@ def progress_line(cfg: Any, stage: str, seconds: float, elapsed: float, done: di
     estimates = {name: estimate_seconds(cfg, name, done) for name in remaining}
     known = {name: value for name, value in estimates.items() if value is not None}
     parts = [f"{name} ~{minutes(value)}" if value is not None else f"{name} not estimable yet" for name, value in estimates.items()]
+    if not known:  # "at least 0 s left" would read as "done"
+        return line + f"; time left not estimable yet ({', '.join(parts)})"
     total = sum(known.values())
     prefix = "about" if len(known) == len(estimates) else "at least"
     return line + f"; {prefix} {minutes(total)} left ({', '.join(parts)})"

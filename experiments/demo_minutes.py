@@ -1,0 +1,76 @@
+"""Held-out accuracy against training minutes for the demo: SFT, then GRPO and the compute-matched
+SFT control from SFT's end, each the mean over its seeds (the README's plot).
+
+    python experiments/demo_minutes.py --pipeline runs/demo \
+        --grpo runs/g1 runs/g1-seen.json runs/g1-new.json --grpo runs/g2 runs/g2-seen.json runs/g2-new.json \
+        --control runs/c2 runs/c2-seen.json runs/c2-new.json --control runs/c3 runs/c3-seen.json runs/c3-new.json \
+        --out experiments/demo_minutes.png
+
+`--pipeline` is a `agentic-rl pipeline` run with `control.enabled: true`: its SFT stage, its GRPO
+stage (seed 0) and its control; each `--grpo` / `--control` adds a seed from the same SFT model: a run
+folder (its metrics.jsonl gives the training seconds) and its evaluation files. A point is the mean
+accuracy over seeds at the mean training minutes, with a 95% bootstrap interval over problems of the
+per-problem mean over seeds (as `agentic-rl compare` averages seeds). Prints the points as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from agentic_rl.evaluation.compare import load_evaluations, mean_evaluation
+from agentic_rl.evaluation.report import plot_minutes
+from agentic_rl.evaluation.stats import accuracy_interval
+from agentic_rl.pipeline import training_seconds
+from agentic_rl.strict_json import read_json
+
+
+def _stage(root: Path, stage: str) -> tuple[float, dict]:
+    """(training seconds, {label: evaluation}) of a pipeline stage."""
+    done = read_json(root / stage / "DONE.json")
+    return done["train_seconds"], load_evaluations(root / f"eval_{stage}")
+
+
+def _extra(run: str, files: list[str]) -> tuple[float, dict]:
+    """(training seconds, {label: evaluation}) of a run folder with its evaluation files."""
+    config = read_json(Path(run) / "run.json")
+    steps = config["config"]["train"]["steps"]
+    evaluations: dict = {}
+    for path in files:
+        evaluations.update(load_evaluations(path))
+    return training_seconds(Path(run), steps), evaluations
+
+
+def _mean_point(start_minutes: float, seeds: list[tuple[float, dict]], label: str) -> tuple[float, float, list[float]]:
+    minutes = start_minutes + sum(seconds for seconds, _ in seeds) / len(seeds) / 60
+    mean = mean_evaluation([evaluations[label] for _, evaluations in seeds], label)
+    outcomes = mean["per_task"]["greedy"]
+    return minutes, sum(outcomes) / len(outcomes), list(accuracy_interval(outcomes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipeline", required=True, help="a pipeline run folder with SFT, GRPO and the control")
+    parser.add_argument("--grpo", nargs="+", action="append", default=[], metavar="RUN_OR_EVAL", help="RUN EVAL.json...: one more GRPO seed")
+    parser.add_argument("--control", nargs="+", action="append", default=[], metavar="RUN_OR_EVAL", help="RUN EVAL.json...: one more control seed")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+    args = parser.parse_args()
+
+    root = Path(args.pipeline)
+    sft_seconds, sft = _stage(root, "sft")
+    grpo = [_stage(root, "grpo")] + [_extra(run, files) for run, *files in args.grpo]
+    control = [_stage(root, "control")] + [_extra(run, files) for run, *files in args.control]
+    sft_minutes = sft_seconds / 60
+    series = {}
+    for label, evaluation in sft.items():
+        start = (sft_minutes, evaluation["pass@1"], list(accuracy_interval(evaluation["per_task"]["greedy"])))
+        series[label] = {"SFT": [start],
+                         f"GRPO, mean of {len(grpo)} seeds": [start, _mean_point(sft_minutes, grpo, label)],
+                         f"SFT control, mean of {len(control)} seeds": [start, _mean_point(sft_minutes, control, label)]}
+    plot_minutes(series, Path(args.out), title="configs/demo.yaml: greedy pass@1 on held-out problems")
+    print(json.dumps(series, indent=1))
+
+
+if __name__ == "__main__":
+    main()
