@@ -8,8 +8,8 @@ SFT control from SFT's end, each the mean over its seeds (the README's plot).
 
 `--pipeline` is a `agentic-rl pipeline` run with `control.enabled: true`: its SFT stage, its GRPO
 stage (seed 0) and its control; each `--grpo` / `--control` adds a seed from the same SFT model: a run
-folder (its metrics.jsonl gives the training seconds) and its evaluation files. A point is the mean
-accuracy over seeds at the mean training minutes, with a 95% bootstrap interval over problems of the
+folder (its metrics.jsonl gives the training seconds: steps x median step time) and its evaluation
+files. A point is the mean accuracy over seeds at the mean training minutes, with a 95% bootstrap interval over problems of the
 per-problem mean over seeds (as `agentic-rl compare` averages seeds). Prints the points as JSON.
 """
 
@@ -22,24 +22,32 @@ from pathlib import Path
 from agentic_rl.evaluation.compare import load_evaluations, mean_evaluation
 from agentic_rl.evaluation.report import plot_minutes
 from agentic_rl.evaluation.stats import accuracy_interval
-from agentic_rl.pipeline import training_seconds
 from agentic_rl.strict_json import read_json
+from agentic_rl.training.run_dir import read_metrics
+
+
+def median_training_seconds(run: Path) -> float:
+    """A run's steps times its median step time (data with rollouts, forward/backward, optimizer):
+    its compute, robust to a step that waited on a paused or shared machine (the pipeline's
+    `train_seconds` is the plain sum, so a paused control would sit far right of GRPO's minutes)."""
+    times = sorted(row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0)
+                   for row in read_metrics(run / "metrics.jsonl"))
+    middle = len(times) // 2
+    median = times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
+    return median * read_json(run / "run.json", "give a run folder written by agentic-rl sft/grpo")["config"]["train"]["steps"]
 
 
 def _stage(root: Path, stage: str) -> tuple[float, dict]:
     """(training seconds, {label: evaluation}) of a pipeline stage."""
-    done = read_json(root / stage / "DONE.json")
-    return done["train_seconds"], load_evaluations(root / f"eval_{stage}")
+    return median_training_seconds(root / stage), load_evaluations(root / f"eval_{stage}")
 
 
 def _extra(run: str, files: list[str]) -> tuple[float, dict]:
     """(training seconds, {label: evaluation}) of a run folder with its evaluation files."""
-    config = read_json(Path(run) / "run.json")
-    steps = config["config"]["train"]["steps"]
     evaluations: dict = {}
     for path in files:
         evaluations.update(load_evaluations(path))
-    return training_seconds(Path(run), steps), evaluations
+    return median_training_seconds(Path(run)), evaluations
 
 
 def _mean_point(start_minutes: float, seeds: list[tuple[float, dict]], label: str) -> tuple[float, float, list[float]]:
