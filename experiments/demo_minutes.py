@@ -57,6 +57,10 @@ def _mean_point(start_minutes: float, seeds: list[tuple[float, dict]], label: st
     return minutes, sum(outcomes) / len(outcomes), list(accuracy_interval(outcomes))
 
 
+def _seeds(runs: list) -> str:
+    return "one seed" if len(runs) == 1 else f"mean of {len(runs)} seeds"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", required=True, help="a pipeline run folder with SFT, GRPO and the control")
@@ -74,8 +78,8 @@ def main() -> None:
     for label, evaluation in sft.items():
         start = (sft_minutes, evaluation["pass@1"], list(accuracy_interval(evaluation["per_task"]["greedy"])))
         series[label] = {"SFT": [start],
-                         f"GRPO, mean of {len(grpo)} seeds": [start, _mean_point(sft_minutes, grpo, label)],
-                         f"SFT control, mean of {len(control)} seeds": [start, _mean_point(sft_minutes, control, label)]}
+                         f"GRPO, {_seeds(grpo)}": [start, _mean_point(sft_minutes, grpo, label)],
+                         f"SFT control, {_seeds(control)}": [start, _mean_point(sft_minutes, control, label)]}
     plot_minutes(series, Path(args.out), title="configs/demo.yaml: greedy pass@1 on held-out problems")
     print(json.dumps(series, indent=1))
 
