@@ -11,7 +11,9 @@ next one does, so it needs the stage it scales from.
 - an RL step decodes its episodes at the last evaluation's seconds per episode (rollouts sample
   where evaluation decodes greedily, at a similar length), times 1.5 with dynamic sampling (its
   replacement round redraws about half the groups on the demo: EXPERIMENTS.md), and trains them
-  at the SFT stage's seconds per demonstration, once per update (updates_per_batch).
+  at the SFT stage's seconds per demonstration, once per update. `train.steps` counts updates, so
+  with μ = updates_per_batch there are steps / μ rollout batches, each rescored once (a forward,
+  ~1/3 of a forward and backward) when old_logprobs is recompute.
 
 Before the SFT stage and an evaluation have run there is nothing to scale; those stages, and the
 reward-model stage (whose pair sampling and scoring scale with neither), are named as not estimable. The RL stage's own progress bar gives its time left once it runs.
@@ -19,6 +21,7 @@ reward-model stage (whose pair sampling and scoring scale with neither), are nam
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 DYNAMIC_SAMPLING_FACTOR = 1.5
@@ -48,8 +51,10 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         episodes = sum(e["n"] * (1 + (e["k"] if e.get("k", 1) > 1 else 0)) for e in last["evals"].values())
         per_episode = last["seconds"] / max(1, episodes)
         rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
-        training = section.updates_per_batch * section.rollout.batch_size * sft_step / cfg.sft.batch.batch_size
-        return section.train.steps * (rollout + training) + overhead
+        update = section.rollout.batch_size * sft_step / cfg.sft.batch.batch_size  # one forward/backward over the batch
+        rescore = update / 3 if section.old_logprobs == "recompute" else 0.0  # a forward alone: ~1/3 of forward+backward
+        rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
+        return rollout_batches * (rollout + rescore) + section.train.steps * update + overhead
     return None
 
 
