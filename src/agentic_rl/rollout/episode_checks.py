@@ -50,10 +50,19 @@ def prefix_problem(chat_format: ChatFormat, messages: Sequence[dict[str, Any]], 
                    tools: Sequence[dict[str, Any]] | None) -> PrefixProblem | None:
     """The first turn boundary where `chat_format.prompt_ids` of the conversation up to the next
     assistant turn does not start with its rendering up to this one, or None. Each cut is
-    rendered once (a sequence of n turns costs n + 1 renderings)."""
+    rendered once (a sequence of n turns costs n + 1 renderings).
+
+    The earlier rendering is compared less the generation suffix that `enable_thinking: false`
+    adds after each generation prompt (Qwen3's empty think block): the policy saw it, but a
+    re-render drops it from the assistant turns it writes, which the engine allows for in the
+    same way (`ChatFormat.observation_ids`). Without this, every multi-turn conversation with
+    enable_thinking false failed at the think block."""
     cuts = turn_cuts(messages, prompt)
     renders = [chat_format.prompt_ids(list(messages[:cut]), tools) for cut in cuts]
+    suffix = chat_format.encode(chat_format.generation_suffix) if chat_format.generation_suffix else []
     for (before, after), (shorter, longer) in zip(pairwise(cuts), pairwise(renders)):
+        if suffix and shorter[len(shorter) - len(suffix):] == suffix:
+            shorter = shorter[: len(shorter) - len(suffix)]  # the turn's opening as a re-render writes it
         differs = first_difference(shorter, longer[: len(shorter)])
         if differs is not None:
             return PrefixProblem(before, after, shorter, longer, differs)
