@@ -50,6 +50,17 @@ def test_a_template_that_rewrites_earlier_turns_fails_at_its_first_differing_tok
     assert check_template(ChatFormat.for_tokenizer(qwen3_tokenizer), _cfg()).passed
 
 
+@pytest.mark.parametrize("thinking", [None, False, True])
+def test_the_template_check_passes_qwen3_with_every_thinking_setting(qwen3_tokenizer, thinking):
+    """Guards against a false failure with enable_thinking false: the policy sees an empty think
+    block after each generation prompt, which a re-render drops from the turns it writes (the
+    engine allows for it); the check failed every multi-turn oracle episode at that block."""
+    setting = [] if thinking is None else [f"rollout.enable_thinking={str(thinking).lower()}"]
+    result = check_template(ChatFormat.for_tokenizer(qwen3_tokenizer, thinking), _cfg("tiny-qwen3", *setting))
+    assert result.passed, (result.summary, result.detail)
+    assert "9 turn boundaries" in result.summary  # 3 oracle episodes of difficulty 2: multi-turn
+
+
 def _demo(tokenizer):
     env = make_env("arith", difficulty=2)
     (demo,) = oracle_demos(env, env.tasks("test", n=1, seed=0), ChatFormat.for_tokenizer(tokenizer))

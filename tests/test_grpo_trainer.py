@@ -145,6 +145,8 @@ def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straigh
         assert row["rollout/staleness"] == 0.0
         assert row["rollout/weights_version"] == float(step)
         assert row["rollout/failed"] == 0.0
+        # old_logprobs: sampling: π_old IS the sampler's record, so there is no mismatch at all
+        assert row["rollout/mismatch_kl"] == 0.0 and row["rollout/is_weight_mean"] == row["rollout/is_weight_max"] == 1.0
     assert any(row["reward/token_parity/std"] > 0 for row in history), "the test reward must vary"
     lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at 0 and must have moved"

@@ -15,7 +15,9 @@ The loss, per trained token t of sequence i (A_i: advantage, r: importance ratio
 
     r_{i,t}   = exp(logp_{i,t} - old_logp_{i,t})                       (token level)
               = exp(mean_t (logp_{i,t} - old_logp_{i,t}))  for all t   (sequence level, GSPO)
-    l_{i,t}   = -min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t} - c_H * H_{i,t}
+    l_{i,t}   = -w_{i,t} min(r A_i, clip(r, 1 - eps, 1 + eps_high) A_i) + beta * k3_{i,t} - c_H * H_{i,t}
+    w_{i,t}   = rollout-correction weight (detached; 1 unless `is_weights` is passed: the
+                sampler/trainer mismatch, algorithms/rollout_correction.py)
     k3_{i,t}  = exp(ref - logp) - (ref - logp) - 1                     (Schulman's k3 estimator)
                 (times r_{i,t} when kl_importance_correction, TRL 1.16's default)
     H_{i,t}   = entropy of pi_theta's next-token distribution at t (entropy_coef = c_H, default 0)
@@ -51,8 +53,10 @@ How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
     paper's plain k3 and offer TRL's form as `kl_importance_correction=True`.
   * Defaults: TRL 1.16 uses loss_type="dapo", beta=0.0 and bf16 autocast; ours are the paper's
     "grpo" and beta=0.04, and precision is the caller's choice (nothing here autocasts).
-  * TRL's extras (delta two-sided clip, entropy masks, vLLM IS correction, cispo/sapo/vespo/luspo)
-    are not implemented.
+  * TRL's vLLM IS correction is `is_weights` from algorithms/rollout_correction.py (TIS/MIS, token
+    or sequence level; its sequence weight is the geometric mean of token weights, not TRL's
+    product). TRL's other extras (delta two-sided clip, entropy masks, cispo/sapo/vespo/luspo) are
+    not implemented.
 """
 
 from __future__ import annotations
@@ -358,8 +362,10 @@ def grpo_loss(
     num_items_in_batch: int | torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     sequence_weights: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped GRPO surrogate plus beta * k3 KL, minus entropy_coef * H, aggregated by `cfg.loss_type`.
+    """The clipped GRPO surrogate (times the rollout-correction weight) plus beta * k3 KL, minus
+    entropy_coef * H, aggregated by `cfg.loss_type`.
 
     Args:
         logps: (B, T) log pi_theta of each token, with grad (from `sequence_logprobs`).
@@ -375,6 +381,9 @@ def grpo_loss(
         sequence_weights: only for "grpo": (B,) weight of each row's per-sequence mean (None: 1).
             A trainer whose episode spans several rows passes each row's share of the episode's
             tokens, so the episode's mean is over all its tokens (training/episodes.py).
+        is_weights: (B, T) or (B, 1), detached: the sampler/trainer mismatch weights from
+            `rollout_correction` (None: 1). They multiply the clipped surrogate of each token
+            (a row's weight, all its tokens), never the clip, the KL or the entropy term.
     Returns:
         loss: scalar, differentiable w.r.t. logps.
         metrics: detached scalars, all means over trained tokens (over sequences for the clip
@@ -384,6 +393,9 @@ def grpo_loss(
             (ratio > 1+eps_high with A > 0), "loss/clip_ratio_region" (either).
     """
     _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_items_in_batch)
+    if is_weights is not None and (tuple(is_weights.shape) not in (tuple(logps.shape), (logps.shape[0], 1)) or is_weights.requires_grad):
+        raise ValueError(f"is_weights must be detached and (B, T) = {tuple(logps.shape)} or (B, 1); got "
+                         f"{tuple(is_weights.shape)}{' with grad' if is_weights.requires_grad else ''} (see rollout_correction)")
     if cfg.entropy_coef != 0.0 and (entropy is None or tuple(entropy.shape) != tuple(logps.shape) or not entropy.requires_grad):
         raise ValueError(f"entropy_coef={cfg.entropy_coef} > 0 needs the differentiable (B, T) entropy of pi_theta; "
                          "pass `entropy` from sequence_logprobs(..., with_entropy=True, entropy_grad=True)")
@@ -399,6 +411,8 @@ def grpo_loss(
     clipped_ratio = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.clip_high)  # (B, T) or (B, 1)
     per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)  # (B, T) or (B, 1)
     per_token_loss = per_token_loss.expand_as(logps)  # (B, T): a sequence ratio applies to all its tokens
+    if is_weights is not None:
+        per_token_loss = per_token_loss * is_weights  # (B, T): (B, 1) weights broadcast over the row
     metrics: dict[str, torch.Tensor] = {}
     if cfg.needs_reference:
         ref_minus_logp = torch.where(trained, ref_logps - logps, 0.0)  # (B, T)

@@ -33,10 +33,12 @@ Where the KL goes (`PPOLossConfig.kl_mode`):
     environment's rewards.
 
 The losses, per policy token t (r = exp(logp − old_logp), ε the clip range):
-    policy  −min(r A, clip(r, 1 − ε, 1 + ε) A)   [+ β k3 in "loss" mode]   [− c_H H]
+    policy  −w min(r A, clip(r, 1 − ε, 1 + ε) A)   [+ β k3 in "loss" mode]   [− c_H H]
     value   ½ max((V − R)², (clip(V, V_old − ε_V, V_old + ε_V) − R)²)   (PPO2's clipped value loss)
     total   policy + vf_coef · value
-each averaged over all policy tokens of the batch ("token-mean", verl's default).
+each averaged over all policy tokens of the batch ("token-mean", verl's default). w is the
+sampler/trainer mismatch weight (detached; 1 unless `is_weights` is passed), as in GRPO:
+algorithms/rollout_correction.py.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ def ppo_loss(
     ref_logps: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The total PPO loss (a scalar) and its parts, all (B, T) inputs; see the module docstring.
 
@@ -236,7 +239,9 @@ def ppo_loss(
     at sampling time (the value-clip anchor). num_tokens: the policy tokens of the whole batch,
     when this call sees one micro-batch of it (sums over micro-batches then equal the full-batch
     token mean); None: this call's own count. The metrics are always means over this call's own
-    policy tokens (the loop averages them over micro-batches).
+    policy tokens (the loop averages them over micro-batches). is_weights: (B, T) or (B, 1), detached,
+    the rollout-correction weights (`rollout_correction`; None: 1): they multiply the clipped
+    surrogate only, not the clip, the value loss, the KL or the entropy term.
     """
     shape = tuple(logps.shape)
     for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
@@ -247,6 +252,8 @@ def ppo_loss(
         raise ValueError(f"kl_mode=loss with beta={cfg.beta} needs ref_logps of shape {shape}")
     if cfg.entropy_coef and entropy is None:
         raise ValueError("entropy_coef > 0 needs the differentiable entropy")
+    if is_weights is not None and (tuple(is_weights.shape) not in (shape, (shape[0], 1)) or is_weights.requires_grad):
+        raise ValueError(f"is_weights must be detached and (B, T) = {shape} or (B, 1); got {tuple(is_weights.shape)}")
     trained = mask.bool()  # (B, T)
     weights = mask.to(logps.dtype)  # (B, T)
     count = (weights.sum() if num_tokens is None else torch.as_tensor(float(num_tokens), dtype=weights.dtype)).clamp(min=1.0)
@@ -254,6 +261,8 @@ def ppo_loss(
     ratio = torch.exp(log_ratio)  # (B, T)
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # (B, T)
+    if is_weights is not None:
+        per_token = per_token * is_weights  # (B, T): the weight multiplies the clipped surrogate
     metrics: dict[str, torch.Tensor] = {}
     own = weights.sum().clamp(min=1.0)  # the metrics are means over this call's tokens, whatever num_tokens is
     if cfg.kl_mode == "loss" and cfg.needs_reference:

@@ -25,6 +25,9 @@ Four checks, each PASS or FAIL with its numbers; the first failing episode is sh
   weights    After an update of the weights and `engine.sync_weights()`, the engine reports the
              trainer's version and its samples score like the updated model.
 
+The pure checks (prefix, mask, log-prob drift) live in rollout/episode_checks.py: every GRPO
+and PPO run also runs them on its first batch (training/start_audit.py, `audit.on_start`).
+
 Shapes and names: T tokens of an episode; `mask` is the trajectory's loss mask.
 """
 
@@ -39,6 +42,14 @@ import torch
 from agentic_rl.evaluation.config import AuditConfig
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.precision import resolve_rollout_dtype
+from agentic_rl.rollout.episode_checks import (
+    logprob_drift,
+    mask_problem,
+    mask_table,
+    prefix_problem,
+    token_table,
+    turn_cuts,
+)
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -84,40 +95,15 @@ def check_template(chat_format: ChatFormat, cfg: AuditConfig) -> CheckResult:
     for task in env.tasks(cfg.split, n=cfg.n, seed=cfg.seed):
         episode = play_oracle(env, task)
         for number, (messages, prompt) in enumerate(zip(episode.sequences, episode.sequence_prompts)):
-            cuts = [i for i, message in enumerate(messages) if message["role"] == "assistant" and i >= prompt] + [len(messages)]
-            for before, after in zip(cuts, cuts[1:]):  # prompt up to turn k, then one turn and its observation more
-                shorter = chat_format.prompt_ids(messages[:before], env.tool_schemas)
-                longer = chat_format.prompt_ids(messages[:after], env.tool_schemas)
-                checked += 1
-                differs = _first_difference(shorter, longer[: len(shorter)])
-                if differs is not None:
-                    where = f"task {task.id}" + (f", token sequence {number}" if len(episode.sequences) > 1 else "")
-                    return CheckResult("template", False, (
-                        f"{where}: rendering {after} messages rewrites the rendering of the first {before}; "
-                        f"first differing token at position {differs}"), _token_table(chat_format, shorter, longer, differs))
+            problem = prefix_problem(chat_format, messages, prompt, env.tool_schemas)
+            if problem is not None:
+                where = f"task {task.id}" + (f", token sequence {number}" if len(episode.sequences) > 1 else "")
+                return CheckResult("template", False, (
+                    f"{where}: rendering {problem.after} messages rewrites the rendering of the first {problem.before}; "
+                    f"first differing token at position {problem.position}"),
+                    token_table(chat_format, problem.shorter, problem.longer, problem.position))
+            checked += len(turn_cuts(messages, prompt)) - 1  # turn boundaries: pairs of consecutive renderings
     return CheckResult("template", True, f"{checked} turn boundaries of {cfg.n} oracle episodes keep their prefix exactly")
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for position, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return position
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _token_table(chat_format: ChatFormat, a: list[int], b: list[int], at: int) -> list[str]:
-    rows = ["position  earlier rendering           later rendering"]
-    for position in range(max(0, at - 3), min(max(len(a), len(b)), at + 4)):
-        left = _show(chat_format, a, position)
-        right = _show(chat_format, b, position)
-        rows.append(f"{position:8d}  {left:26s}  {right}{'   <-- first difference' if position == at else ''}")
-    return rows
-
-
-def _show(chat_format: ChatFormat, ids: list[int], position: int) -> str:
-    if position >= len(ids):
-        return "(end)"
-    return f"{ids[position]:>6d} {chat_format.tokenizer.decode([ids[position]])!r}"[:26]
 
 
 # ---------------------------------------------------------------------- masks
@@ -132,56 +118,11 @@ def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> Chec
             number, position, message = problem
             where = f"task {trajectory.task_id}" + (f", token sequence {number}" if trajectory.previous else "")
             return CheckResult("mask", False, f"{where}: {message}",
-                               _mask_table(chat_format, trajectory.sequences()[number], position))
+                               mask_table(chat_format, trajectory.sequences()[number], position))
         turns += sum(1 for m in trajectory.messages if m["role"] == "assistant")
         sequences += len(trajectory.previous) + 1
     over = f" in {sequences} token sequences" if sequences > len(trajectories) else ""
     return CheckResult("mask", True, f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns{over}")
-
-
-def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, int, str] | None:
-    """(token sequence, position in it of the first bad token, what is wrong), or None when the
-    masks of the episode's sequences, oldest first, are exactly the model's turns in order."""
-    sequences = trajectory.sequences()
-    runs = [(number, begin, end) for number, sequence in enumerate(sequences) for begin, end in _masked_runs(sequence.loss_mask)]
-    turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
-    if len(runs) != len(turns):
-        number, begin, end = runs[len(turns)] if len(runs) > len(turns) else runs[-1] if runs else (0, 0, 0)
-        return number, begin if len(runs) > len(turns) else end, f"{len(runs)} masked runs for {len(turns)} assistant turns"
-    decode = chat_format.decode_turn
-    for (number, begin, end), expected in zip(runs, turns):
-        ids = sequences[number].input_ids
-        content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is
-        for position in range(begin, content_end):                                 # masked, not message text
-            if not expected.startswith(decode(ids[begin : position + 1])):
-                return number, position, (f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
-                                          f"text here (the turn reads {expected[:40]!r})")
-        if decode(ids[begin:content_end]) != expected:
-            return number, content_end, (f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
-                                         f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}")
-    return None
-
-
-def _masked_runs(mask: list[int]) -> list[tuple[int, int]]:
-    """[begin, end) of every run of 1s in `mask`."""
-    runs, start = [], None
-    for position, bit in enumerate(list(mask) + [0]):
-        if bit and start is None:
-            start = position
-        elif not bit and start is not None:
-            runs.append((start, position))
-            start = None
-    return runs
-
-
-def _mask_table(chat_format: ChatFormat, trajectory: Trajectory, at: int) -> list[str]:
-    rows = ["position  token                         mask  sampler log-prob"]
-    for position in range(max(0, at - 3), min(len(trajectory.input_ids), at + 4)):
-        token = trajectory.input_ids[position]
-        text = f"{token:>6d} {chat_format.tokenizer.decode([token])!r}"[:28]
-        rows.append(f"{position:8d}  {text:28s}  {trajectory.loss_mask[position]:4d}  {trajectory.logprobs[position]:+.4f}"
-                    f"{'   <-- first bad token' if position == at else ''}")
-    return rows
 
 
 # ---------------------------------------------------------------------- log-probs and weights
@@ -208,8 +149,7 @@ def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], tem
     batch = batch.to(next(model.parameters()).device)  # rollout.device (on the CPU this is a no-op)
     with torch.no_grad():
         logps, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature)
-    trained = batch.loss_mask.bool()
-    return (logps.double() - batch.logprobs.double())[trained].abs()
+    return logprob_drift(logps, batch.logprobs, batch.loss_mask)
 
 
 def check_logprobs(model: Any, tokenizer: Any, trajectories: dict[str, list[Trajectory]], cfg: AuditConfig) -> CheckResult:

@@ -10,7 +10,7 @@ from typing import Literal
 from agentic_rl.config import PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig
 
 
 @dataclasses.dataclass
@@ -74,7 +74,7 @@ class AuditConfig(PluginsConfig):
     """Decode precisions whose sampler log-probs are compared with the fp32 training forward
     (bfloat16 needs the fast backend: Llama and Qwen3 models). auto: bfloat16 where this machine
     runs bf16 fast, else float32 (models/precision.py); a dtype listed twice is checked once."""
-    tolerance: PositiveFloat = 1e-3
+    tolerance: PositiveFloat = FLOAT32_LOGPROB_TOLERANCE
     """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
 
     def __post_init__(self) -> None:

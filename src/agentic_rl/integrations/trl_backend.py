@@ -54,6 +54,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "reward_model.*": "not supported: raises when path is set",
     "updates_per_batch": "num_iterations",
     "old_logprobs": "TRL re-scores pi_old when num_iterations > 1 (= 'recompute'); 'sampling' is exact only for mu = 1",
+    "rollout_correction.*": "only mode off (TRL generates with the training weights: no sampler/trainer mismatch to correct)",
     "micro_batch_size": "per_device_train_batch_size (must divide rollout.batch_size / processes)",
     "optim.lr, weight_decay, betas, eps": "learning_rate, weight_decay, adam_beta1/adam_beta2, adam_epsilon",
     "optim.schedule, warmup_steps": "lr_scheduler_type (constant -> constant_with_warmup), warmup_steps",
@@ -91,6 +92,9 @@ def _check_unmappable(cfg) -> None:
     if cfg.rollout.device.startswith("cuda:"):
         errors.append(f"rollout.device={cfg.rollout.device}: TRL puts the model on accelerate's device, one GPU per process; "
                       "use auto, cuda or cpu and pick GPUs with CUDA_VISIBLE_DEVICES")
+    if cfg.rollout_correction.mode != "off":
+        errors.append(f"rollout_correction.mode={cfg.rollout_correction.mode}: TRL generates with the training weights, "
+                      "so there is no sampler/trainer mismatch to correct; use mode: off")
     if cfg.updates_per_batch > 1 and cfg.old_logprobs == "sampling":
         errors.append("old_logprobs=sampling with updates_per_batch > 1: TRL re-scores pi_old with a forward pass; "
                       "set old_logprobs: recompute")

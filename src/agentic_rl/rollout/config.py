@@ -19,6 +19,11 @@ BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16", "auto"]
 DEVICE_SETTING = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 """The values `rollout.device` takes; models/device.py `resolve_device` turns one into a torch.device."""
+FLOAT32_LOGPROB_TOLERANCE = 1e-3
+"""Largest |sampler − trainer| log-prob gap (nats per token) where both sides decode and score in
+float32: the sampler's kernels and the trainer's forward then differ by float rounding only. With a
+bf16 side the gap is the sampler/trainer mismatch that `rollout_correction` corrects, not a bug.
+`agentic-rl audit` and the audit on start of every GRPO/PPO run (rollout/episode_checks.py) use it."""
 
 
 def check_device_setting(value: object, key: str = "rollout.device") -> None:

@@ -6,9 +6,10 @@ keep the rollout weights in sync after each optimizer step.
     class PPOObjective(EpisodeObjective): ...    # GAE on a value model, the clipped PPO loss
 
 A subclass implements `_build_batch(step)`, `micro_batches` and `loss` (the loop's Objective,
-training/loop.py); the rest is here. Its config must carry the sections of episode_config.py
-(env, rollout, reward_model) plus rewards, selection, updates_per_batch, micro_batch_size and
-train.
+training/loop.py); the rest is here, including what both losses share: the sampler/trainer
+mismatch weights (`_rollout_correction`, algorithms/rollout_correction.py). Its config must carry
+the sections of episode_config.py (env, rollout, reward_model) plus rewards, rollout_correction,
+selection, updates_per_batch, micro_batch_size and train.
 
 Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
 stride, so a group spans ranks:
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
 from agentic_rl.training.groups import Group, PromptSelector
@@ -193,6 +195,17 @@ class EpisodeObjective:
         return [Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
                        table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
                 for g, task in enumerate(tasks)]
+
+    # ---------------------------------------------------------------- the loss's shared parts
+
+    def _rollout_correction(self, old: torch.Tensor, sampler: torch.Tensor,
+                            mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """This micro-batch's sampler/trainer mismatch weights for the policy loss (None: mode off)
+        and statistics, from π_old and the sampler's recorded log-probs, (b, T) each, over `mask`.
+        π_old and the record are fixed for the batch, so the weights are the same at each of its μ
+        updates."""
+        weights, metrics = rollout_correction(old, sampler, mask, self.cfg.rollout_correction)
+        return weights, {key: float(value) for key, value in metrics.items()}
 
     # ---------------------------------------------------------------- gathering across processes
 

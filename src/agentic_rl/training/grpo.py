@@ -13,7 +13,9 @@ Per optimizer step (the "seed" GRPO, DESIGN.md §3):
      (turn_position);
   5. π_ref log-probs, only when β > 0: the base model with adapters disabled (LoRA), or a frozen
      copy (full fine-tune);
-  6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py), gradient accumulation over micro-batches.
+  6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py), gradient accumulation over micro-batches;
+     each token's clipped surrogate times the sampler/trainer mismatch weight when
+     rollout_correction is on (algorithms/rollout_correction.py; its statistics every step).
 With μ = `updates_per_batch` > 1 the same rollouts serve μ optimizer steps; π_old is the
 sampling log-probs recorded by the engine (or one re-scoring, with old_logprobs: recompute).
 
@@ -165,17 +167,20 @@ class GRPOObjective(EpisodeObjective):
         off_policy = batch.off_policy[index].to(device)  # (b,): oracle demonstrations (guidance)
         if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
             old = torch.where(off_policy[:, None], logps.detach(), old)
+        sampler = t.logprobs[index][:, :length].to(device)  # (b, T): the engine's record, kept by every old_logprobs mode
+        sampled = mask * (~off_policy)[:, None].to(mask.dtype)  # (b, T): nobody sampled an oracle demonstration
+        is_weights, correction = self._rollout_correction(old, sampler, sampled)
         ref = batch.ref_logprobs[index][:, :length].to(device) if batch.ref_logprobs is not None else None
         num_items = micro.tokens if self.cfg.loss.loss_type in ("dapo", "token") else None
         weights = batch.row_weights[index].to(device) if batch.row_weights is not None and self.cfg.loss.loss_type == "grpo" else None
         loss, metrics = grpo_loss(logps, old, adv, mask, self.cfg.loss, ref, num_items_in_batch=num_items,
-                                  entropy=entropy if bonus else None, sequence_weights=weights)
+                                  entropy=entropy if bonus else None, sequence_weights=weights, is_weights=is_weights)
         if self.cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
             loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of episodes
         if micro.dummy:
             loss = loss * 0.0  # DDP padding: a backward pass with no gradient (MicroBatch.dummy)
         trained = mask.sum().clamp(min=1)
-        out = {k: float(v) for k, v in metrics.items()}
+        out = {k: float(v) for k, v in metrics.items()} | correction
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / trained)
         return loss, out
 

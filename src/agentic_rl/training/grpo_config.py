@@ -8,11 +8,19 @@ import dataclasses
 from typing import Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
+from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from agentic_rl.config import PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs, check_trainer_device
+from agentic_rl.training.episode_config import (
+    BatchRolloutConfig,
+    EnvConfig,
+    OldLogprobs,
+    RewardModelTerm,
+    check_old_logprobs,
+    check_trainer_device,
+)
 from agentic_rl.training.groups import GuidanceConfig, SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -85,6 +93,9 @@ class GRPOConfig(PluginsConfig):
     """π_old: "sampling" uses the engine's log-probs (free, exact when rollout and training share
     precision); "recompute" re-scores the batch once before the first update; "detach" uses
     π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
+    rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
+    """Importance weights π_old/π_sampler on the policy loss, for rollouts decoded by other numerics
+    than the trainer (truncated or masked; off by default, logged always)."""
     micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
     skip_zero_advantage: bool = True

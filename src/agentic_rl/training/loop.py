@@ -136,7 +136,8 @@ class Objective(Protocol):
         return the same number of micro-batches."""
 
     def loss(self, model: torch.nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the full-batch loss, and metrics to average."""
+        """The micro-batch's share of the full-batch loss, and metrics to average over the step's
+        micro-batches (a key ending in `_max`: their largest value)."""
 
     def after_step(self, step: int) -> dict[str, float]:
         """Called after each optimizer step (e.g. bump the rollout weights version); returns metrics."""
@@ -241,7 +242,10 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
             bad_loss = (index, loss_value)
         loss_total += loss_value
         for key, value in metrics.items():
-            metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+            if key.endswith("_max"):  # a maximum stays one over micro-batches (Objective.loss)
+                metric_sums[key] = max(metric_sums.get(key, -math.inf), float(value))
+            else:
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
     if not micro_batches:  # nothing in this batch has a gradient: step on zeros, exactly as if computed
         for param in model.parameters():
             if param.requires_grad:
@@ -265,7 +269,7 @@ def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, acce
     _require_finite_weights(model, step)
     after = objective.after_step(step)
     optimizer_seconds = time.perf_counter() - started
-    row = {key: value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
+    row = {key: value if key.endswith("_max") else value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
     row.update(after)
     row.update({
         "loss/total": loss_total,

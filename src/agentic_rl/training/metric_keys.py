@@ -57,6 +57,14 @@ GLOSSARY: dict[str, str] = {
     "rollout/staleness": "Optimizer steps between the weights that sampled the batch and the weights it trains (0 on-policy; up to μ − 1).",
     "rollout/weights_version": "Weights version after the step's sync (the version the next rollouts sample from).",
     "time/rollout": "Seconds spent generating the step's episodes (all rounds).",
+    # the sampler/trainer mismatch (algorithms/rollout_correction.py): per micro-batch, like the loss's
+    # metrics, over its trained tokens (GRPO: not guided oracle rows); w = π_old/π_sampler, exactly 1
+    # with old_logprobs: sampling (π_old is then the sampler's record)
+    "rollout/mismatch_kl": "Mean k3 estimate (w − 1 − log w) of KL(π_sampler ‖ π_old) per trained token: the sampler/trainer numerics mismatch; ~0 with the same numerics on both sides.",
+    "rollout/is_weight_mean": "Mean importance weight w = π_old/π_sampler before truncation or masking, over trained tokens (rows at rollout_correction.level sequence); 1 with no mismatch.",
+    "rollout/is_weight_max": "Largest importance weight w = π_old/π_sampler of the step's trained tokens (rows at level sequence), before truncation or masking.",
+    "rollout/is_truncated_frac": "rollout_correction.mode tis: share of trained tokens (rows at level sequence) whose weight exceeded the cap and was truncated to it.",
+    "rollout/is_masked_frac": "rollout_correction.mode mis: share of trained tokens (rows at level sequence) whose weight fell outside [low, high] and was masked out of the policy loss.",
     "time/reference": "Seconds spent on π_old re-scoring and π_ref passes (0 when neither runs).",
     # what a GRPO step trained on
     "train/groups_with_variance": "Share of the trained batch's groups whose rewards differ, after dynamic sampling and guidance.",

@@ -18,6 +18,8 @@ Per optimizer step (rollouts as for GRPO: training/episodes.py):
   5. the clipped surrogate + vf_coef · clipped value loss (+ β·k3 with kl_mode: loss), averaged
      over the batch's policy tokens, with gradient accumulation over micro-batches.
 With μ = updates_per_batch > 1 the batch (its advantages, returns and V_old) serves μ steps.
+As in GRPO, rollout_correction weights the clipped surrogate by the sampler/trainer mismatch
+(its statistics every step).
 
 Under DDP the whitening statistics and the token count are summed over processes, so every
 rank normalises exactly as one process would; DDP averages gradients, and each rank's loss is
@@ -167,10 +169,11 @@ class PPOObjective(EpisodeObjective):
         logps, entropy, values = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
+        is_weights, correction = self._rollout_correction(old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
         loss, metrics = ppo_loss(logps, old, values, rows_of(batch.old_values), rows_of(batch.advantages),
                                  rows_of(batch.returns), mask, self.cfg.loss, ref_logps=ref,
-                                 entropy=entropy if bonus else None, num_tokens=batch.tokens)
-        out = {k: float(v) for k, v in metrics.items()}
+                                 entropy=entropy if bonus else None, num_tokens=batch.tokens, is_weights=is_weights)
+        out = {k: float(v) for k, v in metrics.items()} | correction
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return (loss * 0.0 if micro.dummy else loss), out
 

@@ -8,11 +8,19 @@ import dataclasses
 from typing import Literal
 
 from agentic_rl.algorithms.ppo import PPOLossConfig
+from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from agentic_rl.config import PositiveFloat, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
-from agentic_rl.training.episode_config import BatchRolloutConfig, EnvConfig, OldLogprobs, RewardModelTerm, check_old_logprobs, check_trainer_device
+from agentic_rl.training.episode_config import (
+    BatchRolloutConfig,
+    EnvConfig,
+    OldLogprobs,
+    RewardModelTerm,
+    check_old_logprobs,
+    check_trainer_device,
+)
 from agentic_rl.training.groups import SelectionConfig
 from agentic_rl.training.loop import LoopConfig, OptimConfig
 
@@ -75,6 +83,9 @@ class PPOConfig(PluginsConfig):
     old_logprobs: OldLogprobs = "sampling"
     """π_old: "sampling" uses the engine's log-probs; "recompute" re-scores the batch once before
     the first update; "detach" uses π_θ.detach() (μ = 1 only). As for GRPO."""
+    rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
+    """Importance weights π_old/π_sampler on the policy loss, for rollouts decoded by other numerics
+    than the trainer (truncated or masked; off by default, logged always)."""
     micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
     optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
