@@ -148,6 +148,9 @@ def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straigh
         # old_logprobs: sampling: π_old IS the sampler's record, so there is no mismatch at all
         assert row["rollout/mismatch_kl"] == 0.0 and row["rollout/is_weight_mean"] == row["rollout/is_weight_max"] == 1.0
     assert any(row["reward/token_parity/std"] > 0 for row in history), "the test reward must vary"
+    # the audit on start: logged once, at the first step; float32 on both sides agrees to rounding
+    assert history[0]["rollout/logprob_drift_max"] < 1e-3 and history[0]["time/audit"] > 0
+    assert not any("time/audit" in row for row in history[1:])
     lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at 0 and must have moved"
     logged = read_metrics(out / "metrics.jsonl")

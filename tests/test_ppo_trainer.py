@@ -212,6 +212,7 @@ def test_ppo_end_to_end_trains_the_policy_and_the_value_head(straight_run):
         for key in ("loss/policy", "loss/value", "value/mean", "value/explained_variance", "value/kl_in_reward"):
             assert key in row, key
     assert history[0]["value/mean"] == 0.0, "a fresh head predicts 0"
+    assert history[0]["rollout/logprob_drift_max"] < 1e-3 and history[0]["time/audit"] > 0  # the audit on start
     assert history[-1]["value/mean"] != 0.0, "the value head must have learned something"
     assert any(row["loss/value"] > 0 for row in history)
     lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]

@@ -148,6 +148,19 @@ def test_logged_kl_values_get_their_chart_and_definition(tmp_path):
     assert not (tmp_path / "plots" / "kl.png").exists()
 
 
+def test_a_mismatch_above_rounding_gets_its_chart_and_definition(tmp_path):
+    """Guards against a bf16-rollout run whose sampler/trainer mismatch is never shown, and a chart
+    of float32 rounding (or of the exact zeros of old_logprobs: sampling) where there is none."""
+    for value in (0.0, 1e-13, None):
+        _rl_metrics(tmp_path, _rl_rows(**{"rollout/mismatch_kl": value}))
+        report = write_report(tmp_path, _results(), _Cfg()).read_text()
+        assert not (tmp_path / "plots" / "mismatch.png").exists() and "rollout/mismatch_kl" not in report
+    _rl_metrics(tmp_path, _rl_rows(**{"rollout/mismatch_kl": 2e-4}))
+    report = write_report(tmp_path, _results(), _Cfg()).read_text()
+    assert (tmp_path / "plots" / "mismatch.png").exists()
+    assert "![sampler/trainer mismatch](plots/mismatch.png)" in report and "`rollout/mismatch_kl`" in report
+
+
 def _sampled(greedy: list[int], correct_of_k: list[int], k: int) -> dict:
     n = len(greedy)
     return {**_evaluation(greedy), "k": k, "sampled_accuracy@T": sum(correct_of_k) / (n * k), f"pass@{k}": sum(c > 0 for c in correct_of_k) / n,

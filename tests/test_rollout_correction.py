@@ -225,12 +225,13 @@ def test_every_new_key_is_wired_documented_and_shown_by_agentic_rl_config(comman
         from agentic_rl.training.ppo_config import PPOConfig as cls
     lines = {line.split(" ")[0]: line for line in describe(cls)}
     for key in ("rollout_correction.mode", "rollout_correction.level", "rollout_correction.cap", "rollout_correction.low",
-                "rollout_correction.high"):
+                "rollout_correction.high", "audit.on_start"):
         assert key in lines and len(lines[key].split("): ", 1)[1]) > 40, key
     assert "multiplies the PPO-clipped surrogate" in lines["rollout_correction.mode"]
     assert "μ updates" in lines["rollout_correction.mode"] and "guided" in lines["rollout_correction.mode"]
-    cfg = load_config(cls, None, ["rollout_correction.mode=mis", "rollout_correction.level=sequence", "rollout_correction.low=0.2"])
-    assert cfg.rollout_correction.band == (0.2, 2.0)
+    cfg = load_config(cls, None, ["rollout_correction.mode=mis", "rollout_correction.level=sequence", "rollout_correction.low=0.2",
+                                  "audit.on_start=false"])
+    assert cfg.rollout_correction.band == (0.2, 2.0) and cfg.audit.on_start is False
     with pytest.raises(ConfigError, match="rollout_correction.cap=0.5 must be >= 1"):
         load_config(cls, None, ["rollout_correction.mode=tis", "rollout_correction.cap=0.5"])
     with pytest.raises(ConfigError, match="rollout_correction.clip"):

@@ -17,6 +17,8 @@ reference pass).
     plots/length_and_variance.png  mean completion length and the share of groups with reward
                                    variance (the groups that carry a gradient) per RL step
     plots/kl.png                   KL to the reference per RL step, only when it was logged (β > 0)
+    plots/mismatch.png             the sampler/trainer mismatch KL per RL step, only where it is
+                                   above rounding (rollouts decoded in other numerics than training)
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft"
                ("eval_control", "eval_grpo"), ("eval_control", "eval_ppo"))
 """(A, B) stage pairs the report compares, B − A: each stage against the one it started from,
 and the RL stage (GRPO or PPO) against the compute-matched control."""
-PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/completion_tokens/mean", "rollout/groups_with_variance",
-                   "train/groups_with_variance")
+PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/mismatch_kl", "rollout/completion_tokens/mean",
+                   "rollout/groups_with_variance", "train/groups_with_variance")
 """The RL metrics the plots show; the report defines each it plotted under the plots (training/metric_keys.py)."""
+
+MISMATCH_SHOWN_ABOVE = 1e-8
+"""The mismatch KL (rollout/mismatch_kl, nats per token) gets its chart when some step logged more:
+float32 on both sides reads ~1e-13 (k3 of rounding-sized log-prob gaps, ~4e-7 nats on tiny-qwen3;
+exactly 0 with old_logprobs: sampling); bf16 rollouts of tiny-qwen3 ~2e-7 (gaps of ~6e-4 nats)."""
 
 REPORT_NAME = "report.md"
 """The report's file name in the run directory."""
@@ -209,8 +216,14 @@ def _rl_plots(metrics_file: Path, plots: Path) -> list[str]:
         lines.append("![KL to the reference](plots/kl.png)")
     else:
         (plots / "kl.png").unlink(missing_ok=True)  # an earlier report's chart would describe another run
+    if _mismatch_measured(rows):
+        _plot_kl(rows, plots / "mismatch.png", "rollout/mismatch_kl", "sampler/trainer mismatch KL (k3)")
+        lines.append("![sampler/trainer mismatch](plots/mismatch.png)")
+    else:
+        (plots / "mismatch.png").unlink(missing_ok=True)
     lines.append("")
-    logged = [key for key in PLOTTED_METRICS if "{" in key or (_kl_measured(rows) if key == "loss/kl" else _measured(rows, key))]
+    shown = {"loss/kl": _kl_measured, "rollout/mismatch_kl": _mismatch_measured}
+    logged = [key for key in PLOTTED_METRICS if "{" in key or shown.get(key, lambda rows: _measured(rows, key))(rows)]
     return lines + [f"- `{key}`: {describe_metric(key)}" for key in logged]
 
 
@@ -225,17 +238,23 @@ def _kl_measured(rows: list[dict[str, Any]]) -> bool:
     return any(_finite(row.get("loss/kl")) and row["loss/kl"] != 0.0 for row in rows)
 
 
+def _mismatch_measured(rows: list[dict[str, Any]]) -> bool:
+    """Some step logged a sampler/trainer mismatch above rounding (MISMATCH_SHOWN_ABOVE)."""
+    return any(_finite(row.get("rollout/mismatch_kl")) and row["rollout/mismatch_kl"] > MISMATCH_SHOWN_ABOVE for row in rows)
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _plot_kl(rows: list[dict[str, Any]], path: Path) -> None:
-    """The k3 estimate of KL(π_θ ‖ π_ref) per trained token, per RL step."""
+def _plot_kl(rows: list[dict[str, Any]], path: Path, key: str = "loss/kl", title: str = "KL (k3) to reference") -> None:
+    """A k3 KL estimate per trained token, per RL step: KL(π_θ ‖ π_ref) (loss/kl), or the
+    sampler/trainer mismatch KL(π_sampler ‖ π_old) (rollout/mismatch_kl)."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(4, 3.2))
-    ax.plot([r["step"] for r in rows], [r.get("loss/kl", float("nan")) for r in rows])
-    ax.set_title("KL (k3) to reference")
+    ax.plot([r["step"] for r in rows], [r.get(key, float("nan")) for r in rows])
+    ax.set_title(title)
     ax.set_xlabel("RL step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -55,6 +55,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "updates_per_batch": "num_iterations",
     "old_logprobs": "TRL re-scores pi_old when num_iterations > 1 (= 'recompute'); 'sampling' is exact only for mu = 1",
     "rollout_correction.*": "only mode off (TRL generates with the training weights: no sampler/trainer mismatch to correct)",
+    "audit.on_start": "not run: TRL builds and trains its own batches (`agentic-rl audit` checks the model, template and env)",
     "micro_batch_size": "per_device_train_batch_size (must divide rollout.batch_size / processes)",
     "optim.lr, weight_decay, betas, eps": "learning_rate, weight_decay, adam_beta1/adam_beta2, adam_epsilon",
     "optim.schedule, warmup_steps": "lr_scheduler_type (constant -> constant_with_warmup), warmup_steps",

@@ -230,7 +230,7 @@ class ChatFormat:
         """
         if not observation_messages:
             raise ValueError("observation_messages is empty: an observation needs at least one message")
-        history = _with_placeholder_assistants(messages_before)
+        history = with_placeholder_assistants(messages_before)
         placeholder = _ASSISTANT_PLACEHOLDER.format(index="current")
         before = self.render(history, tools, add_generation_prompt=True)
         after_pieces = self.render_pieces(
@@ -298,7 +298,7 @@ class ChatFormat:
             )
 
 
-def _with_placeholder_assistants(messages: Sequence[Message]) -> list[Message]:
+def with_placeholder_assistants(messages: Sequence[Message]) -> list[Message]:
     """Replace earlier assistant contents by opaque placeholders.
 
     The delta after a new turn is structural; it must not depend on how a template rewrites

@@ -7,8 +7,9 @@ keep the rollout weights in sync after each optimizer step.
 
 A subclass implements `_build_batch(step)`, `micro_batches` and `loss` (the loop's Objective,
 training/loop.py); the rest is here, including what both losses share: the sampler/trainer
-mismatch weights (`_rollout_correction`, algorithms/rollout_correction.py). Its config must carry
-the sections of episode_config.py (env, rollout, reward_model) plus rewards, rollout_correction,
+mismatch weights (`_rollout_correction`, algorithms/rollout_correction.py) and the audit of the
+first batch (`audit.on_start`, training/start_audit.py). Its config must carry the sections of
+episode_config.py (env, rollout, reward_model, audit) plus rewards, rollout_correction,
 selection, updates_per_batch, micro_batch_size and train.
 
 Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
@@ -45,6 +46,7 @@ from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
 from agentic_rl.training.groups import Group, PromptSelector
 from agentic_rl.training.scoring import unwrap_policy
+from agentic_rl.training.start_audit import AuditFailed, StartAudit
 
 
 @dataclasses.dataclass
@@ -113,6 +115,15 @@ class EpisodeObjective:
                              f"{accelerator.num_processes} processes")
         local = self.cfg.rollout.batch_size // accelerator.num_processes
         self.engine = build_engine(self.policy, self.tokenizer, self.cfg.rollout, seed=self.cfg.train.seed, max_concurrent=local)
+        self.start_audit = self._make_start_audit() if self.cfg.audit.on_start else None
+
+    def _make_start_audit(self) -> StartAudit:
+        from agentic_rl.models.precision import resolve_rollout_dtype
+
+        rollout_dtype = self.cfg.rollout.dtype
+        decodes = resolve_rollout_dtype(rollout_dtype, self.accelerator.device) if rollout_dtype == "auto" else rollout_dtype
+        float32 = decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
+        return StartAudit(self.engine.chat_format, self.make_env().tool_schemas, float32, log=self.accelerator.print)
 
     def next_batch(self, step: int):
         """A fresh rollout batch every μ = updates_per_batch steps; the cached one in between."""
@@ -178,6 +189,8 @@ class EpisodeObjective:
             **extra,
         })
         metrics["rollout/sequences_per_episode"] = len(sequences) / max(1, len(trajs))  # this rank's; 1: every history a prefix
+        if self.start_audit is not None and not self.start_audit.episodes_checked:
+            self._audit_episodes(trajs)
         return Collected(groups, trajs, global_rewards, local_rows, tensors, metrics, sequences, row_episode)
 
     def _rollout_groups(self, tasks: list[Any], step: int, round_index: int) -> list[Group]:
@@ -196,14 +209,27 @@ class EpisodeObjective:
                        table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
                 for g, task in enumerate(tasks)]
 
+    def _audit_episodes(self, trajs: list[Trajectory]) -> None:
+        """The audit's prefix and mask checks of the first batch, before any gradient; every
+        process stops if any one's episodes fail (a rank alone would leave the others waiting)."""
+        failure = self.start_audit.check_episodes(trajs)
+        failed_somewhere = self._sum_over_processes(float(failure is not None))
+        if failure is not None:
+            raise AuditFailed(failure)
+        if failed_somewhere:
+            raise AuditFailed("audit on start: another process's first batch failed the audit; its message names the token")
+
     # ---------------------------------------------------------------- the loss's shared parts
 
-    def _rollout_correction(self, old: torch.Tensor, sampler: torch.Tensor,
+    def _rollout_correction(self, batch: Any, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor,
                             mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
         """This micro-batch's sampler/trainer mismatch weights for the policy loss (None: mode off)
         and statistics, from π_old and the sampler's recorded log-probs, (b, T) each, over `mask`.
         π_old and the record are fixed for the batch, so the weights are the same at each of its μ
-        updates."""
+        updates. At the first update of a batch (staleness 0) π_θ is the sampling weights, so the
+        first such forward also gives the audit its trainer log-probs (no extra pass)."""
+        if self.start_audit is not None and self.start_audit.episodes_checked and batch.staleness == 0:
+            self.start_audit.record_logprobs(logps, sampler, mask)
         weights, metrics = rollout_correction(old, sampler, mask, self.cfg.rollout_correction)
         return weights, {key: float(value) for key, value in metrics.items()}
 
@@ -318,6 +344,9 @@ class EpisodeObjective:
         metrics = dict(self.cached.metrics) if self.cached else {}
         metrics["rollout/staleness"] = float(self.cached.staleness) if self.cached else 0.0
         metrics["rollout/weights_version"] = float(self.engine.sync_weights())
+        if self.start_audit is not None and self.start_audit.logprobs_measured:  # the audit's first trained update
+            metrics.update(self.start_audit.finish())
+            self.start_audit = None
         return metrics
 
     def state_dict(self) -> dict[str, Any]:

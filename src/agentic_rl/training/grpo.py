@@ -18,6 +18,8 @@ Per optimizer step (the "seed" GRPO, DESIGN.md §3):
      rollout_correction is on (algorithms/rollout_correction.py; its statistics every step).
 With μ = `updates_per_batch` > 1 the same rollouts serve μ optimizer steps; π_old is the
 sampling log-probs recorded by the engine (or one re-scoring, with old_logprobs: recompute).
+The first batch of every run is audited before its first gradient (audit.on_start,
+training/start_audit.py): prefixes and loss masks of its own episodes.
 
 Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
 stride, so a group spans ranks:
@@ -169,7 +171,7 @@ class GRPOObjective(EpisodeObjective):
             old = torch.where(off_policy[:, None], logps.detach(), old)
         sampler = t.logprobs[index][:, :length].to(device)  # (b, T): the engine's record, kept by every old_logprobs mode
         sampled = mask * (~off_policy)[:, None].to(mask.dtype)  # (b, T): nobody sampled an oracle demonstration
-        is_weights, correction = self._rollout_correction(old, sampler, sampled)
+        is_weights, correction = self._rollout_correction(batch, logps, old, sampler, sampled)
         ref = batch.ref_logprobs[index][:, :length].to(device) if batch.ref_logprobs is not None else None
         num_items = micro.tokens if self.cfg.loss.loss_type in ("dapo", "token") else None
         weights = batch.row_weights[index].to(device) if batch.row_weights is not None and self.cfg.loss.loss_type == "grpo" else None

@@ -18,6 +18,7 @@ from agentic_rl.training.episode_config import (
     EnvConfig,
     OldLogprobs,
     RewardModelTerm,
+    StartAuditConfig,
     check_old_logprobs,
     check_trainer_device,
 )
@@ -96,6 +97,8 @@ class GRPOConfig(PluginsConfig):
     rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
     """Importance weights π_old/π_sampler on the policy loss, for rollouts decoded by other numerics
     than the trainer (truncated or masked; off by default, logged always)."""
+    audit: StartAuditConfig = dataclasses.field(default_factory=StartAuditConfig)
+    """The audit of the first batch (prefix, mask, log-prob drift)."""
     micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
     skip_zero_advantage: bool = True

@@ -65,6 +65,10 @@ GLOSSARY: dict[str, str] = {
     "rollout/is_weight_max": "Largest importance weight w = π_old/π_sampler of the step's trained tokens (rows at level sequence), before truncation or masking.",
     "rollout/is_truncated_frac": "rollout_correction.mode tis: share of trained tokens (rows at level sequence) whose weight exceeded the cap and was truncated to it.",
     "rollout/is_masked_frac": "rollout_correction.mode mis: share of trained tokens (rows at level sequence) whose weight fell outside [low, high] and was masked out of the policy loss.",
+    # the audit of the first batch (training/start_audit.py, audit.on_start): the step that first trains on it
+    "rollout/logprob_drift_max": "Audit on start: largest |log π_sampler − log π_θ| over the first trained batch's trained tokens, π_θ the weights that sampled it (float32 on both sides: within 1e-3).",
+    "rollout/logprob_drift_mean": "Audit on start: mean |log π_sampler − log π_θ| over the first trained batch's trained tokens, π_θ the weights that sampled it.",
+    "time/audit": "Audit on start: seconds of its prefix and mask checks and its log-prob drift (logged once, at the step that first trains).",
     "time/reference": "Seconds spent on π_old re-scoring and π_ref passes (0 when neither runs).",
     # what a GRPO step trained on
     "train/groups_with_variance": "Share of the trained batch's groups whose rewards differ, after dynamic sampling and guidance.",

@@ -19,7 +19,7 @@ Per optimizer step (rollouts as for GRPO: training/episodes.py):
      over the batch's policy tokens, with gradient accumulation over micro-batches.
 With μ = updates_per_batch > 1 the batch (its advantages, returns and V_old) serves μ steps.
 As in GRPO, rollout_correction weights the clipped surrogate by the sampler/trainer mismatch
-(its statistics every step).
+(its statistics every step), and the first batch is audited before its first gradient.
 
 Under DDP the whitening statistics and the token count are summed over processes, so every
 rank normalises exactly as one process would; DDP averages gradients, and each rank's loss is
@@ -169,7 +169,7 @@ class PPOObjective(EpisodeObjective):
         logps, entropy, values = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
-        is_weights, correction = self._rollout_correction(old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
+        is_weights, correction = self._rollout_correction(batch, logps, old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
         loss, metrics = ppo_loss(logps, old, values, rows_of(batch.old_values), rows_of(batch.advantages),
                                  rows_of(batch.returns), mask, self.cfg.loss, ref_logps=ref,
                                  entropy=entropy if bonus else None, num_tokens=batch.tokens, is_weights=is_weights)
