@@ -6,12 +6,13 @@ SFT control from SFT's end, each the mean over its seeds (the README's plot).
         --control runs/c2 runs/c2-seen.json runs/c2-new.json --control runs/c3 runs/c3-seen.json runs/c3-new.json \
         --out experiments/demo_minutes.png
 
-`--pipeline` is a `agentic-rl pipeline` run with `control.enabled: true`: its SFT stage, its GRPO
+`--pipeline` is an `agentic-rl pipeline` run with `control.enabled: true`: its SFT stage, its GRPO
 stage (seed 0) and its control; each `--grpo` / `--control` adds a seed from the same SFT model, and
 `--variant NAME ...` a seed of another RL setting (its own line, e.g. μ = 2): a run
-folder (its metrics.jsonl gives the training seconds: steps x median step time) and its evaluation
-files. A point is the mean accuracy over seeds at the mean training minutes, with a 95% bootstrap interval over problems of the
-per-problem mean over seeds (as `agentic-rl compare` averages seeds). Prints the points as JSON.
+folder (its metrics.jsonl gives the training seconds: rollout batches x the median time of one)
+and its evaluation files. A point is the mean accuracy over seeds at the mean training minutes,
+with a 95% bootstrap interval over problems of the per-problem mean over seeds (as `agentic-rl
+compare` averages seeds). Prints the points as JSON.
 """
 
 from __future__ import annotations
