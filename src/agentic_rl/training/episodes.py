@@ -259,6 +259,15 @@ class EpisodeObjective:
             out[rank::world] = part
         return out
 
+    def _combine_drift(self, total: float, count: int, largest: float) -> tuple[float, int, float]:
+        """(sum, count, max) of the audit's log-prob drift over all processes."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return total, count, largest
+        sums = acc.reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum").cpu()
+        largest = float(acc.gather(torch.tensor([largest], dtype=torch.float64, device=acc.device)).max().cpu())
+        return float(sums[0]), int(sums[1]), largest
+
     def _sum_over_processes(self, value: float) -> float:
         acc = self.accelerator
         if acc.num_processes == 1:
@@ -345,7 +354,7 @@ class EpisodeObjective:
         metrics["rollout/staleness"] = float(self.cached.staleness) if self.cached else 0.0
         metrics["rollout/weights_version"] = float(self.engine.sync_weights())
         if self.start_audit is not None and self.start_audit.logprobs_measured:  # the audit's first trained update
-            metrics.update(self.start_audit.finish())
+            metrics.update(self.start_audit.finish(self._combine_drift))
             self.start_audit = None
         return metrics
 

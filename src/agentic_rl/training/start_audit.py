@@ -59,6 +59,7 @@ class StartAudit:
         self.episodes_checked = False
         self.seconds = 0.0
         self._drift_max, self._drift_sum, self._drift_count = 0.0, 0.0, 0
+        self._recorded = False  # set on every process at the same update, tokens or not (collectives follow it)
 
     # ------------------------------------------------------------------ before the first gradient
 
@@ -121,6 +122,7 @@ class StartAudit:
         """Add one micro-batch's (b, T) log-probs of the weights that sampled it (the first update's
         forward) and the sampler's record, over its trained tokens (mask 1)."""
         started = time.perf_counter()
+        self._recorded = True
         drift = logprob_drift(trainer_logps, sampler_logps, mask)  # (N,)
         if drift.numel():
             self._drift_max = max(self._drift_max, float(drift.max()))
@@ -130,10 +132,14 @@ class StartAudit:
 
     @property
     def logprobs_measured(self) -> bool:
-        return self._drift_count > 0
+        return self._recorded
 
-    def finish(self) -> dict[str, float]:
-        """The drift and cost metrics, after the step whose forward passes were recorded; prints the verdict."""
+    def finish(self, combine: Callable[[float, int, float], tuple[float, int, float]] | None = None) -> dict[str, float]:
+        """The drift and cost metrics, after the step whose forward passes were recorded; prints the verdict.
+        combine: (sum, count, max) of this process -> those of all processes, so every rank logs the
+        whole batch's drift (as every other rollout metric) rather than its own half's."""
+        if combine is not None:
+            self._drift_sum, self._drift_count, self._drift_max = combine(self._drift_sum, self._drift_count, self._drift_max)
         mean = self._drift_sum / max(1, self._drift_count)
         if self.tolerance is None:
             verdict = "bf16 on a side: this is the sampler/trainer mismatch (rollout_correction)"
