@@ -54,7 +54,7 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     from agentic_rl.config import load_config
     from agentic_rl.models.policy import load_policy
     from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.grpo import GRPOObjective, train_grpo
+    from agentic_rl.training.grpo import GRPO, train_grpo
     from agentic_rl.training.grpo_config import GRPOConfig
     from agentic_rl.training.scoring import TokenScorer
     from agentic_rl.training.start_audit import StartAudit
@@ -71,12 +71,12 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     # the run's single time/audit is a ~10 ms figure, at the mercy of the scheduler on a shared
     # machine: time the checks again, repeated, on the same first batch (same seed, same episodes)
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *_: None)
-    objective = GRPOObjective(cfg, tokenizer, None)
+    objective = GRPO(cfg, tokenizer, None)
     objective.bind(TokenScorer(policy), make_accelerator("no", cfg.train.seed))
-    episodes = objective._collect(0).trajectories
+    episodes = objective.episodes.collate(*objective.episodes.draw(0)).trajectories
     times = []
     for _ in range(repeats):
-        audit = StartAudit(objective.engine.chat_format, objective.make_env().tool_schemas, True, log=lambda *_: None)
+        audit = StartAudit(objective.episodes.engine.chat_format, objective.episodes.make_env().tool_schemas, True, log=lambda *_: None)
         started = time.perf_counter()
         assert audit.check_episodes(episodes) is None
         times.append(time.perf_counter() - started)

@@ -54,16 +54,18 @@ def child(variant: str, model: str, steps: int, seed: int, out: str) -> dict:
         import agentic_rl.training.ppo as module
         from agentic_rl.training.ppo_config import PPOConfig as Config
         run = module.train_ppo
-    original = module.run_training
+    import agentic_rl.training.loop as loop_module  # train_on_policy imports run_training from here when it runs
+
+    original = loop_module.run_training
 
     def counting(objective, scorer, *args, **kwargs):
         held["parameters"] = sum(p.numel() for p in scorer.parameters())
         held["trainable"] = sum(p.numel() for p in scorer.parameters() if p.requires_grad)
-        if objective.reference is not None:
-            held["parameters"] += sum(p.numel() for p in objective.reference.parameters())
+        if objective.episodes.reference is not None:
+            held["parameters"] += sum(p.numel() for p in objective.episodes.reference.parameters())
         return original(objective, scorer, *args, **kwargs)
 
-    module.run_training = counting
+    loop_module.run_training = counting
     cfg = load_config(Config, REPO / config, overrides=[f"model.name={model}", f"train.steps={steps}", f"train.seed={seed}",
                                                         f"train.output_dir={out}", "train.progress=false", *extra])
     history = run(cfg)["history"]

@@ -24,22 +24,22 @@ def run_until(script: str, marker: Path, timeout: float = 600) -> None:
 
 
 def interrupt_then_resume(monkeypatch, objective_cls, train, cfg, step: int = 2):
-    """Run `train(cfg)` until `objective_cls.next_batch(step)` raises, then run it again (it
+    """Run `train(cfg)` until `objective_cls.step(trainer, step)` raises, then run it again (it
     resumes from the newest checkpoint); returns the second run's result."""
     import pytest
 
     class Killed(Exception):
         pass
 
-    original = objective_cls.next_batch
+    original = objective_cls.step
 
-    def dies(self, at):
+    def dies(self, trainer, at):
         if at == step:
             raise Killed()
-        return original(self, at)
+        return original(self, trainer, at)
 
-    monkeypatch.setattr(objective_cls, "next_batch", dies)
+    monkeypatch.setattr(objective_cls, "step", dies)
     with pytest.raises(Killed):
         train(cfg)
-    monkeypatch.setattr(objective_cls, "next_batch", original)
+    monkeypatch.setattr(objective_cls, "step", original)
     return train(cfg)

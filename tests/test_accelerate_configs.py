@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agentic_rl.training.common import fit_deepspeed_to_loop, make_accelerator
-from agentic_rl.training.loop import LoopConfig, OptimConfig, run_training
+from agentic_rl.training.loop import BatchObjective, LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import RunDir
 from agentic_rl.training.scoring import require_replicated_weights, shards_weights
 
@@ -97,7 +97,7 @@ def test_only_the_last_micro_batch_is_an_accumulation_boundary(tmp_path):
     `sync_gradients` to the engine's backward, so it must be False until the last one."""
     from accelerate.utils import DistributedType
 
-    class ThreeMicroBatches:
+    class ThreeMicroBatches(BatchObjective):
         def bind(self, model, accelerator):
             self.accelerator, self.seen = accelerator, []
 
@@ -110,12 +110,6 @@ def test_only_the_last_micro_batch_is_an_accumulation_boundary(tmp_path):
         def loss(self, model, micro):
             self.seen.append(self.accelerator.sync_gradients)
             return model(micro).sum(), {}
-
-        def after_step(self, step):
-            return {}
-
-        def state_dict(self):
-            return {}
 
     accelerator = make_accelerator("no", seed=0)
     assert accelerator.distributed_type == DistributedType.NO

@@ -47,7 +47,8 @@ def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_p
     assert len(trajs) == 8 and all(_task_index(t) % 2 == 0 for t in trajs)
     tasks = [t.task_id for t in trajs[::2]]
     assert len(set(tasks)) == 4 and all(trajs[2 * g].task_id == trajs[2 * g + 1].task_id for g in range(4))
-    assert all(float(a) != 0.0 for a in batch.advantages)  # every episode now carries a gradient
+    assert torch.equal(batch.advantages, batch.advantages[:, :1].expand_as(batch.advantages))  # episode credit: one value per row
+    assert all(float(a) != 0.0 for a in batch.advantages[:, 0])  # every episode now carries a gradient
 
 
 def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_path):
@@ -62,8 +63,8 @@ def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_pa
 
 def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path):
     _, objective, _ = _first_batch(_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
-    pool = objective.task_pool
-    selector = objective.selector
+    pool = objective.episodes.task_pool
+    selector = objective.episodes.selector
     selector.outcomes = {pool[0].id: (8, 8), pool[1].id: (0, 8), pool[2].id: (3, 8)}  # always, never, sometimes
     drawn = {t.id for seed in range(50) for t in selector.draw(random.Random(seed), 2)}
     assert pool[0].id not in drawn and pool[1].id not in drawn
@@ -86,13 +87,13 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
     assert not any(t.info.get("correct") for i, t in enumerate(trajs) if i % G != G - 1)  # the sampled members all fail
     assert batch.off_policy.tolist() == [i % G == G - 1 for i in range(len(trajs))]
     assert batch.metrics["train/guided_groups"] == len(trajs) // G
-    chat_format = ChatFormat.for_tokenizer(objective.tokenizer)
+    chat_format = ChatFormat.for_tokenizer(objective.episodes.tokenizer)
     for row in range(G - 1, len(trajs), G):
         demo = trajs[row]
-        task = next(t for t in objective.task_pool if t.id == demo.task_id)
-        assert demo.input_ids == oracle_demos(objective.make_env(), [task], chat_format)[0].input_ids
+        task = next(t for t in objective.episodes.task_pool if t.id == demo.task_id)
+        assert demo.input_ids == oracle_demos(objective.episodes.make_env(), [task], chat_format)[0].input_ids
         assert demo.info["correct"] and demo.reward == 1.0
-        assert float(batch.advantages[row]) > 0 > float(batch.advantages[row - 1])
+        assert float(batch.advantages[row, 0]) > 0 > float(batch.advantages[row - 1, 0])
         assert demo.task_id == trajs[row - 1].task_id  # it joined its own prompt's group
     grads, micros = _accumulated_gradient(model, objective, batch)
     assert any(float(g.abs().max()) > 0 for g in grads.values())
@@ -140,9 +141,9 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     grads, micros = _accumulated_gradient(model, objective, batch)
     assert micros and all(objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros)
     _step_in_place(model, grads, lr=1.0)
-    objective.after_step(0)  # the engine syncs the new weights (version 1)
+    objective.episodes.after_update(objective.batch)  # the engine syncs the new weights (version 1)
 
-    again = objective.next_batch(1)
+    again = objective.batch_for(1)
     assert again is batch and again.staleness == 1
     moved = False
     for micro in objective.micro_batches(again):
@@ -153,16 +154,16 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         ids, attention, mask = t.input_ids[index, :length], t.attention_mask[index, :length], t.loss_mask[index, :length]
         with torch.no_grad():
             logps, _ = model(ids, attention, mask, cfg.rollout.temperature)  # π_θ after the update
-        expected = reference_loss(logps.double(), t.logprobs[index, :length].double(), again.advantages[index].double(),
+        expected = reference_loss(logps.double(), t.logprobs[index, :length].double(), again.advantages[index, 0].double(),
                                   mask, cfg.loss, None) * micro.share
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
         moved |= abs(metrics["loss/ratio_mean"] - 1.0) > 1e-3 and metrics["loss/clip_ratio_region"] > 0
     assert moved, "after one update the ratio against the sampler's log-probs must leave 1 and be clipped"
-    objective.after_step(1)
+    objective.episodes.after_update(objective.batch)
 
-    fresh = objective.next_batch(2)
+    fresh = objective.batch_for(2)
     assert fresh is not batch and fresh.staleness == 0
-    assert {t.weights_version for t in fresh.trajectories} == {objective.engine.weights_version}
+    assert {t.weights_version for t in fresh.trajectories} == {objective.episodes.engine.weights_version}
 
 
 def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path, fresh_accelerator_state):

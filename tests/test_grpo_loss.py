@@ -15,14 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_rl.algorithms.grpo import (
-    GRPOLossConfig,
-    discounted_turn_returns,
-    group_advantages,
-    grpo_loss,
-    token_advantages_from_turns,
-    turn_advantages,
-)
+from agentic_rl.algorithms.grpo import GRPOLossConfig, group_advantages, grpo_loss
+from agentic_rl.algorithms.turn_credit import discounted_turn_returns, token_advantages_from_turns, turn_advantages
 from agentic_rl.algorithms.logprobs import sequence_logprobs, token_entropy, token_logprobs
 from agentic_rl.models.backbone import shared_prefix_length
 

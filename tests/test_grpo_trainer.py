@@ -21,7 +21,8 @@ from agentic_rl.config import ConfigError, load_config
 from agentic_rl.envs.arith import ArithEnv
 from agentic_rl.envs.base import StepResult, list_envs, register_env
 from agentic_rl.rewards.base import list_rewards, register_reward
-from agentic_rl.training.grpo import GRPOObjective, train_grpo
+from agentic_rl.training.episodes import Episodes
+from agentic_rl.training.grpo import GRPO, train_grpo
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.run_dir import read_metrics
 
@@ -109,12 +110,12 @@ def _first_batch(cfg: GRPOConfig, mixed_precision: str = "no"):
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     model = TokenScorer(policy)
-    objective = GRPOObjective(cfg, tokenizer, None)
+    objective = GRPO(cfg, tokenizer, None)
     objective.bind(model, make_accelerator(mixed_precision, 0))
-    return model, objective, objective.next_batch(0)
+    return model, objective, objective.batch_for(0)
 
 
-def _accumulated_gradient(model, objective: GRPOObjective, batch) -> tuple[dict[str, torch.Tensor], list]:
+def _accumulated_gradient(model, objective: GRPO, batch) -> tuple[dict[str, torch.Tensor], list]:
     """The gradient summed over the objective's micro-batches of `batch`, and those micro-batches."""
     model.zero_grad(set_to_none=True)
     micros = objective.micro_batches(batch)
@@ -163,7 +164,7 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
     FastRunner on stale weights after loading, or loses optimizer/scheduler state (invariant 7)."""
 
     out = tmp_path / "split"
-    resumed = interrupt_then_resume(monkeypatch, GRPOObjective, train_grpo,
+    resumed = interrupt_then_resume(monkeypatch, GRPO, train_grpo,
                                     _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert len(resumed["history"]) == 2
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
@@ -202,13 +203,13 @@ def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight
 def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
     """Guards against paying for π_ref (a full forward per batch) when β = 0 (invariant 4)."""
     calls = []
-    original = GRPOObjective._score
+    original = Episodes.score
 
     def recording(self, tensors, reference):
         calls.append(reference)
         return original(self, tensors, reference)
 
-    monkeypatch.setattr(GRPOObjective, "_score", recording)
+    monkeypatch.setattr(Episodes, "score", recording)
     result = train_grpo(_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
     assert calls == []
     assert result["history"][0]["time/reference"] < 0.05
@@ -219,13 +220,13 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
     """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
     toggle on a model that has none, when lora.enabled=false and β > 0."""
     seen = []
-    original = GRPOObjective._score
+    original = Episodes.score
 
     def recording(self, tensors, reference):
         seen.append((reference, self.reference))
         return original(self, tensors, reference)
 
-    monkeypatch.setattr(GRPOObjective, "_score", recording)
+    monkeypatch.setattr(Episodes, "score", recording)
     result = train_grpo(_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
     refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
@@ -395,7 +396,7 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
     float64 reference's (group mean of the returns-to-go at the same turn, an ended episode 0),
     from the episodes' own step rewards (through env_steps); episodes of one and two turns share
     groups (ragged_arith), so the baseline of the second turn counts the ended episodes as 0."""
-    from agentic_rl.algorithms.grpo import discounted_turn_returns
+    from agentic_rl.algorithms.turn_credit import discounted_turn_returns
     from agentic_rl.training.episodes import rewards_per_turn
     from test_grpo_loss import _reference_turn_advantages
 
@@ -408,9 +409,12 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
     expected = _reference_turn_advantages(discounted_turn_returns(placed, 1.0), cfg.rollout.group_size, "position")
     turns = [len(values) for values in placed]
     assert any(len(set(turns[g : g + 4])) > 1 for g in (0, 4)), f"a group with one- and two-turn episodes: {turns}"
-    assert len(batch.advantages) == len(trajs)
-    for row, values in enumerate(batch.advantages):
-        assert values == pytest.approx(expected[row], rel=1e-6, abs=1e-9)
+    assert batch.advantages.shape == batch.tensors.input_ids.shape  # (R, T): one row per episode here
+    for row, traj in enumerate(trajs):  # each turn's value on every token of the turn, 0 elsewhere
+        tokens = torch.zeros(batch.advantages.shape[1], dtype=torch.float64)
+        for span, value in zip(traj.policy_spans, expected[row], strict=True):
+            tokens[span.start : span.end] = value
+        torch.testing.assert_close(batch.advantages[row].double(), tokens, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("override, fragment", [

@@ -82,7 +82,7 @@ def test_grpo_trains_each_sequence_of_a_memory_episode_with_its_episodes_advanta
     for seq in batch.trajectories:  # the window dropped turn 1: every later sequence starts with a re-rendered context
         seq.check()
         assert seq.num_policy_tokens == int(batch.tensors.loss_mask[batch.trajectories.index(seq)].sum())
-    per_episode = batch.advantages.view(4, 2)  # rows of one episode are consecutive, oldest first
+    per_episode = batch.advantages[:, 0].view(4, 2)  # rows of one episode are consecutive, oldest first
     assert torch.equal(per_episode[:, 0], per_episode[:, 1]), "every row carries its episode's advantage"
     assert per_episode[:, 0].view(2, 2).sum(-1).abs().max() < 1e-5 and per_episode.abs().sum() > 0  # G = 2 groups
     assert batch.row_weights is not None and torch.allclose(batch.row_weights.view(4, 2).sum(-1), torch.ones(4))
@@ -101,7 +101,7 @@ def test_ppo_runs_gae_across_the_sequences_of_a_memory_episode(tmp_path):
     from test_ppo_trainer import _bound, _cfg
 
     model, objective = _bound(_cfg(tmp_path, *MEMORY, "rollout.group_size=1"))
-    batch = objective.next_batch(0)
+    batch = objective.batch_for(0)
     assert len(batch.trajectories) == 8 and batch.tensors.input_ids.shape[0] == 8
     mask = batch.tensors.loss_mask.bool()
     # γ = λ = 1: the value target at every policy token is the episode's reward-to-go, all of it on the

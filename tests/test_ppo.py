@@ -167,9 +167,9 @@ def test_token_rewards_put_each_turn_reward_on_the_last_token_of_its_span():
     out = token_rewards([[0.1, 1.0], [0.1, 0.1, 0.0]], spans, 11)
     torch.testing.assert_close(out, REWARDS, atol=0, rtol=0)
     assert bool((token_rewards([[], [0.5]], [[(2, 5)], [(1, 3)]], 11)[0] == 0).all()), "an untrained row gets no reward"
-    with pytest.raises(ValueError, match="2 turn rewards for 1"):
+    with pytest.raises(ValueError, match="2 turn values for 1"):
         token_rewards([[0.1, 1.0]], [[(2, 5)]], 11)
-    with pytest.raises(ValueError, match="empty or beyond"):
+    with pytest.raises(ValueError, match="empty or outside"):
         token_rewards([[1.0]], [[(4, 12)]], 11)
 
 

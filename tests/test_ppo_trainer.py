@@ -22,7 +22,7 @@ from agentic_rl.algorithms.ppo import gae
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.models.backbone import backbone_and_head
 from agentic_rl.training.actor_critic import ActorCritic
-from agentic_rl.training.ppo import PPOObjective, train_ppo
+from agentic_rl.training.ppo import PPO, train_ppo
 from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.run_dir import read_metrics
 
@@ -62,7 +62,7 @@ def _bound(cfg: PPOConfig, critic: bool = False):
     _random_lora(policy)
     separate = load_policy(cfg.model, log=lambda *a: None)[0] if critic else None
     model = ActorCritic(policy, separate, cfg.value.lr_multiplier)
-    objective = PPOObjective(cfg, tokenizer, None)
+    objective = PPO(cfg, tokenizer, None)
     objective.bind(model, make_accelerator("no", 0))
     return model, objective
 
@@ -109,7 +109,7 @@ def test_the_value_loss_trains_the_shared_trunk_but_never_a_separate_critics_pol
     only the critic, and the optimizer groups put the value model at lr × lr_multiplier."""
     cfg = _cfg(tmp_path, f"value.critic={critic}")
     model, objective = _bound(cfg, critic=critic == "separate")
-    ids, attention, mask = _ids(objective.tokenizer)
+    ids, attention, mask = _ids(objective.episodes.tokenizer)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.1)
     _, _, values = model(ids, attention, mask)
@@ -131,7 +131,7 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
     the wrong positions."""
     cfg = _cfg(tmp_path, "loss.lam=1.0", "loss.gamma=1.0")
     _, objective = _bound(cfg)
-    batch = objective.next_batch(0)
+    batch = objective.batch_for(0)
     mask = batch.tensors.loss_mask.bool()
     totals = [traj.reward_components for traj in batch.trajectories]
     assert len({round(t["token_parity"], 6) for t in totals}) > 1, "the test reward must vary"
@@ -156,13 +156,13 @@ def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
     model, objective = _bound(cfg)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.05)
-    batch = objective.next_batch(0)
+    batch = objective.batch_for(0)
     t, mask = batch.tensors, batch.tensors.loss_mask
     assert float(batch.old_values[mask.bool()].abs().min()) > 0
     rewards = torch.zeros(mask.shape, dtype=torch.float64)
     for row, traj in enumerate(batch.trajectories):
         rewards[row, traj.policy_spans[-1].end - 1] = traj.reward_components["token_parity"] + 0.5 * traj.reward_components["format"]
-    ref = objective._score(t, reference=True).double()
+    ref = objective.episodes.score(t, reference=True).double()
     rewards = rewards - 0.1 * (batch.old_logprobs.double() - ref) * mask
     advantages, returns = gae(rewards, batch.old_values.double(), mask, 0.95, 0.9)
     torch.testing.assert_close(batch.returns.double(), returns, atol=1e-5, rtol=0)
@@ -178,7 +178,7 @@ def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path):
     model, objective = _bound(cfg)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.05)
-    batch = objective.next_batch(0)
+    batch = objective.batch_for(0)
 
     def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
         objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
@@ -225,7 +225,7 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
     shared trunk's next updates would then differ) or the rollout weights version."""
 
     out = tmp_path / "split"
-    resumed = interrupt_then_resume(monkeypatch, PPOObjective, train_ppo,
+    resumed = interrupt_then_resume(monkeypatch, PPO, train_ppo,
                                     _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run

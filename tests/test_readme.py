@@ -90,7 +90,7 @@ checked = []
 for line in json.loads(sys.argv[1]):
     argv = shlex.split(line)
     args = cli.build_parser().parse_args(argv)
-    if args.command in cli._CONFIG_COMMANDS:
+    if args.command in cli.TRAIN_COMMANDS:
         load_config(cli._config_class(args.command), args.config, args.set, plugins=args.plugin)
     elif args.command in FLAGS:
         cli._load_flagged(args, FLAGS[args.command], cli._config_class(args.command))

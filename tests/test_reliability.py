@@ -104,7 +104,7 @@ class _Objective(StatelessObjective):
         pass
 
     def next_batch(self, step):
-        self.step = step
+        self.at = step  # not `step`: that is the objective's step method (training/loop.py)
         x = torch.randn(8, 4)  # (B, 4)
         return x, x.sum(-1)
 
@@ -115,7 +115,7 @@ class _Objective(StatelessObjective):
         x, y = micro
         loss = ((model(x).squeeze(-1) - y) ** 2).mean()
         if self.poison:
-            loss = self.poison(self.step, model, loss)
+            loss = self.poison(self.at, model, loss)
         return loss, {}
 
 

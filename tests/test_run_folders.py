@@ -91,7 +91,7 @@ def test_a_setting_newer_than_the_record_differs_only_when_set_away_from_its_def
 def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading, monkeypatch, backend):
     """Guards against `grpo` resuming an `sft` folder's checkpoint and mixing both runs in one
     metrics.jsonl (the issue's case was `sft` into a `grpo` folder; the rule is the same)."""
-    from agentic_rl.pipeline import run_grpo
+    from agentic_rl.integrations.backends import train_grpo_with_backend as run_grpo
 
     monkeypatch.setattr("agentic_rl.integrations.trl_backend.build_trl_trainer", no_model_loading)
     before = _fingerprints(run_copy)

@@ -74,11 +74,11 @@ def _bound_objective(cfg, tokenizer):
     """A GRPO objective bound to tiny-qwen3 (what the loop does before its first step)."""
     from agentic_rl.models.policy import load_policy
     from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.grpo import GRPOObjective
+    from agentic_rl.training.grpo import GRPO
     from agentic_rl.training.scoring import TokenScorer
 
     policy, _, _ = load_policy(cfg.model, log=lambda *a: None)
-    objective = GRPOObjective(cfg, tokenizer, None)
+    objective = GRPO(cfg, tokenizer, None)
     objective.bind(TokenScorer(policy), make_accelerator("no", 0))
     return objective
 
@@ -87,8 +87,8 @@ def test_audit_on_start_false_trains_on_the_same_batch(tmp_path, monkeypatch, qw
     """The switch is used: with the audit off, the same mask bug goes unnoticed (which is why it is on)."""
     injected = _shift_one_mask_onto_an_observation(monkeypatch)
     objective = _bound_objective(grpo_cfg(tmp_path / "run", *MULTI_TURN, "audit.on_start=false"), qwen3_tokenizer)
-    batch = objective.next_batch(0)
-    assert injected and objective.start_audit is None
+    batch = objective.batch_for(0)
+    assert injected and objective.episodes.start_audit is None
     assert batch.tensors.loss_mask.sum() > 0
 
 
@@ -99,7 +99,7 @@ def test_a_template_that_rewrites_earlier_turns_stops_the_run_at_the_first_diffe
     broken.chat_template = "{{ messages | length }} messages\n" + broken.chat_template
     objective = _bound_objective(grpo_cfg(tmp_path / "run"), broken)
     with pytest.raises(AuditFailed) as stopped:
-        objective.next_batch(0)
+        objective.batch_for(0)
     message = str(stopped.value)
     assert "audit on start: FAIL prefix" in message
     assert "rewrites the rendering of the first 2; first differing token at position 0" in message

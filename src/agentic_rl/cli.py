@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from agentic_rl.train_commands import TRAIN_COMMANDS
+
 
 def _print_json(payload: Any) -> None:
     from agentic_rl.strict_json import dumps
@@ -281,20 +283,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-_CONFIG_COMMANDS = {
-    "sft": ("agentic_rl.training.sft", "SFTConfig", "train_sft", "supervised fine-tuning (LoRA or full) on demonstrations"),
-    "rm": ("agentic_rl.training.reward_model", "RMConfig", "train_rm", "train a Bradley-Terry reward model"),
-    "grpo": ("agentic_rl.training.grpo_config", "GRPOConfig", "agentic_rl.pipeline:run_grpo", "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
-    "ppo": ("agentic_rl.training.ppo_config", "PPOConfig", "agentic_rl.training.ppo:train_ppo", "PPO with a value model and GAE on multi-turn agent episodes"),
-    "pipeline": ("agentic_rl.pipeline", "PipelineConfig", "run_pipeline", "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
-}
-
-
 _DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
               "audit": ("agentic_rl.evaluation.config", "AuditConfig"),
               "chat": ("agentic_rl.serving.chat", "ChatConfig"),
               "serve": ("agentic_rl.serving.config", "ServeConfig"),
-              **{name: (module, cls) for name, (module, cls, _, _) in _CONFIG_COMMANDS.items()}}
+              **{name: (module, cls) for name, (module, cls, _, _) in TRAIN_COMMANDS.items()}}
 
 
 def _config_class(command: str):
@@ -305,10 +298,9 @@ def _config_class(command: str):
 def _cmd_train(args: argparse.Namespace) -> int:
     from agentic_rl.config import load_config
 
-    module, cls_name, fn_path, _ = _CONFIG_COMMANDS[args.command]
-    fn_module, _, fn_name = fn_path.rpartition(":")  # "module:function", or a function of `module`
+    train = TRAIN_COMMANDS[args.command][2]
     cfg = load_config(_config_class(args.command), args.config, args.set, plugins=args.plugin)
-    result = getattr(__import__(fn_module or module, fromlist=[fn_name]), fn_name)(cfg)
+    result = train(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
         summary = {stage: {k: v for k, v in r.items() if k not in ("evals", "inputs")} for stage, r in result.items()}
@@ -416,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_compare)
 
-    for name, (_, _, _, help_text) in _CONFIG_COMMANDS.items():
+    for name, (_, _, _, help_text) in TRAIN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
         p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")

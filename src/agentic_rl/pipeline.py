@@ -387,17 +387,6 @@ def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
     return train_rm(rm)
 
 
-def run_grpo(cfg: GRPOConfig) -> dict[str, Any]:
-    """`agentic-rl grpo`: our trainer, or TRL's GRPOTrainer for `backend: trl`; {"final", "history"}."""
-    if cfg.backend == "trl":
-        from agentic_rl.integrations.trl_backend import train_grpo_trl
-
-        return train_grpo_trl(cfg)
-    from agentic_rl.training.grpo import train_grpo
-
-    return train_grpo(cfg)
-
-
 def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict[str, Any]:
     """The RL stage (GRPO or PPO) from the SFT model, with the trained reward model as a term if asked."""
     from agentic_rl.training.episode_config import RewardModelTerm
@@ -408,7 +397,9 @@ def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict
     stage = dataclasses.replace(section, model=dataclasses.replace(section.model, name=start), reward_model=term,
                                 train=dataclasses.replace(section.train, output_dir=str(root / algorithm)))
     if algorithm == "grpo":
-        out = run_grpo(stage)
+        from agentic_rl.integrations.backends import train_grpo_with_backend
+
+        out = train_grpo_with_backend(stage)
     else:
         from agentic_rl.training.ppo import train_ppo
 

@@ -48,6 +48,8 @@ from typing import Literal, Sequence
 
 import torch
 
+from agentic_rl.algorithms.spans import spread_over_spans
+
 KLMode = Literal["reward", "loss"]
 
 
@@ -175,16 +177,7 @@ def token_rewards(turn_rewards: Sequence[Sequence[float]], policy_spans: Sequenc
     e.g. a failed episode, gets no reward). policy_spans: per row, the turns' half-open token
     ranges, as (start, end) tuples or objects with .start/.end (`Trajectory.policy_spans`).
     """
-    out = torch.zeros(len(turn_rewards), num_tokens, dtype=torch.float64)  # (B, T)
-    for row, (rewards, spans) in enumerate(zip(turn_rewards, policy_spans)):
-        if rewards and len(rewards) != len(spans):
-            raise ValueError(f"row {row} has {len(rewards)} turn rewards for {len(spans)} policy turns")
-        for reward, span in zip(rewards, spans):
-            start, end = (span.start, span.end) if hasattr(span, "start") else span
-            if not start < end <= num_tokens:
-                raise ValueError(f"row {row}: policy span [{start}, {end}) is empty or beyond the {num_tokens} tokens")
-            out[row, end - 1] += reward
-    return out
+    return spread_over_spans(turn_rewards, policy_spans, num_tokens, on="last", dtype=torch.float64)  # (B, T)
 
 
 def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

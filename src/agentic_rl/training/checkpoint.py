@@ -37,11 +37,11 @@ import torch
 from agentic_rl.errors import RunStopped, quoted
 from agentic_rl.rollout.trajectory import Span, Trajectory, TrajectoryBatch
 from agentic_rl.strict_json import loads_strict, write_json
-from agentic_rl.training.grpo_batch import RolloutBatch
+from agentic_rl.training.batches import PPOBatch, RolloutBatch
 
 _NAME = re.compile(r"^step-(\d+)$")
 _CHECKSUMS = "checksums.json"
-_STATE_CLASSES = [Trajectory, Span, TrajectoryBatch, RolloutBatch]  # GRPO keeps its rollout batch across μ updates
+_STATE_CLASSES = [Trajectory, Span, TrajectoryBatch, RolloutBatch, PPOBatch]  # the rollout batch kept across μ updates
 logger = logging.getLogger(__name__)
 
 

@@ -1,16 +1,16 @@
-"""What every on-policy RL objective (GRPO, PPO) does before its loss: draw prompts, roll out
-their episodes with the current weights, score them, gather what a multi-process run needs, and
-keep the rollout weights in sync after each optimizer step.
+"""The on-policy building blocks GRPO and PPO share: draw prompts, roll out their episodes
+with the current weights, score them, gather what a multi-process run needs, score log-probs,
+weigh the sampler/trainer mismatch, and keep the rollout weights in sync after each update.
 
-    class GRPOObjective(EpisodeObjective): ...   # advantages from groups, the clipped GRPO loss
-    class PPOObjective(EpisodeObjective): ...    # GAE on a value model, the clipped PPO loss
+    episodes = Episodes(cfg, tokenizer, reference)     # one per run; bound to the prepared model
+    groups, draw_metrics = episodes.draw(step)         # prompts -> G episodes each -> rewards
+    collected = episodes.collate(groups, draw_metrics)  # rows, (R_local, T) tensors, statistics
+    ...                                                 # the algorithm's advantages and loss
+    metrics = episodes.after_update(batch)              # weight sync; the batch's statistics
 
-A subclass implements `_build_batch(step)`, `micro_batches` and `loss` (the loop's Objective,
-training/loop.py); the rest is here, including what both losses share: the sampler/trainer
-mismatch weights (`_rollout_correction`, algorithms/rollout_correction.py) and the audit of the
-first batch (`audit.on_start`, training/start_audit.py). Its config must carry the sections of
-episode_config.py (env, rollout, reward_model, audit) plus rewards, rollout_correction,
-selection, updates_per_batch, micro_batch_size and train.
+Each algorithm's step (training/grpo.py, training/ppo.py) calls them in that order. Its config
+must carry the sections of episode_config.py (env, rollout, reward_model, audit) plus rewards,
+rollout_correction, selection, updates_per_batch, micro_batch_size and train.
 
 Distribution (torchrun / accelerate launch): the B = P·G episodes are split across ranks by
 stride, so a group spans ranks:
@@ -19,7 +19,9 @@ stride, so a group spans ranks:
     rank 0        0     2    | 4     6
     rank 1           1     3 |    5     7
 Rewards and statistics are all-gathered and put back in global order, so every rank computes
-exactly what a single process would.
+exactly what a single process would: the group statistics, hence the advantages, are those of
+one process; DDP then averages gradients, and every rank's loss is scaled so that average
+equals the full-batch loss.
 
 Episodes whose history is not a prefix (an env that changes the context, e.g. memory's window)
 hold several token sequences (Trajectory.previous). Rewards, groups and advantages are per
@@ -33,10 +35,12 @@ per-turn values). The stride split stays over episodes, so a rank may hold more 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -87,8 +91,9 @@ class Collected:
         return out
 
 
-class EpisodeObjective:
-    """Rollouts, rewards and weight sync for an on-policy objective (module docstring)."""
+class Episodes:
+    """The rollout side of an on-policy run: env, engine, rewards, prompt selection, the audit on
+    start (module docstring). One per run; `bind` it to the prepared model before the first draw."""
 
     def __init__(self, cfg: Any, tokenizer: Any, reference: torch.nn.Module | None):
         self.cfg = cfg
@@ -125,24 +130,12 @@ class EpisodeObjective:
         float32 = decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
         return StartAudit(self.engine.chat_format, self.make_env().tool_schemas, float32, log=self.accelerator.print)
 
-    def next_batch(self, step: int):
-        """A fresh rollout batch every μ = updates_per_batch steps; the cached one in between."""
-        if step % self.cfg.updates_per_batch == 0 or self.cached is None:
-            self.cached = self._build_batch(step)
-        self.cached.staleness = self.engine.weights_version - self.cached.weights_version
-        return self.cached
-
-    def _build_batch(self, step: int):
-        raise NotImplementedError
-
-    def _after_draw(self, groups: list[Group]) -> dict[str, float]:
-        """A hook between the rollouts and the batch (GRPO's guidance edits groups in place); metrics."""
-        return {}
-
     # ---------------------------------------------------------------- rollouts
 
-    def _collect(self, step: int) -> Collected:
-        """Draw the step's prompts (with selection's band and dynamic sampling), roll out and score them."""
+    def draw(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """The step's P groups of G episodes, rolled out with the current weights and scored, with
+        selection's band and dynamic sampling (SelectionConfig); rewards gathered over processes.
+        Returns the groups and the draw's metrics (`time/rollout` included)."""
         r, sel = self.cfg.rollout, self.cfg.selection
         prompts = r.batch_size // r.group_size
         rng = random.Random(self.cfg.train.seed * 1_000_003 + step)
@@ -165,29 +158,33 @@ class EpisodeObjective:
             for group in groups:
                 self.selector.record(group)  # every group rolled out informs the band, used or not
                 (informative if group.has_variance or not sel.dynamic_sampling else flat).append(group)
-        groups = informative + flat[: prompts - len(informative)]
-        rollout_seconds = time.perf_counter() - started
-        extra = self._after_draw(groups)
+        self.policy.train()
+        return informative + flat[: prompts - len(informative)], {
+            # the share of groups whose rewards differ (the groups that carry a gradient), as
+            # sampled, before dynamic sampling replaced any
+            "rollout/groups_with_variance": first_round_share,
+            "rollout/rounds": float(rounds),
+            "rollout/band_fallbacks": float(self.selector.band_fallbacks),
+            "time/rollout": time.perf_counter() - started,
+        }
+
+    def collate(self, groups: list[Group], draw_metrics: dict[str, float]) -> Collected:
+        """This process's episodes of `groups` as training rows: (R_local, T) tensors (failed
+        episodes masked out), the batch's rollout statistics, and the audit of the run's first batch."""
+        r = self.cfg.rollout
         trajs = [traj for group in groups for traj in group.local]
         global_rewards = torch.cat([group.rewards for group in groups])  # (B,) in global row order
         local_rows = list(range(self.accelerator.process_index, r.batch_size, self.accelerator.num_processes))
-        self.policy.train()
         sequences = [seq for traj in trajs for seq in traj.sequences()]  # (R_local,) rows
         row_episode = [episode for episode, traj in enumerate(trajs) for _ in traj.sequences()]  # (R_local,)
         tensors = collate(sequences, self.tokenizer.pad_token_id)
         for row, episode in enumerate(row_episode):  # failed episodes are logged, never trained on
             if trajs[episode].finish_reason == "error":
                 tensors.loss_mask[row] = 0
-        metrics = self._batch_metrics(trajs, global_rewards, rollout_seconds)
-        metrics.update({
-            # the share of groups whose rewards differ (the groups that carry a gradient), as
-            # sampled, before dynamic sampling replaced any; and after selection (and guidance)
-            "rollout/groups_with_variance": first_round_share,
-            "train/groups_with_variance": sum(g.has_variance for g in groups) / len(groups),
-            "rollout/rounds": float(rounds),
-            "rollout/band_fallbacks": float(self.selector.band_fallbacks),
-            **extra,
-        })
+        metrics = self._batch_metrics(trajs, global_rewards, draw_metrics["time/rollout"])
+        metrics.update(draw_metrics)
+        # the share of groups with reward variance after selection (and guidance)
+        metrics["train/groups_with_variance"] = sum(g.has_variance for g in groups) / len(groups)
         metrics["rollout/sequences_per_episode"] = len(sequences) / max(1, len(trajs))  # this rank's; 1: every history a prefix
         if self.start_audit is not None and not self.start_audit.episodes_checked:
             self._audit_episodes(trajs)
@@ -203,7 +200,7 @@ class EpisodeObjective:
             trajs = self.engine.run([self.make_env() for _ in local_rows], [rows[i] for i in local_rows], seed=seed)
         local = torch.tensor([[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
                              dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
-        table = self._gather_in_global_order(local)  # (P_round * G, 2)
+        table = gather_in_global_order(self.accelerator, local)  # (P_round * G, 2)
         by_row = dict(zip(local_rows, trajs))
         return [Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
                        table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
@@ -213,7 +210,7 @@ class EpisodeObjective:
         """The audit's prefix and mask checks of the first batch, before any gradient; every
         process stops if any one's episodes fail (a rank alone would leave the others waiting)."""
         failure = self.start_audit.check_episodes(trajs)
-        failed_somewhere = self._sum_over_processes(float(failure is not None))
+        failed_somewhere = sum_over_processes(self.accelerator, float(failure is not None))
         if failure is not None:
             raise AuditFailed(failure)
         if failed_somewhere:
@@ -221,63 +218,22 @@ class EpisodeObjective:
 
     # ---------------------------------------------------------------- the loss's shared parts
 
-    def _rollout_correction(self, batch: Any, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor,
-                            mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    def correction(self, staleness: int, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
         """This micro-batch's sampler/trainer mismatch weights for the policy loss (None: mode off)
         and statistics, from π_old and the sampler's recorded log-probs, (b, T) each, over `mask`.
         π_old and the record are fixed for the batch, so the weights are the same at each of its μ
         updates. At the first update of a batch (staleness 0) π_θ is the sampling weights, so the
         first such forward also gives the audit its trainer log-probs (no extra pass)."""
-        if self.start_audit is not None and self.start_audit.episodes_checked and batch.staleness == 0:
+        if self.start_audit is not None and self.start_audit.episodes_checked and staleness == 0:
             self.start_audit.record_logprobs(logps, sampler, mask)
         weights, metrics = rollout_correction(old, sampler, mask, self.cfg.rollout_correction)
         return weights, {key: float(value) for key, value in metrics.items()}
 
-    # ---------------------------------------------------------------- gathering across processes
-
-    def _gather_in_global_order(self, local: torch.Tensor) -> torch.Tensor:
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return local
-        gathered = acc.gather(local.to(acc.device)).cpu()  # (B,) as [rank0 rows..., rank1 rows...]
-        world, per_rank = acc.num_processes, local.shape[0]
-        order = torch.empty_like(gathered)
-        for rank in range(world):
-            order[rank::world] = gathered[rank * per_rank : (rank + 1) * per_rank]
-        return order  # (B,) in global row order
-
-    def _gather_objects(self, local: list) -> list:
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return local
-        from accelerate.utils import gather_object
-
-        flat = gather_object([local])
-        world = acc.num_processes
-        out = [None] * sum(len(part) for part in flat)
-        for rank, part in enumerate(flat):
-            out[rank::world] = part
-        return out
-
-    def _combine_drift(self, total: float, count: int, largest: float) -> tuple[float, int, float]:
-        """(sum, count, max) of the audit's log-prob drift over all processes."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return total, count, largest
-        sums = acc.reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum").cpu()
-        largest = float(acc.gather(torch.tensor([largest], dtype=torch.float64, device=acc.device)).max().cpu())
-        return float(sums[0]), int(sums[1]), largest
-
-    def _sum_over_processes(self, value: float) -> float:
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return value
-        return float(acc.reduce(torch.tensor([value], dtype=torch.float64, device=acc.device), reduction="sum").cpu()[0])
-
     # ---------------------------------------------------------------- scoring
 
     @torch.no_grad()
-    def _score(self, tensors, reference: bool) -> torch.Tensor:
+    def score(self, tensors, reference: bool) -> torch.Tensor:
         """(R_local, T) log-probs under π_ref (reference=True) or the current weights, in micro-batches.
 
         They run in the precision the loss runs in (the loop's autocast, e.g. bf16): π_old
@@ -310,9 +266,9 @@ class EpisodeObjective:
             float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(t.num_turns),
             float(t.info.get("tool_calls", 0)), float(t.info.get("tool_errors", 0)), float(t.finish_reason == "error"),
         ] for t in trajs], dtype=torch.float64).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
-        table = self._gather_in_global_order(local)  # (B, K)
+        table = gather_in_global_order(self.accelerator, local)  # (B, K)
         column = {key: table[:, i] for i, key in enumerate([*names, *stats])}
-        reasons = self._gather_objects([t.finish_reason for t in trajs])  # (B,)
+        reasons = gather_objects(self.accelerator, [t.finish_reason for t in trajs])  # (B,)
         metrics: dict[str, float] = {
             "reward/total/mean": float(global_rewards.mean()),
             "reward/total/std": float(global_rewards.std()) if global_rewards.numel() > 1 else 0.0,
@@ -349,25 +305,72 @@ class EpisodeObjective:
 
     # ---------------------------------------------------------------- after each optimizer step
 
-    def after_step(self, step: int) -> dict[str, float]:
-        metrics = dict(self.cached.metrics) if self.cached else {}
-        metrics["rollout/staleness"] = float(self.cached.staleness) if self.cached else 0.0
+    def after_update(self, batch: Any) -> dict[str, float]:
+        """Sync the rollout weights to the ones the optimizer just stepped (the engine stamps the
+        new version on the episodes it samples next); the trained batch's statistics and, after
+        the run's first update, the audit's log-prob drift."""
+        metrics = dict(batch.metrics)
+        metrics["rollout/staleness"] = float(batch.staleness)
         metrics["rollout/weights_version"] = float(self.engine.sync_weights())
         if self.start_audit is not None and self.start_audit.logprobs_measured:  # the audit's first trained update
-            metrics.update(self.start_audit.finish(self._combine_drift))
+            metrics.update(self.start_audit.finish(lambda *drift: combine_drift(self.accelerator, *drift)))
             self.start_audit = None
         return metrics
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, batch: Any) -> dict[str, Any]:
         # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
         # across μ > 1 updates must survive a resume.
-        keep = self.cached if self.cfg.updates_per_batch > 1 else None
+        keep = batch if self.cfg.updates_per_batch > 1 else None
         return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.selector.outcomes)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cached = state.get("cached")
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        """Restore the selector and the weights version; returns the batch being reused (or None)."""
         self.selector.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
         self.engine.sync_weights(int(state.get("weights_version", 0)))  # the backend reads the restored weights
+        return state.get("cached")
+
+
+# ---------------------------------------------------------------- gathering across processes
+
+def gather_in_global_order(acc: Any, local: torch.Tensor) -> torch.Tensor:
+    """(B, ...) every process's rows of `local` (B_local, ...), put back in global row order (the stride split)."""
+    if acc.num_processes == 1:
+        return local
+    gathered = acc.gather(local.to(acc.device)).cpu()  # (B,) as [rank0 rows..., rank1 rows...]
+    world, per_rank = acc.num_processes, local.shape[0]
+    order = torch.empty_like(gathered)
+    for rank in range(world):
+        order[rank::world] = gathered[rank * per_rank : (rank + 1) * per_rank]
+    return order  # (B,) in global row order
+
+
+def gather_objects(acc: Any, local: list) -> list:
+    """Every process's list entries, in global row order (the stride split)."""
+    if acc.num_processes == 1:
+        return local
+    from accelerate.utils import gather_object
+
+    flat = gather_object([local])
+    world = acc.num_processes
+    out = [None] * sum(len(part) for part in flat)
+    for rank, part in enumerate(flat):
+        out[rank::world] = part
+    return out
+
+
+def combine_drift(acc: Any, total: float, count: int, largest: float) -> tuple[float, int, float]:
+    """(sum, count, max) of the audit's log-prob drift over all processes."""
+    if acc.num_processes == 1:
+        return total, count, largest
+    sums = acc.reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum").cpu()
+    largest = float(acc.gather(torch.tensor([largest], dtype=torch.float64, device=acc.device)).max().cpu())
+    return float(sums[0]), int(sums[1]), largest
+
+
+def sum_over_processes(acc: Any, value: float) -> float:
+    if acc.num_processes == 1:
+        return value
+    return float(acc.reduce(torch.tensor([value], dtype=torch.float64, device=acc.device), reduction="sum").cpu()[0])
 
 
 def rewards_per_turn(trajs: list[Trajectory], totals: list[float], specs: list[RewardSpec]) -> list[list[float]]:
@@ -412,3 +415,34 @@ def pad_micro_batches(micros: list, accelerator: Any, make_dummy) -> list:
     count = torch.tensor([len(micros)], device=accelerator.device)
     most = int(accelerator.gather(count).max().cpu())
     return micros + [make_dummy() for _ in range(most - len(micros))]
+
+
+def train_on_policy(command: str, cfg: Any, build: Callable[[Any, Any, torch.nn.Module | None, Any], tuple[Any, torch.nn.Module]]) -> dict[str, Any]:
+    """What `agentic-rl grpo` and `ppo` share around their steps: the accelerator, the run
+    folder (stops if it holds another run; returns a finished one's result), the policy and π_ref
+    (a frozen copy for a full fine-tune with β > 0; LoRA disables its adapters instead), the loop,
+    and `final/` (the policy only). `build(policy, tokenizer, reference, accelerator)` gives the
+    algorithm (training/loop.py's Objective) and the module the loop trains."""
+    from agentic_rl.models.policy import load_policy
+    from agentic_rl.models.stage_output import save_final
+    from agentic_rl.training.common import make_accelerator
+    from agentic_rl.training.loop import run_training
+    from agentic_rl.training.run_record import start_run
+    from agentic_rl.training.scoring import require_replicated_weights
+
+    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
+    require_replicated_weights(accelerator, command)  # rollouts (and a reward head) read whole weights
+    run_dir = start_run(command, cfg, accelerator)  # stops here if the folder holds another run
+    if run_dir.finished is not None:
+        return run_dir.finished
+    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
+    reference = None
+    if cfg.loss.needs_reference and not cfg.model.lora.enabled:
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
+    algorithm, model = build(policy, tokenizer, reference, accelerator)
+    history = run_training(algorithm, model, cfg.train, cfg.optim, accelerator, run_dir, description=command)
+    final = save_final(unwrap_policy(algorithm.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    result = {"final": str(final), "history": history}
+    run_dir.finish(cfg.train.steps, result)
+    run_dir.close()
+    return result

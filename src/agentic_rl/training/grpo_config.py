@@ -45,7 +45,7 @@ class AdvantageConfig:
     composed reward is placed on the turns (the env_steps term's share on its turns, every other
     term on the last; `training.episodes.rewards_per_turn`), and each turn's advantage is its
     discounted return-to-go G_t minus a group baseline, over the group's std of episode returns
-    (`algorithms.grpo.turn_advantages`, which states each estimator's bias). turn: the baseline
+    (`algorithms.turn_credit.turn_advantages`, which states each estimator's bias). turn: the baseline
     is the group mean of the episode returns G_0, for every turn; with γ = 1 and no env_steps term
     it equals episode mode exactly. With step costs or γ < 1 it credits late turns for their small
     remaining cost, even in failed episodes. turn_position: the baseline of turn t is the group

@@ -1,17 +1,19 @@
-"""The one training loop, on accelerate. SFT, the reward model and GRPO all run through it.
+"""The one training loop, on accelerate. SFT, the reward model, GRPO and PPO all run through it.
 
-An algorithm is an `Objective`: it makes each step's batch (rollouts, demonstrations or
-preference pairs), splits it into micro-batches, and returns each micro-batch's loss. The loop
-owns everything else: the optimizer and schedule, gradient accumulation, clipping, mixed
-precision, distribution (DDP / DeepSpeed / FSDP, all through accelerate), atomic checkpoints,
-exact resume, metrics and the progress bar.
+An algorithm is an `Objective` whose `step(trainer, step)` makes the step's data (rollouts,
+demonstrations or preference pairs), hands its micro-batch losses to `Trainer.accumulate` and
+then calls `Trainer.optimizer_step`. The loop and the Trainer own everything else: the
+optimizer and schedule, gradient accumulation, clipping, mixed precision, distribution (DDP /
+DeepSpeed / FSDP, all through accelerate), finite checks, atomic checkpoints, exact resume,
+metrics and the progress bar.
 
 Gradient accumulation, per optimizer step:
 
     batch ──split──► micro_0   micro_1   ...   micro_{m-1}
                      fwd+bwd   fwd+bwd         fwd+bwd       (no_sync on all but the last:
                      └─────── grads sum in .grad ────────┘    DDP all-reduces once)
-                                                  clip ─► AdamW ─► schedule ─► after_step()
+                     Trainer.accumulate                      clip ─► AdamW ─► schedule
+                                                             Trainer.optimizer_step
 
 Finite or fail (DESIGN.md invariant 8): every micro-batch loss and the global gradient norm
 are checked before the optimizer steps, and the trainable weights after it. A NaN or inf
@@ -32,7 +34,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -122,25 +124,17 @@ class NonFiniteError(RunStopped):
 
 
 class Objective(Protocol):
-    """What an algorithm gives the loop."""
+    """What an algorithm gives the loop: its step, and what resume needs.
+
+    GRPO and PPO write their own `step` (training/grpo.py, training/ppo.py: one function each that
+    reads in the order it runs); SFT and the reward model inherit `BatchObjective.step`."""
 
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
         """Receive the prepared (possibly DDP-wrapped) model and the accelerator."""
 
-    def next_batch(self, step: int) -> Any:
-        """The data of optimizer step `step`. Must be a function of (seed, step, own state) only."""
-
-    def micro_batches(self, batch: Any) -> Sequence[Any]:
-        """Split a batch for gradient accumulation. May leave out rows whose gradient is exactly 0
-        (none at all: the optimizer still steps, on zero gradients). Under DDP every rank must
-        return the same number of micro-batches."""
-
-    def loss(self, model: torch.nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the full-batch loss, and metrics to average over the step's
-        micro-batches (a key ending in `_max`: their largest value)."""
-
-    def after_step(self, step: int) -> dict[str, float]:
-        """Called after each optimizer step (e.g. bump the rollout weights version); returns metrics."""
+    def step(self, trainer: "Trainer", step: int) -> dict[str, float]:
+        """Optimizer step `step`: make the data (a function of (seed, step, own state) only),
+        `trainer.accumulate` the micro-batch losses, `trainer.optimizer_step`; the step's metrics."""
 
     def state_dict(self) -> dict[str, Any]:
         """What resume needs beyond model/optimizer/RNG (data position, cached batches)."""
@@ -148,18 +142,103 @@ class Objective(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class StatelessObjective:
-    """Defaults for objectives whose batches are a pure function of (seed, step): nothing to do
-    after a step, nothing to checkpoint beyond model, optimizer and RNG (SFT, reward model)."""
+class BatchObjective:
+    """An objective whose batches are a pure function of (seed, step) (SFT, reward model): it
+    gives `next_batch`, `micro_batches` and `loss`; the step is always the same four lines, and
+    there is nothing to do after it or to checkpoint beyond model, optimizer and RNG."""
 
-    def after_step(self, step: int) -> dict[str, float]:
-        return {}
+    def next_batch(self, step: int) -> Any:
+        raise NotImplementedError
+
+    def micro_batches(self, batch: Any) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the full-batch loss, and metrics (see Trainer.accumulate)."""
+        raise NotImplementedError
+
+    def step(self, trainer: "Trainer", step: int) -> dict[str, float]:
+        started = time.perf_counter()
+        batch = self.next_batch(step)
+        data_seconds = time.perf_counter() - started
+        metrics = trainer.accumulate(self.micro_batches(batch), lambda micro: self.loss(trainer.model, micro))
+        started = time.perf_counter()
+        metrics |= trainer.optimizer_step(step)
+        return metrics | {"time/data": data_seconds, "time/optimizer": time.perf_counter() - started}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+StatelessObjective = BatchObjective  # the name the toy objectives of the tests use
+
+
+class Trainer:
+    """The prepared model and optimizer, and the two things every step does with them
+    (the diagram in the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, optim: OptimConfig, accelerator: Any):
+        self.model, self.optimizer, self.scheduler, self.optim, self.accelerator = model, optimizer, scheduler, optim, accelerator
+        self._bad_loss: tuple[int, float] | None = None  # (micro-batch index, value) of the step's first non-finite loss
+
+    def accumulate(self, micro_batches: Sequence[Any], loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
+        """Forward and backward each micro-batch (`loss_of(micro)`: its share of the full-batch
+        loss, and metrics), summing gradients; returns the metrics averaged over the micro-batches
+        (a key ending in `_max`: their largest value), `loss/total` and `time/forward_backward`.
+        No micro-batch at all (nothing in the batch has a gradient): the step runs on zeros."""
+        accelerator, model = self.accelerator, self.model
+        metric_sums: dict[str, float] = {}
+        loss_total = 0.0
+        self._bad_loss = None
+        started = time.perf_counter()
+        for index, micro in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+            # The accumulation boundary: DeepSpeed's engine reduces and steps inside backward on it
+            # (accelerate reads this flag there); DDP and FSDP are held back by no_sync instead.
+            accelerator.gradient_state._set_sync_gradients(last)
+            with sync, accelerator.autocast():
+                loss, metrics = loss_of(micro)
+                accelerator.backward(loss)
+            loss_value = float(loss.detach())
+            if self._bad_loss is None and not math.isfinite(loss_value):
+                self._bad_loss = (index, loss_value)
+            loss_total += loss_value
+            for key, value in metrics.items():
+                if key.endswith("_max"):  # a maximum stays one over micro-batches
+                    metric_sums[key] = max(metric_sums.get(key, -math.inf), float(value))
+                else:
+                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+        if not micro_batches:  # step on zeros, exactly as if computed
+            for param in model.parameters():
+                if param.requires_grad:
+                    param.grad = torch.zeros_like(param)
+        row = {key: value if key.endswith("_max") else value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
+        return row | {"loss/total": loss_total, "time/forward_backward": time.perf_counter() - started}
+
+    def optimizer_step(self, step: int) -> dict[str, float]:
+        """Clip, check finite (the step's losses, the gradient norm; the weights after), AdamW,
+        schedule; returns `optim/lr` and `optim/grad_norm`. Raises NonFiniteError (module docstring)."""
+        accelerator, model, optim = self.accelerator, self.model, self.optim
+        # max_norm=inf measures without clipping (the scale is clamped to 1), so the check always runs.
+        max_norm = optim.max_grad_norm if optim.max_grad_norm > 0 else float("inf")
+        grad_norm = float("nan")  # DeepSpeed reports no norm before its first step; it checks overflow itself
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_norm) if accelerator.sync_gradients else None
+        # Raised only now, after backward and the norm (collectives under DDP/FSDP), so every rank
+        # gets this far: a NaN loss on one rank makes the all-reduced gradients NaN on all of them.
+        if self._bad_loss is not None:
+            _require_finite(self._bad_loss[1], f"loss of micro-batch {self._bad_loss[0]}", step)
+        if norm is not None:
+            grad_norm = float(norm)
+            _require_finite(grad_norm, "gradient norm", step)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        _require_finite_weights(model, step)
+        return {"optim/lr": self.scheduler.get_last_lr()[0], "optim/grad_norm": grad_norm}
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
@@ -196,12 +275,15 @@ def run_training(
     fit_deepspeed_to_loop(accelerator, optim)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     objective.bind(model, accelerator)
+    trainer = Trainer(model, optimizer, scheduler, optim, accelerator)
     start = _maybe_resume(objective, model, loop, accelerator, run_dir)
     history: list[dict[str, float]] = []
     bar = tqdm(range(start, loop.steps), desc=description, disable=not (loop.progress and accelerator.is_main_process), initial=start, total=loop.steps)
     for step in bar:
         try:
-            row = _train_step(objective, model, optimizer, scheduler, optim, accelerator, step)
+            row = objective.step(trainer, step)
+            if torch.cuda.is_available():
+                row["memory/max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         except NonFiniteError as exc:
             resume = latest_checkpoint(run_dir.checkpoints)
             where = (f"the last finite checkpoint is {resume} (a rerun resumes from it)" if resume
@@ -217,71 +299,6 @@ def run_training(
     if loop.steps > start:
         _save(objective, accelerator, run_dir, loop.steps, loop.keep_checkpoints)
     return history
-
-
-def _train_step(objective, model, optimizer, scheduler, optim: OptimConfig, accelerator, step: int) -> dict[str, float]:
-    started = time.perf_counter()
-    batch = objective.next_batch(step)
-    data_seconds = time.perf_counter() - started
-    micro_batches = objective.micro_batches(batch)
-    metric_sums: dict[str, float] = {}
-    loss_total = 0.0
-    bad_loss = None  # (micro-batch index, value) of the first non-finite loss
-    started = time.perf_counter()
-    for index, micro in enumerate(micro_batches):
-        last = index == len(micro_batches) - 1
-        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
-        # The accumulation boundary: DeepSpeed's engine reduces and steps inside backward on it
-        # (accelerate reads this flag there); DDP and FSDP are held back by no_sync instead.
-        accelerator.gradient_state._set_sync_gradients(last)
-        with sync, accelerator.autocast():
-            loss, metrics = objective.loss(model, micro)
-            accelerator.backward(loss)
-        loss_value = float(loss.detach())
-        if bad_loss is None and not math.isfinite(loss_value):
-            bad_loss = (index, loss_value)
-        loss_total += loss_value
-        for key, value in metrics.items():
-            if key.endswith("_max"):  # a maximum stays one over micro-batches (Objective.loss)
-                metric_sums[key] = max(metric_sums.get(key, -math.inf), float(value))
-            else:
-                metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
-    if not micro_batches:  # nothing in this batch has a gradient: step on zeros, exactly as if computed
-        for param in model.parameters():
-            if param.requires_grad:
-                param.grad = torch.zeros_like(param)
-    backward_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    # max_norm=inf measures without clipping (the scale is clamped to 1), so the check always runs.
-    max_norm = optim.max_grad_norm if optim.max_grad_norm > 0 else float("inf")
-    grad_norm = float("nan")  # DeepSpeed reports no norm before its first step; it checks overflow itself
-    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm) if accelerator.sync_gradients else None
-    # Raised only now, after backward and the norm (collectives under DDP/FSDP), so every rank
-    # gets this far: a NaN loss on one rank makes the all-reduced gradients NaN on all of them.
-    if bad_loss is not None:
-        _require_finite(bad_loss[1], f"loss of micro-batch {bad_loss[0]}", step)
-    if norm is not None:
-        grad_norm = float(norm)
-        _require_finite(grad_norm, "gradient norm", step)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    _require_finite_weights(model, step)
-    after = objective.after_step(step)
-    optimizer_seconds = time.perf_counter() - started
-    row = {key: value if key.endswith("_max") else value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
-    row.update(after)
-    row.update({
-        "loss/total": loss_total,
-        "optim/lr": scheduler.get_last_lr()[0],
-        "optim/grad_norm": grad_norm,
-        "time/data": data_seconds,
-        "time/forward_backward": backward_seconds,
-        "time/optimizer": optimizer_seconds,
-    })
-    if torch.cuda.is_available():
-        row["memory/max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    return row
 
 
 def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None:

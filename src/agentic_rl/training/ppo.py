@@ -2,7 +2,8 @@
 
     agentic-rl ppo --config configs/experiments/demo-ppo.yaml [--set value.critic=separate ...]   (keys: ppo_config.py)
 
-Per optimizer step (rollouts as for GRPO: training/episodes.py):
+One optimizer step, `PPO.step`, reads in the order it runs (steps 1-4 are `PPO.rollout_batch`;
+rollouts as for GRPO: training/episodes.py):
   1. draw P prompts, roll out G episodes of each (G = 1 by default) with the current weights;
   2. rewards per token: the composed episode reward placed on its turns (`rewards_per_turn`: the
      env_steps term's share on the last token of each turn, the rest on the episode's last
@@ -16,7 +17,8 @@ Per optimizer step (rollouts as for GRPO: training/episodes.py):
      training/episodes.py) runs GAE across them too (`sequence_gae`: a sequence's last policy
      token bootstraps from the next sequence's first), so its credit is what one sequence gets;
   5. the clipped surrogate + vf_coef · clipped value loss (+ β·k3 with kl_mode: loss), averaged
-     over the batch's policy tokens, with gradient accumulation over micro-batches.
+     over the batch's policy tokens, with gradient accumulation over micro-batches;
+  6. the optimizer step (training/loop.py), the rollout weights synced, the step's metrics.
 With μ = updates_per_batch > 1 the batch (its advantages, returns and V_old) serves μ steps.
 As in GRPO, rollout_correction weights the clipped surrogate by the sampler/trainer mismatch
 (its statistics every step), and the first batch is audited before its first gradient.
@@ -28,10 +30,8 @@ divided by (the batch's policy tokens / processes), so that average is the full-
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,64 +39,58 @@ import torch
 from agentic_rl.algorithms.ppo import kl_penalized_rewards, masked_moments, ppo_loss, sequence_gae, token_rewards, whiten
 from agentic_rl.models.policy import load_policy
 from agentic_rl.models.reward_scorer import is_reward_model_folder, load_reward_backbone
-from agentic_rl.models.stage_output import save_final
-from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch
+from agentic_rl.rollout.trajectory import TrajectoryBatch
 from agentic_rl.training.actor_critic import ActorCritic
-from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.episodes import EpisodeObjective, pad_micro_batches, rewards_per_turn
-from agentic_rl.training.loop import run_training
+from agentic_rl.training.batches import PPOBatch, PPOMicroBatch
+from agentic_rl.training.episodes import Episodes, pad_micro_batches, rewards_per_turn, train_on_policy
+from agentic_rl.training.loop import Trainer
 from agentic_rl.training.ppo_config import PPOConfig
-from agentic_rl.training.run_record import start_run
-from agentic_rl.training.scoring import require_replicated_weights, unwrap_policy
 
 
-@dataclasses.dataclass
-class PPOBatch:
-    """This process's rows of one rollout batch, with everything PPO's loss needs. (R_local, T) tensors:
-    one row per token sequence (one per episode unless an env changes the context)."""
+class PPO:
+    """PPO's state between steps: the episode machinery and the rollout batch its μ updates share."""
 
-    trajectories: list[Trajectory]
-    tensors: TrajectoryBatch
-    old_logprobs: torch.Tensor | None
-    """π_old; None: π_θ.detach() (old_logprobs: detach)."""
-    ref_logprobs: torch.Tensor | None
-    """π_ref, for kl_mode: loss with β > 0 only."""
-    old_values: torch.Tensor
-    """V at sampling time: GAE's baseline and the value clip's anchor."""
-    advantages: torch.Tensor
-    """GAE advantages (whitened when loss.whiten_advantages), 0 off the policy tokens."""
-    returns: torch.Tensor
-    """Value targets R = A + V_old (before whitening), 0 off the policy tokens."""
-    tokens: float
-    """The loss's normaliser: the policy tokens of the whole batch over the number of processes."""
-    weights_version: int
-    metrics: dict[str, float]
-    staleness: int = 0
+    def __init__(self, cfg: PPOConfig, tokenizer: Any, reference: torch.nn.Module | None):
+        self.cfg = cfg
+        self.episodes = Episodes(cfg, tokenizer, reference)
+        self.batch: PPOBatch | None = None
 
+    def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
+        self.model, self.accelerator = model, accelerator
+        self.episodes.bind(model, accelerator)
 
-@dataclasses.dataclass
-class PPOMicroBatch:
-    batch: PPOBatch
-    rows: list[int]
-    dummy: bool = False
-    """DDP padding (its loss times 0; see grpo_batch.MicroBatch.dummy)."""
+    def step(self, trainer: Trainer, step: int) -> dict[str, float]:
+        """One optimizer step (module docstring, 1-6)."""
+        started = time.perf_counter()
+        batch = self.batch_for(step)  # 1-4, or the batch of the step before (μ > 1)
+        data_seconds = time.perf_counter() - started
+        metrics = trainer.accumulate(self.micro_batches(batch), lambda micro: self.loss(trainer.model, micro))  # 5
+        started = time.perf_counter()
+        metrics |= trainer.optimizer_step(step)  # 6: clip, AdamW, schedule (finite or fail)
+        metrics |= self.episodes.after_update(batch)  # sync the rollout weights; the batch's statistics
+        return metrics | {"time/data": data_seconds, "time/optimizer": time.perf_counter() - started}
 
+    def batch_for(self, step: int) -> PPOBatch:
+        """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps,
+        the cached one in between; its staleness (updates since it was sampled) set."""
+        if step % self.cfg.updates_per_batch == 0 or self.batch is None:
+            self.batch = self.rollout_batch(step)
+        self.batch.staleness = self.episodes.engine.weights_version - self.batch.weights_version
+        return self.batch
 
-class PPOObjective(EpisodeObjective):
-    """Rollouts, token rewards, values and GAE per batch; the clipped PPO loss per micro-batch."""
-
-    cfg: PPOConfig
-
-    def _build_batch(self, step: int) -> PPOBatch:
-        cfg = self.cfg
-        collected = self._collect(step)
+    def rollout_batch(self, step: int) -> PPOBatch:
+        """Steps 1-4: this process's rows of a fresh rollout batch, with everything the loss needs."""
+        cfg, episodes = self.cfg, self.episodes
+        groups, draw_metrics = episodes.draw(step)  # 1: prompts, G episodes each, rewards (gathered)
+        collected = episodes.collate(groups, draw_metrics)
         trajs, t = collected.trajectories, collected.tensors
         mask = t.loss_mask  # (R_local, T): one row per token sequence
         started = time.perf_counter()
-        old_values, recomputed = self._value_pass(t)  # (R_local, T) each
+        old_values, recomputed = self._value_pass(t)  # 3: (R_local, T) each
         old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
-        ref = self._score(t, reference=True) if cfg.loss.needs_reference else None
+        ref = episodes.score(t, reference=True) if cfg.loss.needs_reference else None
         collected.metrics["time/reference"] = time.perf_counter() - started
+        # 2: the composed reward on its turns, then on each turn's last token
         per_turn = collected.turns_by_row(rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards))
         per_turn = [turns if bool(mask[row].any()) else [] for row, turns in enumerate(per_turn)]  # untrained rows: no reward
         rewards = token_rewards(per_turn, [seq.policy_spans for seq in collected.sequences], mask.shape[1])  # (R_local, T) float64
@@ -106,7 +100,7 @@ class PPOObjective(EpisodeObjective):
             collected.metrics["value/kl_in_reward"] = self._masked_mean(rewards - shaped, mask)
             rewards = shaped
         advantages, returns = sequence_gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam,
-                                           collected.row_episode)  # (R_local, T)
+                                           collected.row_episode)  # 4: (R_local, T)
         moments = self._global_moments(advantages, mask)
         if cfg.loss.whiten_advantages and float(moments[0]) >= 2:  # fewer trained tokens (every episode failed): nothing to whiten
             advantages = whiten(advantages, mask, moments=moments)
@@ -166,16 +160,23 @@ class PPOObjective(EpisodeObjective):
             return tensor[index][:, :length].to(device)
 
         bonus = self.cfg.loss.entropy_coef > 0
-        logps, entropy, values = model(ids, attention, mask, self.cfg.rollout.temperature, True, bonus)  # (b, T) each
+        logps, entropy, values = model(ids, attention, mask, temperature=self.cfg.rollout.temperature, with_entropy=True,
+                                       entropy_grad=bonus)  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
-        is_weights, correction = self._rollout_correction(batch, logps, old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
+        is_weights, correction = self.episodes.correction(batch.staleness, logps, old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
         loss, metrics = ppo_loss(logps, old, values, rows_of(batch.old_values), rows_of(batch.advantages),
                                  rows_of(batch.returns), mask, self.cfg.loss, ref_logps=ref,
                                  entropy=entropy if bonus else None, num_tokens=batch.tokens, is_weights=is_weights)
         out = {k: float(v) for k, v in metrics.items()} | correction
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return (loss * 0.0 if micro.dummy else loss), out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.episodes.state_dict(self.batch)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batch = self.episodes.load_state_dict(state)
 
 
 def _explained_variance(residual: torch.Tensor, target: torch.Tensor) -> float:
@@ -213,21 +214,9 @@ def load_critic(cfg: PPOConfig, tokenizer: Any, device: Any = "cpu", log=print) 
 def train_ppo(cfg: PPOConfig) -> dict[str, Any]:
     """Run PPO; returns {"final", "history"}. `final/` holds the policy only (as GRPO's); the value
     model lives in the checkpoints, for resume."""
-    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
-    require_replicated_weights(accelerator, "ppo")  # rollouts read whole weights
-    run_dir = start_run("ppo", cfg, accelerator)  # stops here if the folder holds another run
-    if run_dir.finished is not None:
-        return run_dir.finished
-    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
-    critic, head_weight = load_critic(cfg, tokenizer, accelerator.device, log=accelerator.print)
-    reference = None
-    if cfg.loss.needs_reference and not cfg.model.lora.enabled:
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
-    objective = PPOObjective(cfg, tokenizer, reference)
-    model = ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
-    history = run_training(objective, model, cfg.train, cfg.optim, accelerator, run_dir, description="ppo")
-    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
-    result = {"final": str(final), "history": history}
-    run_dir.finish(cfg.train.steps, result)
-    run_dir.close()
-    return result
+
+    def build(policy, tokenizer, reference, accelerator):
+        critic, head_weight = load_critic(cfg, tokenizer, accelerator.device, log=accelerator.print)
+        return PPO(cfg, tokenizer, reference), ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
+
+    return train_on_policy("ppo", cfg, build)

@@ -39,7 +39,7 @@ from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.scoring import require_replicated_weights
-from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
 from agentic_rl.training.run_record import start_run
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
@@ -150,7 +150,7 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     return pairs
 
 
-class RMObjective(StatelessObjective):
+class RMObjective(BatchObjective):
     """Bradley-Terry loss over pair batches; chosen and rejected are scored in one forward."""
 
     def __init__(self, pairs, heldout, cfg: RMConfig, pad_id: int):

@@ -27,7 +27,7 @@ from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import save_final
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
 from agentic_rl.training.run_record import start_run
 from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unwrap_policy
 
@@ -149,7 +149,7 @@ def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int, epoc
     return batches
 
 
-class SFTObjective(StatelessObjective):
+class SFTObjective(BatchObjective):
     """Masked NLL over demonstration batches (see module docstring)."""
 
     def __init__(self, demos: list[Trajectory], cfg: SFTConfig, pad_id: int):

@@ -1,4 +1,5 @@
-"""The batches GRPO trains on: one rollout batch per μ updates, split into micro-batches.
+"""The batches GRPO and PPO train on: one rollout batch per μ updates, split into micro-batches.
+A batch being reused across μ > 1 updates is checkpointed (training/checkpoint.py allows these types).
 
 Shapes: B_local episodes on this process (B = P·G over all processes), R_local rows (token
 sequences: R_local = B_local unless an env changes the context, training/episodes.py), T tokens
@@ -23,9 +24,10 @@ class RolloutBatch:
     stride across processes), an episode's sequences oldest first."""
     tensors: TrajectoryBatch
     """Collated ids, attention, loss mask and sampling log-probs: (R_local, T) each."""
-    advantages: torch.Tensor | list[list[float]]
-    """(R_local,) each row its episode's advantage (advantage.mode episode), or per row the values
-    of the turns it holds (modes turn and turn_position)."""
+    advantages: torch.Tensor
+    """(R_local, T) each row's advantage per token (GRPO.advantages): its episode's on every token
+    (advantage.mode episode), or the values of the turns it holds on their tokens (turn and
+    turn_position; 0 between turns)."""
     old_logprobs: torch.Tensor | None
     """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy)."""
     ref_logprobs: torch.Tensor | None
@@ -60,3 +62,35 @@ class MicroBatch:
     dummy: bool = False
     """A padding micro-batch (its loss times 0): under DDP every rank must run as many backward
     passes, and non-prefix episodes can leave ranks with different numbers of rows."""
+
+
+@dataclasses.dataclass
+class PPOBatch:
+    """This process's rows of one rollout batch, with everything PPO's loss needs. (R_local, T) tensors:
+    one row per token sequence (one per episode unless an env changes the context)."""
+
+    trajectories: list[Trajectory]
+    tensors: TrajectoryBatch
+    old_logprobs: torch.Tensor | None
+    """π_old; None: π_θ.detach() (old_logprobs: detach)."""
+    ref_logprobs: torch.Tensor | None
+    """π_ref, for kl_mode: loss with β > 0 only."""
+    old_values: torch.Tensor
+    """V at sampling time: GAE's baseline and the value clip's anchor."""
+    advantages: torch.Tensor
+    """GAE advantages (whitened when loss.whiten_advantages), 0 off the policy tokens."""
+    returns: torch.Tensor
+    """Value targets R = A + V_old (before whitening), 0 off the policy tokens."""
+    tokens: float
+    """The loss's normaliser: the policy tokens of the whole batch over the number of processes."""
+    weights_version: int
+    metrics: dict[str, float]
+    staleness: int = 0
+
+
+@dataclasses.dataclass
+class PPOMicroBatch:
+    batch: PPOBatch
+    rows: list[int]
+    dummy: bool = False
+    """DDP padding (its loss times 0; see MicroBatch.dummy)."""
