@@ -114,9 +114,11 @@ def test_qwen3_ragged_schedule_matches_full_forward(qwen3, linear):
 
 @pytest.mark.parametrize("linear", ["mm", MKLDNN])
 @pytest.mark.parametrize("bias", [False, True])
-def test_llama_ragged_schedule_matches_full_forward(bias, linear):  # also covers both weight layouts
+def test_llama_ragged_schedule_matches_full_forward(bias, linear):
+    """Guards against a wrong fused projection (with and without biases, either linear backend):
+    the runner's logits must equal a full forward of the HF model over random ragged schedules."""
     model = tiny_llama(attention_bias=bias, mlp_bias=bias)
-    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="t" if bias else "n", linear=linear)
+    runner = FastRunner(model, max_slots=8, max_len=96, linear=linear)
     assert run_schedule(model, runner, seed=2) < TOL
 
 
@@ -142,7 +144,7 @@ def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
 
 def test_llama_tied_embeddings_and_n_layout():
     model = tiny_llama(seed=3, tie_word_embeddings=True)
-    runner = FastRunner(model, max_slots=8, max_len=96, weight_layout="n", linear="mm")
+    runner = FastRunner(model, max_slots=8, max_len=96, linear="mm")
     assert runner.weights.lm_head.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
     assert run_schedule(model, runner, seed=3) < TOL
 
@@ -224,24 +226,24 @@ def test_lora_merge_matches_peft_forward_and_staleness_is_detected():
     assert runner.is_stale()
     runner.free(s)
     s = runner.alloc()
-    with pytest.raises(RuntimeError, match="refresh_weights"):
+    with pytest.raises(RuntimeError, match="sync_weights"):
         runner.forward([s], [prompt])
     # Without the check, stale copies silently give the old policy's logits: the contract is
-    # that the trainer calls refresh_weights() after every optimizer step.
+    # that the trainer calls sync_weights() after every optimizer step.
     runner.check_weights = False
     stale = runner.forward([s], [prompt])[0]
     assert (stale - new_ref).abs().max().item() > 1e-3
     assert (stale - ref).abs().max().item() < TOL
 
-    version = runner.weights_version
-    assert runner.refresh_weights() == version + 1 and not runner.is_stale()
+    runner.sync_weights()
+    assert not runner.is_stale()
     runner.free(s)
     s = runner.alloc()
     assert (runner.forward([s], [prompt])[0] - new_ref).abs().max().item() < TOL
 
     # The adapter state is captured at refresh time: disabled adapters -> the base model.
     with pmodel.disable_adapter():
-        runner.refresh_weights()
+        runner.sync_weights()
         base_now = reference_logits(pmodel, prompt)
     runner.free(s)
     s = runner.alloc()
@@ -255,9 +257,9 @@ def test_base_weight_change_is_detected(qwen3):
     runner.forward([s], [[1, 2, 3]])
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
-    with pytest.raises(RuntimeError, match="refresh_weights"):
+    with pytest.raises(RuntimeError, match="sync_weights"):
         runner.forward([s], [[4]])
-    runner.refresh_weights()
+    runner.sync_weights()
     runner.forward([s], [[4]])
 
 

@@ -53,7 +53,10 @@ def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 MIN_SHARED_PREFIX = 16
-"""Shorter shared prefixes are run per row: a second backbone call costs more than it saves."""
+"""Shorter shared prefixes are run per row: a second backbone call costs more than it saves. The
+rollout backend forks (or prefills once) a common prompt prefix from the same length up
+(rollout/backend.py); the fast runner's attention over a forked prefix has its own, kernel-level
+threshold (FastRunner's `shared_prefix`, 64 tokens, measured for that kernel)."""
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> int:

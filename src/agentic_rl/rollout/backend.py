@@ -52,6 +52,7 @@ from typing import Protocol
 
 import torch
 
+from agentic_rl.models.backbone import MIN_SHARED_PREFIX
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
@@ -146,8 +147,9 @@ class RunnerBackend:
         self.weights_version = 0
         self.forward_calls = 0
         self._rows: dict[int, _RowState] = {}
-        self.min_shared_prefix = 16
-        """Shortest common prompt prefix worth a separate prefill or a fork (see `_share_prompt_prefix`)."""
+        self.min_shared_prefix = MIN_SHARED_PREFIX
+        """Shortest common prompt prefix worth a separate prefill or a fork (see `_share_prompt_prefix`);
+        the same threshold as the training forward's shared prefix (models/backbone.py)."""
         self.prefix_forks = 0
         """New episodes that forked their prompt's prefix from a running one's cache (a statistic)."""
 

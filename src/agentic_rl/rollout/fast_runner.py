@@ -10,7 +10,7 @@ Prefill of a prompt, of an observation, and a batched one-token decode step are 
     logits = runner.forward([a, b], [[tok_a], [tok_b]])            # one decode step
     ...
     optimizer.step()
-    runner.refresh_weights()                                       # REQUIRED after every update
+    runner.sync_weights()                                          # REQUIRED after every update
 
 The design. On CPU, decoding a small model is bound by weight reads and by
 per-op dispatch, not by arithmetic (BENCHMARKS.md). The weight reads are fixed by the precision;
@@ -40,9 +40,9 @@ Invariants (tests/test_fast_runner.py proves them):
 - The logits equal a plain forward of the HF model over each slot's whole history, within 1e-4
   in fp32, over random schedules of ragged calls, forks, frees and reused slots. bf16 copies of
   an fp32 model are a separate, approximate mode.
-- Weights contract: the runner does not see weight updates by itself. Call `refresh_weights()`
-  after every optimizer step, checkpoint load or LoRA adapter change; it returns a counter,
-  `weights_version`, that the engine can stamp on trajectories. With `check_weights=True` (the
+- Weights contract: the runner does not see weight updates by itself. Call `sync_weights()`
+  after every optimizer step, checkpoint load or LoRA adapter change (the backend does, and owns
+  the weights version the engine stamps on trajectories: rollout/backend.py). With `check_weights=True` (the
   default) `forward` raises instead of decoding from stale copies (see fast_weights.py for what
   is detected). Live slots keep the K/V computed with the old weights.
 - A call that fails validation changes nothing.
@@ -63,6 +63,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from agentic_rl.models.backbone import unwrap_causal_lm
 from agentic_rl.rollout.fast_attention import PackedChunks, attend_with_shared_prefix, attention_mask, pack_chunks
 from agentic_rl.rollout.fast_kv_cache import SlotKVCache
 from agentic_rl.rollout.fast_weights import (
@@ -71,7 +72,6 @@ from agentic_rl.rollout.fast_weights import (
     SourceParameters,
     build_decode_weights,
     choose_linear,
-    unwrap,
 )
 from agentic_rl.rollout.runner import Runner
 
@@ -88,7 +88,6 @@ class FastRunner(Runner):
         max_len: int = 2048,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
-        weight_layout: str = "auto",
         check_weights: bool = True,
         linear: str = "auto",
         shared_prefix: int = 64,
@@ -97,12 +96,10 @@ class FastRunner(Runner):
         `dtype`: compute dtype, default the model's own when it is fp32 or bf16 (else fp32);
         bf16 copies of an fp32 model are a separate, approximate mode. Logits
         are always returned as float32. `device`: default the model's.
-        `weight_layout`: "t" stores (in, out) contiguous copies (fastest for fp32 on CPU),
-        "n" uses the (out, in) layout of nn.Linear (and reuses unfused weights); "auto" = "n".
-        `linear`: how projections run. "mm": torch.mm/addmm on the `weight_layout` copies.
-        "mkldnn": oneDNN linears on weights reordered once per refresh into oneDNN's blocked
-        layout (CPU only; `weight_layout` then does not apply). "auto": "mkldnn" on a CPU with
-        oneDNN, else "mm".
+        `linear`: how projections run. "mm": torch.mm/addmm on (out, in) copies in nn.Linear's
+        layout (reusing unfused weights). "mkldnn": oneDNN linears on weights reordered once per
+        sync into oneDNN's blocked layout (CPU only). "auto": "mkldnn" on a CPU with oneDNN,
+        else "mm".
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
         "Shared prefix" in fast_attention.py.
@@ -110,7 +107,7 @@ class FastRunner(Runner):
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
         self.model = model
-        hf = unwrap(model)
+        hf = unwrap_causal_lm(model)
         cfg = hf.config
         self._check_config(cfg)
         self.max_slots = int(max_slots)
@@ -118,14 +115,6 @@ class FastRunner(Runner):
         first = next(hf.parameters())
         self.device = torch.device(device) if device is not None else first.device
         self.dtype = dtype or (first.dtype if first.dtype in (torch.float32, torch.bfloat16) else torch.float32)
-        if weight_layout == "auto":
-            # "t" wins only while the weights stay cache-resident (fp32 microbenchmarks at M=8);
-            # with weights streamed from DRAM (the real decode case) the two layouts measure
-            # alike, and "n" reuses o_proj/down_proj/lm_head without copies.
-            weight_layout = "n"
-        if weight_layout not in ("t", "n"):
-            raise ValueError(f"weight_layout must be 'auto', 't' or 'n', got {weight_layout!r}")
-        self.weight_layout = weight_layout
         self.check_weights = check_weights
         self.linear = choose_linear(linear, self.device, self.dtype)
         self._project, self._project_add = PROJECTIONS[self.linear]
@@ -159,16 +148,14 @@ class FastRunner(Runner):
             dtype=self.dtype,
             device=self.device,
             linear=self.linear,
-            weight_layout=self.weight_layout,
             batch_hint=self.max_slots,
             n_heads=self.n_heads,
             n_kv_heads=self.n_kv,
             head_dim=self.head_dim,
             qk_norm=self.qk_norm,
         )
-        self.weights_version = 0
         self._sources = SourceParameters()
-        self.refresh_weights()
+        self.sync_weights()
 
     @staticmethod
     def _check_config(cfg) -> None:
@@ -203,23 +190,15 @@ class FastRunner(Runner):
 
     # ------------------------------------------------------------------ weights
 
-    def refresh_weights(self) -> int:
-        """Rebuild the fused/cast/LoRA-merged weight copies from the model's current parameters.
-
-        Call after every optimizer step, checkpoint load, or adapter switch. The KV caches of
-        live slots are kept (they were computed with the old weights). Returns the new
-        `weights_version`.
-        """
-        self.weights, self._sources = build_decode_weights(self.model, self._copy_format)
-        self.weights_version += 1
-        return self.weights_version
-
     def sync_weights(self) -> None:
-        """`Runner.sync_weights`: rebuild the weight copies (see `refresh_weights`)."""
-        self.refresh_weights()
+        """`Runner.sync_weights`: rebuild the fused/cast/LoRA-merged weight copies from the
+        model's current parameters. Call after every optimizer step, checkpoint load, or adapter
+        switch (the backend does, and counts the version: rollout/backend.py). The KV caches of
+        live slots are kept (they were computed with the old weights)."""
+        self.weights, self._sources = build_decode_weights(self.model, self._copy_format)
 
     def is_stale(self) -> bool:
-        """True when a source parameter changed in place (or was replaced) since refresh_weights()."""
+        """True when a source parameter changed in place (or was replaced) since sync_weights()."""
         return self._sources.changed()
 
     # ------------------------------------------------------------------ slots
@@ -277,7 +256,7 @@ class FastRunner(Runner):
                 )
         if self.check_weights and self.is_stale():
             raise RuntimeError(
-                "model parameters changed since the last refresh_weights(); call runner.refresh_weights() "
+                "model parameters changed since the last sync_weights(); call runner.sync_weights() "
                 "after each optimizer step (or pass check_weights=False)"
             )
 

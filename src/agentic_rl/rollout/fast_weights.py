@@ -16,8 +16,8 @@ o_proj and down_proj matrices, each in the form the decode loop multiplies by. T
   `get_delta_weight` (dropout does not apply at inference).
 
 Tensors that need no change are used as they are, not copied: the embedding and the final norm
-when they already have the compute dtype and device, and under "mm" with the "n" layout a plain
-LM head (tied or not).
+when they already have the compute dtype and device, and under "mm" a plain LM head (tied or not),
+multiplied as the transposed (out, in) view of nn.Linear's own weight.
 
 Why copies. Fewer, wider ops per layer: on CPU, decoding a small model is bound by weight reads
 and per-op dispatch, not arithmetic (BENCHMARKS.md, "Where a decode step goes").
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentic_rl.models.backbone import unwrap_causal_lm
 from agentic_rl.models.precision import mkldnn_linear_works
 
 Projection = tuple[torch.Tensor, torch.Tensor | None]  # (weight operand, bias or None)
@@ -87,7 +88,6 @@ class CopyFormat:
     dtype: torch.dtype
     device: torch.device
     linear: str  # projection backend: "mm" or "mkldnn"
-    weight_layout: str  # "mm" operands: "t" (in, out) contiguous copies, or "n" transposed (out, in) views
     batch_hint: int  # rows a projection typically sees (the runner's max_slots): oneDNN blocks for it
     n_heads: int
     n_kv_heads: int
@@ -163,14 +163,6 @@ class SourceParameters:
 # ---------------------------------------------------------------------- building the copies
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers *ForCausalLM inside a peft PeftModel (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    if callable(get_base):
-        model = get_base()
-    return model
-
-
 def _lora_layer_cls():
     try:
         from peft.tuners.lora import LoraLayer
@@ -189,7 +181,7 @@ def build_decode_weights(model: torch.nn.Module, fmt: CopyFormat) -> tuple[Decod
     """Build the copies from the model's current parameters; also return what they were read from."""
     builder = _Builder(fmt)
     with torch.no_grad():
-        weights = builder.build(unwrap(model))
+        weights = builder.build(unwrap_causal_lm(model))
     return weights, builder.sources
 
 
@@ -256,7 +248,7 @@ class _Builder:
     def lm_head(self, head: torch.nn.Module) -> Projection:
         fmt = self.fmt
         head_is_lora = self.lora_cls is not None and isinstance(head, self.lora_cls)
-        copy_head = head_is_lora or fmt.weight_layout == "t" or fmt.linear == "mkldnn"
+        copy_head = head_is_lora or fmt.linear == "mkldnn"
         if copy_head or getattr(head, "bias", None) is not None:
             w, b = self.effective_linear(head)
             return self.operand(w), None if b is None else self.cast(b)
@@ -309,9 +301,10 @@ class _Builder:
 
     def operand(self, w: torch.Tensor) -> torch.Tensor:
         """(out, in) fp32 weight -> what the projection backend multiplies by: oneDNN-packed, or
-        torch.mm's right-hand operand (in, out) in our layout."""
+        torch.mm's right-hand operand (in, out): the transposed view of a contiguous (out, in) copy
+        (an (in, out) contiguous copy measured alike once weights stream from DRAM, BENCHMARKS.md)."""
         fmt = self.fmt
         w = self.cast(w)
         if fmt.linear == "mkldnn":
             return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), fmt.batch_hint)
-        return w.t().contiguous() if fmt.weight_layout == "t" else w.contiguous().t()
+        return w.contiguous().t()
