@@ -328,7 +328,6 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
 
     (skipped, trained), (full, everything) = gradient(True), gradient(False)
     assert trained == [4, 5, 6, 7] and everything == list(range(8))
-    assert batch.metrics["train/episodes_trained"] == 8.0  # the last call's count
     for name in full:
         torch.testing.assert_close(skipped[name], full[name], atol=1e-7, rtol=1e-5, msg=name)
 
