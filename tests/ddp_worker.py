@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import test_grpo_trainer as shared  # noqa: E402  (registers the test reward)
+import helpers_training as shared  # noqa: E402  (registers the test reward)
 from agentic_rl.training.grpo import GRPOObjective, train_grpo  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def main(out: Path) -> None:
         return metrics
 
     GRPOObjective._advantages, GRPOObjective.after_step = advantages, after_step
-    cfg = shared._cfg(out / "run", "train.steps=2", "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
+    cfg = shared.grpo_cfg(out / "run", "train.steps=2", "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
                       "rollout.max_turn_tokens=6", "train.resume=false")
     train_grpo(cfg)
     rank = records[0]["rank"]

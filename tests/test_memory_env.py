@@ -173,7 +173,7 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
     """The env and the engine together: a scripted model that writes the oracle's turns gets an
     answered, correct episode whose sequences start with exactly the env's contexts and whose
     masked tokens are exactly the oracle's turns, sequence by sequence."""
-    from test_rollout_engine import _scripted_engine
+    from helpers_rollout import scripted_engine
 
     options = {"facts": 2, "distractors": 3, "gap": 2, "window": 2, "updates": 1}
     env = make_env("memory", **options)
@@ -187,7 +187,7 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
             contexts.append(result.context)
             scripts.append([])
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    engine, _ = _scripted_engine(qwen3_tokenizer, chat_format, scripts, RolloutConfig(128, 4096, 64))
+    engine, _ = scripted_engine(qwen3_tokenizer, chat_format, scripts, RolloutConfig(128, 4096, 64))
     (trajectory,) = engine.run([make_env("memory", **options)], [task])
     assert trajectory.finish_reason == "answered" and trajectory.info["correct"] and trajectory.turn_rewards[-1] == 1.0
     sequences = trajectory.sequences()
