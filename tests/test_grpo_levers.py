@@ -30,6 +30,8 @@ def _task_index(traj) -> int:
 
 
 def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_path):
+    """Guards against dynamic sampling that trains on zero-variance groups anyway (no gradient) or logs the
+    share after replacing instead of before."""
     common = ["rewards=[{name: parity_on_even_tasks}]", "rollout.batch_size=8", "rollout.group_size=2", "env.task_pool=16"]
     _, plain, batch = first_batch(grpo_cfg(tmp_path / "plain", *common))
     odd = {_task_index(t) % 2 for t in batch.trajectories}
@@ -61,6 +63,8 @@ def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_pa
 
 
 def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path):
+    """Guards against selection.band drawing prompts that are always or never solved, and against a band too
+    narrow to fill a batch stalling the draw instead of falling back (and counting it)."""
     _, objective, _ = first_batch(grpo_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
     pool = objective.task_pool
     selector = objective.selector

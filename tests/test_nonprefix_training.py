@@ -18,6 +18,8 @@ MEMORY = ["env.name=memory", "env.options={facts: 1, distractors: 2, gap: 0, win
 
 
 def test_token_shares_weight_each_row_by_its_part_of_the_episode():
+    """Guards against an episode split over rows counting once per row: each row's share is its part of the
+    episode's policy tokens, an empty row 0."""
     mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.float32)
     shares = episode_token_shares(mask, [0, 0, 1, 2])  # episode 0 spans rows 0-1 (2 + 1 tokens)
     assert shares.tolist() == pytest.approx([2 / 3, 1 / 3, 1.0, 0.0])

@@ -163,6 +163,8 @@ def straight_run(tmp_path_factory):
 
 
 def test_ppo_end_to_end_trains_the_policy_and_the_value_head(straight_run):
+    """Guards against a PPO run that never updates the adapters or the value head, logs non-finite or missing
+    metrics, or rolls out stale weights."""
     out, result = straight_run
     history = result["history"]
     assert len(history) == 4
@@ -199,6 +201,8 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
 @pytest.mark.e2e
 @pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
 def test_ppo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
+    """Guards against PPO checkpoints that are complete only on a clean exit: a SIGKILLed run resumes to the
+    uninterrupted run's weights."""
     out = tmp_path / "killed"
     script = (
         "import sys; sys.path.insert(0, %r)\n"
@@ -219,6 +223,8 @@ def test_ppo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_
 
 
 def test_a_separate_critic_trains_without_touching_the_policy_through_the_value_loss(tmp_path):
+    """Guards against value.critic=separate failing end to end or leaving its head at 0 (its gradient routing is
+    checked on one batch above)."""
     result = train_ppo(ppo_cfg(tmp_path / "sep", "value.critic=separate", "train.steps=2"))
     assert len(result["history"]) == 2 and result["history"][-1]["value/mean"] != 0.0
 
@@ -279,6 +285,8 @@ def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores
     ("value.critic=both", "value.critic"),
 ])
 def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
+    """Guards against PPO configs that cannot work (dynamic sampling without groups, a batch that is not whole
+    groups, an unknown critic) failing late."""
     with pytest.raises(ConfigError) as info:
         ppo_cfg(tmp_path, *override.split())
     assert fragment in str(info.value)

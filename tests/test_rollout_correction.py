@@ -190,6 +190,8 @@ def test_ppo_loss_multiplies_the_clipped_surrogate_by_the_weight():
 
 
 def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
+    """Guards against importance weights that carry a gradient (the correction would train the sampler ratio) or
+    broadcast from the wrong shape."""
     logps = torch.zeros(2, 5, requires_grad=True)
     mask = torch.ones(2, 5)
     with pytest.raises(ValueError, match="is_weights must be detached"):
@@ -212,6 +214,8 @@ def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
     ({"mode": "mis", "high": 0.9}, "rollout_correction.high=0.9 must be > 1"),
 ])
 def test_bad_settings_are_refused_naming_the_key_the_value_and_the_fix(settings, fragment):
+    """Guards against rollout_correction settings that are invalid or unused by the chosen mode being accepted
+    (invariant 6); each error names key, value and fix."""
     with pytest.raises(ValueError, match=re.escape(fragment)):
         RolloutCorrectionConfig(**settings)
 
