@@ -144,6 +144,23 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
     assert result["history"][1]["loss/kl"] > 0, "after one update the policy differs from π_ref"
 
 
+def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_path, tiny_qwen3):
+    """Guards against π_ref kept as a second copy of the weights under LoRA (twice the memory) or scored with
+    the adapters on (the KL pinned at 0): with β > 0 the objective holds no reference model, and the batch's
+    reference log-probs are the bare base model's, not the sampler's (invariant 4)."""
+    from agentic_rl.algorithms.logprobs import sequence_logprobs
+
+    cfg = grpo_cfg(tmp_path, "loss.beta=0.04")
+    _, objective, batch = first_batch(cfg)  # non-zero LoRA B: the adapters change the log-probs
+    assert objective.reference is None
+    t = batch.tensors
+    with torch.no_grad():
+        base, _ = sequence_logprobs(tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask,
+                                    temperature=cfg.rollout.temperature)
+    torch.testing.assert_close(batch.ref_logprobs, base, atol=1e-5, rtol=0)
+    assert float((t.logprobs - base).abs().max()) > 1e-4, "the sampler ran with the adapters on"
+
+
 @pytest.mark.parametrize("override, fragment", [
     ("rollout.batch_size=6", "batch_size = prompts × G"),
     ("rewards=[{name: no_such_reward}]", "unknown reward 'no_such_reward'"),
