@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import test_grpo_trainer as shared  # noqa: E402  (registers the test reward)
+import helpers_training as shared  # noqa: E402  (registers the test reward)
 from agentic_rl.training.episodes import Episodes  # noqa: E402
 from agentic_rl.training.grpo import GRPO, train_grpo  # noqa: E402
 
@@ -48,7 +48,7 @@ def main(out: Path) -> None:
         return metrics
 
     GRPO.advantages, Episodes.after_update = advantages, after_update
-    cfg = shared._cfg(out / "run", "train.steps=2", "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
+    cfg = shared.grpo_cfg(out / "run", "train.steps=2", "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
                       "rollout.max_turn_tokens=6", "train.resume=false")
     train_grpo(cfg)
     rank = records[0]["rank"]

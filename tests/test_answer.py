@@ -35,6 +35,8 @@ from agentic_rl.envs.answer import answers_match, extract_final_answer
     ],
 )
 def test_extract_final_answer_cleans_the_last_answer(text: str, expected: str) -> None:
+    """Guards against grading the wrong text: the last `Final Answer:` wins, and units, $, commas, %, markdown
+    and \\boxed are stripped."""
     assert extract_final_answer(text) == expected
 
 
@@ -64,6 +66,8 @@ def test_extract_final_answer_is_none_without_an_answer(text: str) -> None:
     ],
 )
 def test_answers_match_compares_numerically(predicted, reference: str, expected: bool) -> None:
+    """Guards against string-equal grading: 72.0, 1,200, $5 and 1/2 match their numeric values, while near
+    misses, signs, words and None do not."""
     assert answers_match(predicted, reference) is expected
 
 

@@ -20,6 +20,8 @@ def _cfg(model="tiny-qwen3", *overrides):
 
 
 def test_every_check_passes_on_tiny_qwen3(tiny_qwen3):
+    """Guards against an audit that fails a healthy model: template, mask, log-prob (float32 and bf16) and
+    weight checks all pass on tiny-qwen3."""
     model, tokenizer = tiny_qwen3
     results = run_audit(model, tokenizer, _cfg("tiny-qwen3", "dtypes=[float32, bfloat16]"))
     assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
@@ -114,6 +116,8 @@ def test_the_mask_check_reads_every_token_sequence_of_a_non_prefix_episode(qwen3
 
 
 def test_every_check_passes_on_the_memory_env_and_counts_every_sequence(tiny_qwen3):
+    """Guards against an audit that only understands prefix episodes: the memory env's several token sequences
+    per episode pass and are counted."""
     model, tokenizer = tiny_qwen3
     cfg = load_config(AuditConfig, None, ["model=tiny-qwen3", "n=2", "env.name=memory", "dtypes=[float32]"])
     results = run_audit(model, tokenizer, cfg)
@@ -122,6 +126,8 @@ def test_every_check_passes_on_the_memory_env_and_counts_every_sequence(tiny_qwe
 
 
 def test_the_cli_exits_1_on_a_failure_and_prints_the_report(tmp_path):
+    """Guards against a failing audit that exits 0: `agentic-rl audit` with an impossible tolerance exits 1,
+    prints PASS/FAIL lines and a JSON verdict."""
     done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "audit", "--model", "tiny-qwen3", "--n", "2",
                            "--option", "difficulty=1", "--set", "dtypes=[float32]", "--tolerance", "1e-12"],
                           capture_output=True, text=True, timeout=300)
@@ -132,6 +138,8 @@ def test_the_cli_exits_1_on_a_failure_and_prints_the_report(tmp_path):
 
 @pytest.mark.slow
 def test_every_check_passes_on_the_embedded_model_with_arith():
+    """Guards against a template, mask or log-prob mismatch on the real SmolLM2 chat template, which
+    tiny-qwen3's tokenizer cannot reveal."""
     from agentic_rl.models.stage_output import load_base_and_tokenizer
 
     model, tokenizer, _ = load_base_and_tokenizer("smollm2-135m-instruct", "float32")

@@ -43,6 +43,8 @@ from agentic_rl.tools.calculator import calculator, evaluate, format_number
     ],
 )
 def test_calculator_computes_the_exact_value(expression: str, expected: str) -> None:
+    """Guards against float noise and parse gaps in the calculator tool: exact results for unicode operators,
+    floor division, powers, decimals and a trailing '='."""
     assert calculator(expression) == expected
 
 
@@ -79,6 +81,8 @@ def test_decimal_sum_is_exact_not_float() -> None:
     ],
 )
 def test_calculator_reports_bad_input_and_limits_as_tool_errors(expression: str, message_part: str) -> None:
+    """Guards against a tool call that crashes the episode or hangs on huge numbers: division by zero, overflow,
+    bad syntax and limits become ToolErrors with a hint."""
     with pytest.raises(ToolError, match=message_part.replace("(", r"\(").replace("*", r"\*").replace("^", r"\^")):
         calculator(expression)
 
@@ -127,6 +131,8 @@ def test_hostile_nesting_of_powers_fails_fast() -> None:
 
 
 def test_format_number_strips_zeros_and_keeps_integers() -> None:
+    """Guards against tool results like '5.0' or long decimals that the model would copy: integers stay
+    integers, tiny values use short scientific notation."""
     assert format_number(Fraction(5, 1)) == "5"
     assert format_number(Fraction(-5, 2)) == "-2.5"
     assert format_number(Fraction(1, 8)) == "0.125"
@@ -134,6 +140,8 @@ def test_format_number_strips_zeros_and_keeps_integers() -> None:
 
 
 def test_calculator_schema_comes_from_its_signature_and_docstring() -> None:
+    """Guards against a tool schema out of step with the function: its parameters and description come from the
+    signature and docstring, and the Tool calls it."""
     tool = Tool.from_function(calculator, name="calculator")
     parameters = tool.schema["function"]["parameters"]
     assert parameters["properties"]["expression"]["type"] == "string"

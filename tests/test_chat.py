@@ -11,6 +11,8 @@ from agentic_rl.tools.parse import format_tool_call
 
 
 def test_a_turn_with_a_call_shows_the_words_the_call_and_its_result_then_the_reply_ends():
+    """Guards against a chat that hides tool calls or stops at a malformed one: history is kept, each call and
+    result is shown, and the reply ends at the answer."""
     events = []
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."}]
     env = ConversationEnv(["calculator"], history, max_turns=4, on_event=events.append)
@@ -27,6 +29,8 @@ def test_a_turn_with_a_call_shows_the_words_the_call_and_its_result_then_the_rep
 
 
 def test_the_conversation_carries_over_from_one_reply_to_the_next(tiny_qwen3):
+    """Guards against a chat loop that forgets earlier turns or keeps empty input: the second question sees the
+    first exchange, and every reply shows something."""
     model, tokenizer = tiny_qwen3
     inputs = iter(["first question", "", "second question", None])
     shown = []
@@ -39,6 +43,8 @@ def test_the_conversation_carries_over_from_one_reply_to_the_next(tiny_qwen3):
 
 
 def test_the_cli_reads_stdin_until_exit():
+    """Guards against `agentic-rl chat` reading past `exit` or failing without a terminal: it prompts twice on
+    piped stdin and exits 0."""
     done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "chat", "--model", "tiny-qwen3", "--max-turn-tokens", "4",
                            "--max-turns", "1"], input="hello\nexit\nnever read\n", capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -31,6 +31,7 @@ class Example:
 
 
 def test_yaml_and_overrides_are_applied_in_order(tmp_path):
+    """Guards against overrides that lose to the YAML file, or that replace a whole section instead of one key."""
     path = tmp_path / "c.yaml"
     path.write_text("steps: 20\noptim:\n  lr: 3e-4\n  schedule: cosine\n")
     cfg = load_config(Example, path, overrides=["optim.lr=1e-3", "tags=[a, b]"])
@@ -58,6 +59,8 @@ def test_unknown_key_names_the_key_and_allowed_keys(tmp_path):
 
 
 def test_literal_value_error_lists_allowed_values():
+    """Guards against a typo'd choice accepted or refused without the allowed values (invariant 6: every setting
+    is used or rejected)."""
     with pytest.raises(ConfigError, match=r"'optim.schedule' must be one of \['constant', 'cosine'\], got 'linear'"):
         load_config(Example, overrides=["optim.schedule=linear"])
 
@@ -67,17 +70,23 @@ def test_literal_value_error_lists_allowed_values():
     [("steps=ten", "'steps' must be an integer"), ("lora=maybe", "'lora' must be true or false"), ("steps=1.5", "'steps' must be an integer")],
 )
 def test_wrong_types_are_rejected_with_the_key(override, fragment):
+    """Guards against a value of the wrong type coerced silently (1.5 steps, 'maybe' as a bool): the error names
+    the key and the expected type."""
     with pytest.raises(ConfigError, match=fragment):
         load_config(Example, overrides=[override])
 
 
 def test_describe_lists_every_leaf_key_with_its_docstring():
+    """Guards against `agentic-rl config` help that drifts from the dataclasses: every leaf key is listed once
+    with its type, default and docstring."""
     lines = describe(Example)
     assert any(line.startswith("optim.lr (float, default 1e-05): Peak learning rate.") for line in lines)
     assert len(lines) == 6
 
 
 def test_malformed_override_is_explained():
+    """Guards against an override without '=' failing deep inside, or being ignored: the error says the
+    key=value form."""
     with pytest.raises(ConfigError, match="must look like key.subkey=value"):
         load_config(Example, overrides=["steps"])
 
@@ -104,6 +113,7 @@ def test_partial_section_keeps_the_fields_own_defaults():
 
 
 def test_dict_valued_options_are_replaced_not_merged():
+    """Guards against a dict override that merges with the default, leaving keys the user meant to remove."""
     cfg = load_config(Outer, overrides=["stage.options={c: 3}"])
     assert cfg.stage.options == {"c": 3}
 

@@ -37,6 +37,8 @@ def test_every_vendored_problem_parses_with_final_answer_and_all_annotations(spl
 
 
 def test_first_problem_is_split_into_parts() -> None:
+    """Guards against a GSM8K parser that mangles the vendored data: the first problem's question, final answer,
+    <<calculation>> annotations and solution lines."""
     problem = load_gsm8k()[0]
     assert problem.question.startswith("Natalia sold clips to 48 of her friends")
     assert problem.final_answer == "72"
@@ -55,6 +57,7 @@ def test_final_answer_drops_thousands_separators(tmp_path: Path) -> None:
 
 
 def test_directory_source_reads_the_split_file_and_parquet_works(tmp_path: Path) -> None:
+    """Guards against a user GSM8K folder being read from the wrong split file, or parquet copies being refused."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -89,6 +92,8 @@ def test_malformed_record_names_file_and_line(tmp_path: Path, bad_record, messag
 
 
 def test_missing_vendored_copy_says_where_it_looked(tmp_path: Path, monkeypatch) -> None:
+    """Guards against a missing vendored GSM8K copy surfacing as a bare FileNotFoundError instead of saying what
+    is missing."""
     monkeypatch.setattr(data, "vendored_gsm8k_dir", lambda: tmp_path / "nowhere")
     data._load_cached.cache_clear()
     try:
@@ -99,6 +104,8 @@ def test_missing_vendored_copy_says_where_it_looked(tmp_path: Path, monkeypatch)
 
 
 def test_unknown_source_and_split_are_rejected(tmp_path: Path) -> None:
+    """Guards against a typo'd source path or split silently loading something else (e.g. another split) instead
+    of failing."""
     with pytest.raises(DataError, match="is not 'vendored'"):
         load_gsm8k(str(tmp_path / "missing.jsonl"))
     with pytest.raises(DataError, match="unknown GSM8K split"):

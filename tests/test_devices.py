@@ -110,6 +110,8 @@ def test_an_explicit_cuda_without_a_gpu_stops_before_any_model_loads(command, lo
 
 
 def test_the_cuda_message_names_the_setting_and_the_fix(monkeypatch):
+    """Guards against device: cuda on a machine without CUDA failing inside torch: the message names the config
+    key and suggests cpu or auto."""
     from agentic_rl.models.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

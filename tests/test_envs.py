@@ -14,6 +14,8 @@ from agentic_rl.tools.calculator import evaluate
 
 
 def test_builtin_envs_are_registered() -> None:
+    """Guards against a built-in env (arith, gsm8k, self_correct) missing from the registry, so a config naming
+    it would fail."""
     assert {"arith", "gsm8k", "self_correct"} <= set(list_envs())
 
 
@@ -38,6 +40,8 @@ def test_bad_options_are_rejected(name: str, options: dict, message: str) -> Non
 
 
 def test_arith_tasks_are_deterministic_per_seed() -> None:
+    """Guards against task lists that change between runs with one seed (invariant 7), and against seeds that do
+    not change them."""
     env = make_env("arith", difficulty=[1, 2, 3, 4, 5])
     first = env.tasks("train", n=50, seed=3)
     assert first == make_env("arith", difficulty=[1, 2, 3, 4, 5]).tasks("train", n=50, seed=3)
@@ -77,6 +81,8 @@ def test_arith_steps_are_exact_positive_integers_and_oracle_solves_all(difficult
 
 
 def test_arith_templates_option_restricts_stories() -> None:
+    """Guards against held-out templates leaking into the seen set, or the templates/difficulty options being
+    ignored."""
     assert len(TEMPLATES) >= 6 and not set(SEEN_TEMPLATES) & set(HELD_OUT_TEMPLATES)
     env = make_env("arith", templates=list(HELD_OUT_TEMPLATES), difficulty=[2, 3])
     tasks = env.tasks("test", n=200)
@@ -85,6 +91,8 @@ def test_arith_templates_option_restricts_stories() -> None:
 
 
 def test_arith_oracle_turns_write_steps_then_final_answer() -> None:
+    """Guards against SFT demonstrations in the wrong shape: one `Step k:` turn with a calculator call per step,
+    then the final answer."""
     env = make_env("arith", difficulty=2)
     task = env.tasks("train", n=1)[0]
     turns = env.oracle_actions(task)
@@ -94,6 +102,8 @@ def test_arith_oracle_turns_write_steps_then_final_answer() -> None:
 
 
 def test_gsm8k_oracle_solves_first_200_training_problems_without_tool_errors() -> None:
+    """Guards against a GSM8K env, annotation parser or calculator that cannot reproduce the reference solutions
+    (its SFT data would be wrong)."""
     summary = run_oracle("gsm8k", n=200, split="train")
     assert summary["n"] == 200 and summary["accuracy"] == 1.0
     assert summary["tool_errors"] == 0 and summary["step_mismatches"] == 0
@@ -101,6 +111,8 @@ def test_gsm8k_oracle_solves_first_200_training_problems_without_tool_errors() -
 
 
 def test_gsm8k_task_meta_and_subset_options() -> None:
+    """Guards against the n/offset options being ignored, lost task meta (steps, annotations), and a seeded
+    shuffle that is not reproducible."""
     env = make_env("gsm8k", n=5, offset=2)
     tasks = env.tasks("train")
     assert [t.id for t in tasks] == [f"gsm8k/train/{i}" for i in range(2, 7)]
@@ -122,6 +134,8 @@ def test_gsm8k_oracle_packs_long_solutions_into_max_turns() -> None:
 
 
 def test_gsm8k_offers_the_python_tool() -> None:
+    """Guards against the tools option being ignored: gsm8k with tools=[python] offers only python, and its
+    oracle solves with it."""
     env = make_env("gsm8k", tools=["python"], n=1)
     assert [s["function"]["name"] for s in env.tool_schemas] == ["python"]
     summary = run_oracle_episodes(env, env.tasks("train"))
@@ -144,6 +158,8 @@ def test_self_correction_decays_reward_by_attempt() -> None:
 
 
 def test_self_correction_ends_after_max_retries_and_pays_full_on_first_try() -> None:
+    """Guards against a self-correction wrapper that retries forever or pays a retried answer as much as a
+    first-try one."""
     env = make_env("self_correct", base_options={"difficulty": 1}, max_retries=1, decay=0.5)
     task = env.tasks("test", n=1)[0]
     env.reset(task)
@@ -156,6 +172,8 @@ def test_self_correction_ends_after_max_retries_and_pays_full_on_first_try() -> 
 
 
 def test_oracle_runner_summarizes_through_the_env_api() -> None:
+    """Guards against an oracle runner that bypasses the Env API: a wrapped env runs through reset/step and the
+    summary has every field."""
     summary = run_oracle("self_correct", n=20, split="test", seed=2, base_options={"difficulty": [1, 2]})
     assert summary["env"] == "self_correct" and summary["n"] == 20
     assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0 and summary["failures"] == []

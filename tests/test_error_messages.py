@@ -37,6 +37,8 @@ def _copy(folder: Path, to: Path) -> Path:
 
 
 def test_a_model_folder_with_a_corrupt_config_names_the_file_and_line(saved_tiny, tmp_path):
+    """Guards against a corrupt config.json surfacing as a bare JSONDecodeError: the message names the file, the
+    line and the fix."""
     folder = _copy(saved_tiny, tmp_path / "m")
     (folder / "config.json").write_text('{\n  "model_type": "qwen3",\n  "hidden_size": 64,,\n}')
     with pytest.raises(ValueError, match=r"m/config.json: not valid JSON \(line 3 column 21: .*restore it or save the model again"):
@@ -44,6 +46,8 @@ def test_a_model_folder_with_a_corrupt_config_names_the_file_and_line(saved_tiny
 
 
 def test_a_model_folder_without_weights_says_which_files_it_looked_for(saved_tiny, tmp_path):
+    """Guards against a folder with a config but no weights loading random weights or failing vaguely: it names
+    the weight files it looked for."""
     folder = _copy(saved_tiny, tmp_path / "m")
     (folder / "model.safetensors").unlink()
     with pytest.raises(ValueError, match=r"'.*/m' has a config.json but no weights \(none of model.safetensors, "):
@@ -51,6 +55,8 @@ def test_a_model_folder_without_weights_says_which_files_it_looked_for(saved_tin
 
 
 def test_weights_of_another_shape_name_the_folder_not_a_size_mismatch_traceback(saved_tiny, tmp_path):
+    """Guards against a config/weights shape mismatch surfacing as transformers' size-mismatch traceback instead
+    of naming the folder."""
     folder = _copy(saved_tiny, tmp_path / "m")
     config = json.loads((folder / "config.json").read_text())
     config["intermediate_size"] *= 2  # the saved MLP weights no longer fit
@@ -60,6 +66,8 @@ def test_weights_of_another_shape_name_the_folder_not_a_size_mismatch_traceback(
 
 
 def test_a_stage_record_naming_itself_as_its_base_is_a_loop_not_a_recursion_error(tmp_path):
+    """Guards against a stage record whose base is itself crashing with RecursionError: the loop is named with
+    its file."""
     stage = tmp_path / "final"
     stage.mkdir()
     (stage / STAGE_RECORD).write_text(json.dumps({"kind": "lora", "base": str(stage)}))
@@ -68,6 +76,8 @@ def test_a_stage_record_naming_itself_as_its_base_is_a_loop_not_a_recursion_erro
 
 
 def test_a_loop_through_two_stage_records_names_both(tmp_path):
+    """Guards against a two-folder loop of stage records recursing forever: the message shows the whole
+    cycle a -> b -> a."""
     a, b = tmp_path / "a", tmp_path / "b"
     for here, base in ((a, b), (b, a)):
         here.mkdir()
@@ -81,12 +91,15 @@ def test_a_loop_through_two_stage_records_names_both(tmp_path):
     (json.dumps({"kind": "lora"}), r'a stage record is \{"kind": "lora" \| "full", "base": "<model>"\}, got \{\'kind\': \'lora\'\}'),
 ])
 def test_a_damaged_stage_record_names_its_file(tmp_path, record, match):
+    """Guards against invalid JSON or a stage record missing `base` failing without naming agentic_rl_model.json
+    and its expected form."""
     (tmp_path / STAGE_RECORD).write_text(record)
     with pytest.raises(ValueError, match=match):
         load_base_and_tokenizer(str(tmp_path), "float32")
 
 
 def test_a_lora_stage_without_its_adapter_files_says_so(tmp_path):
+    """Guards against a LoRA stage folder without its adapter files loading the bare base model silently."""
     (tmp_path / STAGE_RECORD).write_text(json.dumps({"kind": "lora", "base": "tiny-qwen3"}))
     with pytest.raises(ValueError, match=r"says LoRA adapters, but adapter_config.json and adapter_model.safetensors is missing"):
         load_base_and_tokenizer(str(tmp_path), "float32")
@@ -96,12 +109,15 @@ _TINY_EVAL = ["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "2", "--
 
 
 def test_eval_out_into_a_missing_folder_creates_it(tmp_path, capsys):
+    """Guards against `eval --out` failing after the whole evaluation because its parent folders do not exist yet."""
     out = tmp_path / "results" / "today" / "eval.json"
     assert main([*_TINY_EVAL, "--out", str(out)]) == 0
     assert json.loads(out.read_text())["n"] == 2
 
 
 def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(tmp_path, capsys, monkeypatch):
+    """Guards against an --out that is a folder being found only after minutes of evaluation: it is refused
+    first, with the fix."""
     import agentic_rl.evaluation.runner as evaluate_module
 
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking --out"))
@@ -110,6 +126,7 @@ def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(tmp_path, ca
 
 
 def test_eval_out_under_a_file_is_refused(tmp_path, capsys):
+    """Guards against an --out path under an existing file crashing late or overwriting the user's file."""
     (tmp_path / "notes").write_text("mine")
     assert main([*_TINY_EVAL, "--out", str(tmp_path / "notes" / "eval.json")]) == 2
     assert "a part of it is a file, not a folder" in capsys.readouterr().err
@@ -117,6 +134,8 @@ def test_eval_out_under_a_file_is_refused(tmp_path, capsys):
 
 
 def test_a_value_of_megabytes_is_quoted_in_a_few_hundred_characters(capsys):
+    """Guards against an error message that echoes a 10 MB value to the terminal: the value is cut and the rest
+    counted."""
     huge = "9" * 10_000_000 + "x"
     assert main(["grpo", "--set", f"train.steps={huge}"]) == 2
     err = capsys.readouterr().err
@@ -125,6 +144,7 @@ def test_a_value_of_megabytes_is_quoted_in_a_few_hundred_characters(capsys):
 
 
 def test_quoted_cuts_long_values_and_counts_the_rest():
+    """Guards against `quoted` cutting values without saying how much was cut, or cutting short values at all."""
     assert quoted("ab") == "'ab'"
     assert quoted("a" * 205) == "'" + "a" * 200 + "…' (+5 characters)"
     assert quoted(list(range(100)), limit=10) == "[0, 1, 2, … (+380 characters)"
@@ -136,16 +156,22 @@ def test_quoted_cuts_long_values_and_counts_the_rest():
     ({"n": "ten"}, r"'options.n' must be an integer, got 'ten'"),
 ])
 def test_env_options_of_the_wrong_type_name_the_option_and_value(options, match):
+    """Guards against env options of the wrong type failing with a confusing error (a string iterated as a tool
+    list, a float not iterable)."""
     with pytest.raises(ValueError, match=match):
         make_env("gsm8k", **options)
 
 
 def test_an_env_option_in_a_config_names_the_config_and_key(capsys):
+    """Guards against a bad env option from the CLI that does not name the config key (env.options.tools) the
+    user set."""
     assert main(["eval", "--model", "tiny-qwen3", "--env", "gsm8k", "--option", "tools=none", "--n", "1"]) == 2
     assert "env.options.tools=none: invalid value in env: environment 'gsm8k': 'options.tools' got 'none'" in capsys.readouterr().err
 
 
 def test_a_damaged_reward_model_record_names_its_file(tmp_path):
+    """Guards against a corrupt reward-model record failing without naming the file, its line, and
+    `agentic-rl rm` as the fix."""
     from agentic_rl.models.reward_scorer import RM_RECORD, load_trained_reward_model
 
     (tmp_path / RM_RECORD).write_text('{"lora": true')

@@ -23,6 +23,8 @@ def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
 def test_pass_at_k_equals_enumeration_over_subsets(args):
+    """Guards against a pass@k formula that drifts from its definition: the unbiased estimator equals
+    brute-force enumeration over every k-subset."""
     n, c, k = args
     assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(n, c, k)), abs=1e-12)
 
@@ -36,6 +38,8 @@ def test_pass_at_k_hand_values():
 
 
 def test_pass_at_k_rejects_impossible_counts():
+    """Guards against pass@k returning a number for more correct samples than samples (c > n), which hides a
+    counting bug upstream."""
     with pytest.raises(ValueError, match="0 <= c <= n"):
         pass_at_k(3, 4, 1)
 
@@ -45,6 +49,7 @@ def correct_is(reference):
 
 
 def test_maj_at_k_clear_majority():
+    """Guards against maj@k scoring any correct vote instead of the majority answer."""
     assert maj_at_k(["5", "5", "7", None], correct_is("5")) == 1.0
     assert maj_at_k(["7", "7", "5"], correct_is("5")) == 0.0
 
@@ -57,11 +62,13 @@ def test_maj_at_k_ties_score_their_expectation():
 
 
 def test_maj_at_k_unparseable_answers_do_not_vote():
+    """Guards against unparseable answers (None) forming a winning 'majority' that hides the one real answer."""
     assert maj_at_k([None, None, "5"], correct_is("5")) == 1.0
     assert maj_at_k([None, None], correct_is("5")) == 0.0
 
 
 def test_maj_at_k_groups_equivalent_spellings():
+    """Guards against a majority split by spelling: 72, 72.0 and $72 are one vote bloc, so they outvote two 80s."""
     from agentic_rl.evaluation.runner import _canonical
 
     assert maj_at_k(["72", "72.0", "$72", "80", "80"], correct_is(str(Fraction(72))), canonical=_canonical) == 1.0
@@ -75,6 +82,8 @@ def _episode(correct: bool, calls: int, errors: int, info: dict | None = None) -
 
 
 def test_episode_statistics_hand_values():
+    """Guards against wrong report metrics, checked on hand-computed values: pass@1, tool calls and success
+    rate, solution steps, accuracy per difficulty."""
     trajs = [
         _episode(True, 2, 0, {"solution_steps_matched": 2, "solution_steps_total": 2}),
         _episode(False, 3, 1, {"solution_steps_matched": 1, "solution_steps_total": 2}),
@@ -93,6 +102,8 @@ def test_episode_statistics_hand_values():
 
 
 def test_truncated_rate_counts_the_episodes_a_rollout_limit_cut_off():
+    """Guards against a truncation rate that misses a limit: max_episode_tokens, max_turns and max_turn_tokens
+    count; answered, env_done and error do not."""
     reasons = ["answered", "max_episode_tokens", "max_turns", "max_turn_tokens", "env_done", "error"]
     trajs = [dataclasses.replace(_episode(False, 1, 0), finish_reason=reason) for reason in reasons]
     tasks = [Task(f"t/{i}", "q", "1", {}) for i in range(len(reasons))]

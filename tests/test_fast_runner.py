@@ -107,6 +107,8 @@ MKLDNN_BF16 = pytest.param(  # oneDNN runs bf16 linears only on some CPUs (AVX51
 
 @pytest.mark.parametrize("linear", ["mm", MKLDNN])
 def test_qwen3_ragged_schedule_matches_full_forward(qwen3, linear):
+    """Guards against KV-cache, padding or position bugs in FastRunner on Qwen3: a ragged prefill/decode
+    schedule matches plain full forwards."""
     runner = FastRunner(qwen3, max_slots=8, max_len=96, linear=linear)
     assert runner.linear == linear
     assert run_schedule(qwen3, runner, seed=1) < TOL
@@ -123,6 +125,8 @@ def test_llama_ragged_schedule_matches_full_forward(bias, linear):
 
 
 def test_default_linear_backend():
+    """Guards against a default linear backend that oneDNN cannot run (picked by probe, per dtype) and against a
+    typo'd backend being accepted."""
     model = tiny_llama()
     expected = "mkldnn" if torch.backends.mkldnn.is_available() else "mm"
     assert FastRunner(model, max_slots=1, max_len=8).linear == expected
@@ -133,6 +137,8 @@ def test_default_linear_backend():
 
 
 def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
+    """Guards against crashing or wrong logits on CPUs where the oneDNN probe fails: the default falls back to
+    mm and still matches."""
     from agentic_rl.rollout import fast_weights
 
     monkeypatch.setattr(fast_weights, "mkldnn_linear_works", lambda dtype: False)
@@ -143,6 +149,8 @@ def test_auto_falls_back_to_mm_where_the_onednn_probe_fails(monkeypatch):
 
 
 def test_llama_tied_embeddings_and_n_layout():
+    """Guards against tied embeddings copied (twice the memory, stale after an update) or mis-read in
+    nn.Linear's (out, in) layout."""
     model = tiny_llama(seed=3, tie_word_embeddings=True)
     runner = FastRunner(model, max_slots=8, max_len=96, linear="mm")
     assert runner.weights.lm_head.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # reused, not copied
@@ -150,6 +158,8 @@ def test_llama_tied_embeddings_and_n_layout():
 
 
 def test_long_sequence_crosses_zeroing_blocks(qwen3):
+    """Guards against uninitialised (possibly NaN) cache memory being read once a slot grows past its first
+    lazily zeroed block: its logits must still match a full forward."""
     runner = FastRunner(qwen3, max_slots=2, max_len=600)
     a, b = runner.alloc(), runner.alloc()
     rng = random.Random(4)
@@ -163,6 +173,8 @@ def test_long_sequence_crosses_zeroing_blocks(qwen3):
 
 @pytest.mark.parametrize("linear", ["mm", MKLDNN_BF16])
 def test_bf16_mode_is_close(qwen3, linear):
+    """Guards against a bf16 FastRunner far from float32 (beyond bf16 rounding) or returning bf16 logits to the
+    sampler."""
     r32 = FastRunner(qwen3, max_slots=2, max_len=64, linear="mm")
     r16 = FastRunner(qwen3, max_slots=2, max_len=64, dtype=torch.bfloat16, linear=linear)
     prompt = list(range(100, 130))
@@ -207,6 +219,8 @@ def _peft_llama():
 
 
 def test_lora_merge_matches_peft_forward_and_staleness_is_detected():
+    """Guards against stale rollout weights (invariant 3): merged LoRA matches PEFT, an in-place update is
+    detected, and refresh bumps the version."""
     pmodel = _peft_llama()
     runner = FastRunner(pmodel, max_slots=4, max_len=64)
     prompt = [3, 14, 15, 92, 65, 35, 89, 79]
@@ -251,6 +265,8 @@ def test_lora_merge_matches_peft_forward_and_staleness_is_detected():
 
 
 def test_base_weight_change_is_detected(qwen3):
+    """Guards against a full fine-tune's in-place weight update going unnoticed by FastRunner's copies (stale
+    rollouts, invariant 3)."""
     model = copy.deepcopy(qwen3)
     runner = FastRunner(model, max_slots=2, max_len=32)
     s = runner.alloc()
@@ -264,6 +280,8 @@ def test_base_weight_change_is_detected(qwen3):
 
 
 def test_slot_errors(qwen3):
+    """Guards against slot misuse corrupting the cache: too many slots, over-long, empty or duplicate chunks and
+    freed slots raise, and a failed call changes nothing."""
     runner = FastRunner(qwen3, max_slots=2, max_len=8)
     a, b = runner.alloc(), runner.alloc()
     assert (a, b) == (0, 1)
@@ -293,6 +311,8 @@ def test_slot_errors(qwen3):
 
 
 def test_unsupported_rope_is_rejected():
+    """Guards against a rope scaling FastRunner does not implement decoding silently wrong logits instead of
+    refusing the model."""
     model = tiny_llama(rope_scaling={"rope_type": "linear", "factor": 2.0})
     with pytest.raises(NotImplementedError, match="rope_type"):
         FastRunner(model, max_slots=1, max_len=16)
@@ -300,6 +320,8 @@ def test_unsupported_rope_is_rejected():
 
 @pytest.mark.parametrize("linear", ["mm", MKLDNN])
 def test_forked_slots_attend_their_shared_prefix_once_and_match_full_forwards(qwen3, linear):
+    """Guards against shared-prefix attention bugs: forked slots (partial forks, subsets, gathered rows, reused
+    slots) match full forwards."""
     runner = FastRunner(qwen3, max_slots=8, max_len=96, linear=linear, shared_prefix=8)
     check, rng = _Checked(qwen3, runner), random.Random(11)
 
@@ -331,6 +353,8 @@ def test_forked_slots_attend_their_shared_prefix_once_and_match_full_forwards(qw
 
 
 def test_a_new_forked_prefix_replaces_the_store_and_earlier_forks_fall_back(qwen3):
+    """Guards against slots attending another group's shared prefix after the store is replaced: earlier forks
+    fall back to their own copies."""
     runner = FastRunner(qwen3, max_slots=6, max_len=96, shared_prefix=8)
     check, rng = _Checked(qwen3, runner), random.Random(12)
     old = [runner.alloc() for _ in range(2)]
@@ -358,6 +382,8 @@ def test_a_new_forked_prefix_replaces_the_store_and_earlier_forks_fall_back(qwen
 
 
 def test_shared_prefix_threshold_and_bf16_agreement(qwen3):
+    """Guards against shared_prefix used below its threshold or changing bf16 logits beyond a few ulps, and
+    against a negative threshold being accepted."""
     rng = random.Random(13)
     prefix = [rng.randrange(1000) for _ in range(24)]
     outs = []

@@ -9,9 +9,9 @@ import random
 
 import pytest
 import torch
+from helpers_training import accumulated_gradient, first_batch, grpo_cfg
 
 from agentic_rl.rewards.base import list_rewards, register_reward
-from test_grpo_trainer import _accumulated_gradient, _cfg, _first_batch
 
 if "parity_on_even_tasks" not in list_rewards():
 
@@ -30,15 +30,17 @@ def _task_index(traj) -> int:
 
 
 def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_path):
+    """Guards against dynamic sampling that trains on zero-variance groups anyway (no gradient) or logs the
+    share after replacing instead of before."""
     common = ["rewards=[{name: parity_on_even_tasks}]", "rollout.batch_size=8", "rollout.group_size=2", "env.task_pool=16"]
-    _, plain, batch = _first_batch(_cfg(tmp_path / "plain", *common))
+    _, plain, batch = first_batch(grpo_cfg(tmp_path / "plain", *common))
     odd = {_task_index(t) % 2 for t in batch.trajectories}
     assert odd == {0, 1}, "the test needs a first draw with odd (zero-variance) tasks"
     assert batch.metrics["rollout/rounds"] == 1.0
     first_share = batch.metrics["rollout/groups_with_variance"]
     assert first_share < 1.0 and batch.metrics["train/groups_with_variance"] == first_share
 
-    _, dynamic, batch = _first_batch(_cfg(tmp_path / "dynamic", *common, "selection.dynamic_sampling=true", "selection.max_rounds=4"))
+    _, dynamic, batch = first_batch(grpo_cfg(tmp_path / "dynamic", *common, "selection.dynamic_sampling=true", "selection.max_rounds=4"))
     metrics = batch.metrics
     assert metrics["rollout/groups_with_variance"] < 1.0  # the same first draw (odd tasks), measured before replacing
     assert metrics["rollout/rounds"] > 1.0
@@ -54,15 +56,17 @@ def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_p
 def test_dynamic_sampling_stops_at_its_round_cap_and_keeps_the_batch_size(tmp_path):
     """All rewards equal (format only, a random model never answers): no round can help; the cost
     is capped at max_rounds extra rounds and the batch still holds every group."""
-    cfg = _cfg(tmp_path, "rewards=[{name: format}]", "selection.dynamic_sampling=true", "selection.max_rounds=2")
-    _, _, batch = _first_batch(cfg)
+    cfg = grpo_cfg(tmp_path, "rewards=[{name: format}]", "selection.dynamic_sampling=true", "selection.max_rounds=2")
+    _, _, batch = first_batch(cfg)
     assert batch.metrics["rollout/rounds"] == 3.0
     assert batch.metrics["train/groups_with_variance"] == 0.0
     assert len(batch.trajectories) == cfg.rollout.batch_size
 
 
 def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path):
-    _, objective, _ = _first_batch(_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
+    """Guards against selection.band drawing prompts that are always or never solved, and against a band too
+    narrow to fill a batch stalling the draw instead of falling back (and counting it)."""
+    _, objective, _ = first_batch(grpo_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
     pool = objective.episodes.task_pool
     selector = objective.episodes.selector
     selector.outcomes = {pool[0].id: (8, 8), pool[1].id: (0, 8), pool[2].id: (3, 8)}  # always, never, sometimes
@@ -81,7 +85,7 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import oracle_demos
 
-    model, objective, batch = _first_batch(_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true"))
+    model, objective, batch = first_batch(grpo_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true"))
     G = objective.cfg.rollout.group_size
     trajs = batch.trajectories
     assert not any(t.info.get("correct") for i, t in enumerate(trajs) if i % G != G - 1)  # the sampled members all fail
@@ -95,7 +99,7 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
         assert demo.info["correct"] and demo.reward == 1.0
         assert float(batch.advantages[row, 0]) > 0 > float(batch.advantages[row - 1, 0])
         assert demo.task_id == trajs[row - 1].task_id  # it joined its own prompt's group
-    grads, micros = _accumulated_gradient(model, objective, batch)
+    grads, micros = accumulated_gradient(model, objective, batch)
     assert any(float(g.abs().max()) > 0 for g in grads.values())
     _, metrics = objective.loss(model, micros[0])
     assert metrics["loss/ratio_mean"] == pytest.approx(1.0)  # on-policy rows (μ = 1) and demo rows alike
@@ -104,12 +108,12 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
 def test_entropy_bonus_gives_a_gradient_where_every_advantage_is_zero(tmp_path):
     """Equal rewards: the surrogate has no gradient, so with the bonus every trained token must
     still move the adapters toward more entropy; and zero-advantage rows must not be skipped."""
-    cfg = _cfg(tmp_path, "rewards=[{name: format}]", "loss.beta=0")
-    model, objective, batch = _first_batch(cfg)
+    cfg = grpo_cfg(tmp_path, "rewards=[{name: format}]", "loss.beta=0")
+    model, objective, batch = first_batch(cfg)
     assert float(batch.advantages.abs().max()) == 0.0
     assert objective.micro_batches(batch) == []  # without the bonus: nothing to train, every row skipped
     objective.cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, entropy_coef=0.01))
-    grads, micros = _accumulated_gradient(model, objective, batch)
+    grads, micros = accumulated_gradient(model, objective, batch)
     assert sum(len(m.rows) for m in micros) == cfg.rollout.batch_size
     assert any(float(g.abs().max()) > 0 for g in grads.values())
     # Every advantage is 0, so the loss is the bonus alone: -c_H times the mean entropy (the
@@ -133,12 +137,12 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     clip acts; the third step rolls out afresh with the new weights. Guards against rolling out
     again at every step (μ silently 1) and against π_old taken from the current weights (the
     ratio pinned at 1: the clip never acts, the trust region is gone)."""
-    from test_grpo_loss import reference_loss
+    from helpers_references import reference_loss
 
-    cfg = _cfg(tmp_path, "updates_per_batch=2", "old_logprobs=sampling", "loss.beta=0", "loss.epsilon=0.01")
-    model, objective, batch = _first_batch(cfg)
+    cfg = grpo_cfg(tmp_path, "updates_per_batch=2", "old_logprobs=sampling", "loss.beta=0", "loss.epsilon=0.01")
+    model, objective, batch = first_batch(cfg)
     assert batch.old_logprobs is batch.tensors.logprobs  # the engine's, recorded while sampling
-    grads, micros = _accumulated_gradient(model, objective, batch)
+    grads, micros = accumulated_gradient(model, objective, batch)
     assert micros and all(objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros)
     _step_in_place(model, grads, lr=1.0)
     objective.episodes.after_update(objective.batch)  # the engine syncs the new weights (version 1)
@@ -171,8 +175,8 @@ def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path, fresh_accele
     loss runs, so the first update's ratio is exactly 1. Guards against π_old scored in fp32
     outside the loop's autocast, which put the fp32-bf16 gap (here 1.3e-3 nats per token on
     average, 3.5e-3 at most) into every ratio before any update."""
-    cfg = _cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
-    model, objective, batch = _first_batch(cfg, mixed_precision="bf16")
+    cfg = grpo_cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
+    model, objective, batch = first_batch(cfg, mixed_precision="bf16")
     t, mask = batch.tensors, batch.tensors.loss_mask.bool()
     with torch.no_grad():
         with objective.accelerator.autocast():

@@ -2,8 +2,8 @@
 failed episodes, micro-batching invariance and exact resume.
 
 A random model's rewards under the built-in terms are all equal (it never answers, and it
-always fills the turn budget), so every advantage would be 0. `token_parity` below is a
-test-only reward that depends on the sampled ids, so groups have reward variance.
+always fills the turn budget), so every advantage would be 0. `token_parity` (tests/helpers_training.py)
+is a test-only reward that depends on the sampled ids, so groups have reward variance.
 """
 
 from __future__ import annotations
@@ -14,122 +14,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from helpers_training import accumulated_gradient, adapters, first_batch, grpo_cfg  # registers the test reward and envs
 from sigkill import interrupt_then_resume, run_until
 
-from agentic_rl.config import ConfigError, load_config
-from agentic_rl.envs.arith import ArithEnv
-from agentic_rl.envs.base import StepResult, list_envs, register_env
-from agentic_rl.rewards.base import list_rewards, register_reward
+from agentic_rl.config import ConfigError
 from agentic_rl.training.episodes import Episodes
 from agentic_rl.training.grpo import GRPO, train_grpo
-from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
-
-if "token_parity" not in list_rewards():
-
-    @register_reward("token_parity")
-    def token_parity(traj) -> float:
-        """Share of the episode's policy tokens with an even id (test only: varies per sample)."""
-        ids = [i for i, m in zip(traj.input_ids, traj.loss_mask) if m]
-        return sum(i % 2 == 0 for i in ids) / max(1, len(ids))
-
-
-if "flaky_arith" not in list_envs():
-
-    @register_env("flaky_arith")
-    class FlakyArith(ArithEnv):
-        """arith whose step raises on the first task of the train split (test only)."""
-
-        name = "flaky_arith"
-
-        def reset(self, task):
-            self._task = task
-            return super().reset(task)
-
-        def step(self, action_text):
-            if self._task.id == self.tasks("train", n=1, seed=0)[0].id:
-                raise RuntimeError("tool server exploded")
-            return super().step(action_text)
-
-
-if "ragged_arith" not in list_envs():
-
-    @register_env("ragged_arith")
-    class RaggedArith(ArithEnv):
-        """arith whose first turn, when its text has an odd length, earns 0.2 and asks for another
-        turn (test only: groups of one- and two-turn episodes with step rewards)."""
-
-        name = "ragged_arith"
-
-        def reset(self, task):
-            self._turn = 0
-            return super().reset(task)
-
-        def step(self, action_text):
-            self._turn += 1
-            if self._turn == 1 and len(action_text) % 2:
-                return StepResult(observation=[{"role": "user", "content": "Go on."}], reward=0.2, done=False)
-            return super().step(action_text)
-
-
-TINY = [
-    "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
-    "rollout.batch_size=4", "rollout.group_size=2", "rollout.max_turn_tokens=8", "rollout.max_turns=1",
-    "rollout.max_episode_tokens=1024", "env.options={difficulty: 1}", "env.task_pool=8",
-    "rewards=[{name: token_parity}, {name: format, weight: 0.5}]",
-    "micro_batch_size=4", "train.progress=false",
-]
-
-
-def _cfg(output_dir: Path, *extra: str) -> GRPOConfig:
-    return load_config(GRPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
 
 
 def _finite(row: dict) -> bool:
     return all(torch.isfinite(torch.tensor(float(v))) for k, v in row.items() if k != "optim/grad_norm")
 
 
-def _adapters(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(run / "final" / "adapter_model.safetensors")
-
-
-def _first_batch(cfg: GRPOConfig, mixed_precision: str = "no"):
-    """(scorer, bound objective, its step-0 batch) with non-zero adapters, so π_θ ≠ π_ref and the
-    KL gradient is not trivially 0; the objective's accelerator runs `mixed_precision`."""
-    from agentic_rl.models.policy import load_policy
-    from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.scoring import TokenScorer
-
-    torch.manual_seed(0)  # LoRA's init and the B noise below: the same batch whichever tests ran before
-    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-    model = TokenScorer(policy)
-    objective = GRPO(cfg, tokenizer, None)
-    objective.bind(model, make_accelerator(mixed_precision, 0))
-    return model, objective, objective.batch_for(0)
-
-
-def _accumulated_gradient(model, objective: GRPO, batch) -> tuple[dict[str, torch.Tensor], list]:
-    """The gradient summed over the objective's micro-batches of `batch`, and those micro-batches."""
-    model.zero_grad(set_to_none=True)
-    micros = objective.micro_batches(batch)
-    for micro in micros:
-        loss, _ = objective.loss(model, micro)
-        loss.backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, micros
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """An uninterrupted 4-step run (checkpoint every 2), shared by the e2e and resume tests."""
     out = tmp_path_factory.mktemp("grpo") / "straight"
-    result = train_grpo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    result = train_grpo(grpo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     return out, result
 
 
@@ -152,7 +56,7 @@ def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straigh
     # the audit on start: logged once, at the first step; float32 on both sides agrees to rounding
     assert history[0]["rollout/logprob_drift_max"] < 1e-3 and history[0]["time/audit"] > 0
     assert not any("time/audit" in row for row in history[1:])
-    lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
+    lora_b = [v for k, v in adapters(out).items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at 0 and must have moved"
     logged = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
@@ -165,11 +69,11 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
 
     out = tmp_path / "split"
     resumed = interrupt_then_resume(monkeypatch, GRPO, train_grpo,
-                                    _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+                                    grpo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert len(resumed["history"]) == 2
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run
-    expected, got = _adapters(straight), _adapters(out)
+    expected, got = adapters(straight), adapters(out)
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
     a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
@@ -184,18 +88,18 @@ def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight
     out = tmp_path / "killed"
     script = (
         "import sys; sys.path.insert(0, %r)\n"
-        "import test_grpo_trainer as t\n"
+        "import helpers_training as t\n"
         "from agentic_rl.training.grpo import train_grpo\n"
-        "train_grpo(t._cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
+        "train_grpo(t.grpo_cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
     ) % (str(REPO / "tests"), str(out))
     marker = out / "checkpoints" / "step-000002" / "trainer_state.pt"
     run_until(script, marker)
     if (out / "final").exists():
         pytest.skip("the child finished before it could be killed (machine too fast for this check)")
-    resumed = train_grpo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    resumed = train_grpo(grpo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert len(resumed["history"]) <= 2
     straight, _ = straight_run
-    expected, got = _adapters(straight), _adapters(out)
+    expected, got = adapters(straight), adapters(out)
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
 
@@ -210,7 +114,7 @@ def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
         return original(self, tensors, reference)
 
     monkeypatch.setattr(Episodes, "score", recording)
-    result = train_grpo(_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
+    result = train_grpo(grpo_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
     assert calls == []
     assert result["history"][0]["time/reference"] < 0.05
     assert "loss/kl" not in result["history"][0]
@@ -227,7 +131,7 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
         return original(self, tensors, reference)
 
     monkeypatch.setattr(Episodes, "score", recording)
-    result = train_grpo(_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
+    result = train_grpo(grpo_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
     refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
     initial = tiny_qwen3[0].state_dict()
@@ -241,6 +145,23 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
     assert result["history"][1]["loss/kl"] > 0, "after one update the policy differs from π_ref"
 
 
+def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_path, tiny_qwen3):
+    """Guards against π_ref kept as a second copy of the weights under LoRA (twice the memory) or scored with
+    the adapters on (the KL pinned at 0): with β > 0 the objective holds no reference model, and the batch's
+    reference log-probs are the bare base model's, not the sampler's (invariant 4)."""
+    from agentic_rl.algorithms.logprobs import sequence_logprobs
+
+    cfg = grpo_cfg(tmp_path, "loss.beta=0.04")
+    _, objective, batch = first_batch(cfg)  # non-zero LoRA B: the adapters change the log-probs
+    assert objective.reference is None
+    t = batch.tensors
+    with torch.no_grad():
+        base, _ = sequence_logprobs(tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask,
+                                    temperature=cfg.rollout.temperature)
+    torch.testing.assert_close(batch.ref_logprobs, base, atol=1e-5, rtol=0)
+    assert float((t.logprobs - base).abs().max()) > 1e-4, "the sampler ran with the adapters on"
+
+
 @pytest.mark.parametrize("override, fragment", [
     ("rollout.batch_size=6", "batch_size = prompts × G"),
     ("rewards=[{name: no_such_reward}]", "unknown reward 'no_such_reward'"),
@@ -248,13 +169,13 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
 def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
     """Guards against the peers' silent failures: a batch that is not whole groups, a typo'd reward."""
     with pytest.raises(ConfigError, match="") as info:
-        _cfg(tmp_path, "rollout.group_size=4", override)
+        grpo_cfg(tmp_path, "rollout.group_size=4", override)
     assert fragment in str(info.value)
 
 
 def test_missing_lora_target_module_fails_fast_naming_the_real_modules(tmp_path):
     """Guards against PEFT's behaviour of adapting nothing / failing deep inside for a typo."""
-    cfg = _cfg(tmp_path / "bad", "model.lora.target_modules=[nonexistent]", "train.steps=1")
+    cfg = grpo_cfg(tmp_path / "bad", "model.lora.target_modules=[nonexistent]", "train.steps=1")
     with pytest.raises(ValueError, match=r"nonexistent.*q_proj"):
         train_grpo(cfg)
 
@@ -262,7 +183,7 @@ def test_missing_lora_target_module_fails_fast_naming_the_real_modules(tmp_path)
 def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on(tmp_path):
     """Guards against one bad tool call killing a long run, and against training on a failed
     episode's tokens."""
-    cfg = _cfg(tmp_path / "flaky", "env.name=flaky_arith", "env.options={}", "env.task_pool=2", "train.steps=2", "loss.beta=0")
+    cfg = grpo_cfg(tmp_path / "flaky", "env.name=flaky_arith", "env.options={}", "env.task_pool=2", "train.steps=2", "loss.beta=0")
     result = train_grpo(cfg)
     assert len(result["history"]) == 2
     for row in result["history"]:
@@ -282,8 +203,8 @@ def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, ca
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
     prompt = min(len(chat_format.prompt_ids(env.reset(task), env.tool_schemas))
                  for task in env.tasks("train", n=50, seed=0))  # room for at most 3 tokens in any episode
-    cfg = _cfg(tmp_path, f"rollout.max_episode_tokens={prompt + 3}", "rollout.max_turn_tokens=8")
-    _, objective, batch = _first_batch(cfg)
+    cfg = grpo_cfg(tmp_path, f"rollout.max_episode_tokens={prompt + 3}", "rollout.max_turn_tokens=8")
+    _, objective, batch = first_batch(cfg)
     assert batch.metrics["rollout/finish/max_episode_tokens"] == 1.0
     out = capsys.readouterr().out
     assert "WARNING: 100% of this batch's episodes ended at rollout.max_episode_tokens" in out and f"({prompt + 3} tokens" in out
@@ -293,15 +214,15 @@ def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, ca
 def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     """Guards against micro-batch losses scaled by the wrong share (e.g. per-micro-batch means
     that over-weight short micro-batches): accumulated gradients must equal the full-batch one."""
-    cfg = _cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
+    cfg = grpo_cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
                "rollout.max_turn_tokens=6", "micro_batch_size=8")
-    model, objective, batch = _first_batch(cfg)
+    model, objective, batch = first_batch(cfg)
     assert float(batch.advantages.abs().sum()) > 0
     assert len({len(t) for t in batch.trajectories}) >= 1
 
     def gradient(micro_batch_size: int) -> dict[str, torch.Tensor]:
         objective.cfg = dataclasses.replace(cfg, micro_batch_size=micro_batch_size)
-        grads, micros = _accumulated_gradient(model, objective, batch)
+        grads, micros = accumulated_gradient(model, objective, batch)
         assert len(micros) == -(-8 // micro_batch_size)
         return grads
 
@@ -315,15 +236,15 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
     """With beta = 0 an episode whose advantage is 0 (a group with equal rewards) has exactly zero
     loss and gradient. Guards against skipping that changes the update: the normaliser must still
     count the skipped episodes."""
-    cfg = _cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
+    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
                "micro_batch_size=2")
-    model, objective, batch = _first_batch(cfg)
+    model, objective, batch = first_batch(cfg)
     batch.advantages[:4] = 0.0  # the first group earned equal rewards
     assert float(batch.advantages[4:].abs().min()) > 0
 
     def gradient(skip: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
         objective.cfg = dataclasses.replace(cfg, skip_zero_advantage=skip)
-        grads, micros = _accumulated_gradient(model, objective, batch)
+        grads, micros = accumulated_gradient(model, objective, batch)
         return grads, sorted(i for micro in micros for i in micro.rows)
 
     (skipped, trained), (full, everything) = gradient(True), gradient(False)
@@ -340,11 +261,11 @@ def test_a_batch_without_any_gradient_still_steps_the_optimizer(tmp_path):
     """All rewards equal: every row is skipped, and the optimizer steps on zero gradients (AdamW's
     weight decay and moments move on), exactly as the unskipped run does."""
     common = ["loss.beta=0", "rewards=[{name: format}]", "train.steps=2", "optim.weight_decay=0.1"]
-    skipped = train_grpo(_cfg(tmp_path / "skip", *common))
-    full = train_grpo(_cfg(tmp_path / "full", *common, "skip_zero_advantage=false"))
+    skipped = train_grpo(grpo_cfg(tmp_path / "skip", *common))
+    full = train_grpo(grpo_cfg(tmp_path / "full", *common, "skip_zero_advantage=false"))
     assert [row["train/episodes_trained"] for row in skipped["history"]] == [0.0, 0.0]
     assert [row["train/episodes_trained"] for row in full["history"]] == [4.0, 4.0]
-    a, b = _adapters(tmp_path / "skip"), _adapters(tmp_path / "full")
+    a, b = adapters(tmp_path / "skip"), adapters(tmp_path / "full")
     assert [row["optim/grad_norm"] for row in skipped["history"]] == [0.0, 0.0]
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=0, rtol=0, msg=key)
@@ -376,10 +297,10 @@ def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_epis
     today's GRPO loss and gradient exactly: same rollouts, same loss, same gradient."""
     results = []
     for mode in ("episode", "turn"):
-        cfg = _cfg(tmp_path, f"advantage.mode={mode}", "advantage.gamma=1.0", f"loss.scale_rewards={scale}", "loss.beta=0",
+        cfg = grpo_cfg(tmp_path, f"advantage.mode={mode}", "advantage.gamma=1.0", f"loss.scale_rewards={scale}", "loss.beta=0",
                    "rollout.max_turns=2", "env.options={difficulty: 1, tool_success_reward: 0.3}")
-        model, objective, batch = _first_batch(cfg)
-        grads, micros = _accumulated_gradient(model, objective, batch)
+        model, objective, batch = first_batch(cfg)
+        grads, micros = accumulated_gradient(model, objective, batch)
         loss = sum(float(objective.loss(model, micro)[0]) for micro in micros)
         results.append((loss, grads, [t.input_ids for t in batch.trajectories]))
     (loss_e, grads_e, ids_e), (loss_t, grads_t, ids_t) = results
@@ -397,15 +318,15 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
     groups (ragged_arith), so the baseline of the second turn counts the ended episodes as 0."""
     from agentic_rl.algorithms.turn_credit import discounted_turn_returns
     from agentic_rl.training.episodes import rewards_per_turn
-    from test_grpo_loss import _reference_turn_advantages
+    from helpers_references import reference_turn_advantages
 
-    cfg = _cfg(tmp_path, "advantage.mode=turn_position", "loss.beta=0", "rollout.max_turns=2",
+    cfg = grpo_cfg(tmp_path, "advantage.mode=turn_position", "loss.beta=0", "rollout.max_turns=2",
                "rollout.batch_size=8", "rollout.group_size=4", "env.name=ragged_arith", "env.options={}",
                "rewards=[{name: token_parity}, {name: env_steps, weight: 1.0, params: {gamma: 0.5}}]")
-    _, _, batch = _first_batch(cfg)
+    _, _, batch = first_batch(cfg)
     trajs = batch.trajectories
     placed = rewards_per_turn(trajs, [t.reward for t in trajs], cfg.rewards)
-    expected = _reference_turn_advantages(discounted_turn_returns(placed, 1.0), cfg.rollout.group_size, "position")
+    expected = reference_turn_advantages(discounted_turn_returns(placed, 1.0), cfg.rollout.group_size, "position")
     turns = [len(values) for values in placed]
     assert any(len(set(turns[g : g + 4])) > 1 for g in (0, 4)), f"a group with one- and two-turn episodes: {turns}"
     assert batch.advantages.shape == batch.tensors.input_ids.shape  # (R, T): one row per episode here
@@ -425,5 +346,5 @@ def test_an_advantage_gamma_that_would_be_ignored_is_refused(tmp_path, override,
     """Invariant 6: episode mode never reads advantage.gamma, so setting it is an error; nor may a
     turn mode discount the env_steps term's already discounted step rewards a second time."""
     with pytest.raises(ConfigError) as info:
-        _cfg(tmp_path, *override.split("|"))
+        grpo_cfg(tmp_path, *override.split("|"))
     assert fragment in str(info.value)

@@ -26,6 +26,8 @@ DIFFICULTIES = [
 
 @pytest.mark.parametrize("options", DIFFICULTIES, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
 def test_the_oracle_solves_every_task_at_every_difficulty(options):
+    """Guards against memory tasks that cannot be solved at some difficulty (the fact never recallable, a tool
+    error) or oracles longer than documented."""
     for split in ("train", "test"):
         summary = run_oracle("memory", n=20, split=split, **options)
         assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0, summary["failures"]
@@ -61,6 +63,8 @@ def test_a_needed_fact_has_left_the_context_when_the_question_comes():
 
 
 def test_write_costs_are_per_step_and_a_right_answer_pays_one():
+    """Guards against a write cost charged once per episode or onto the answer: each stored fact costs at its
+    own step, the right answer pays 1."""
     env = make_env("memory", facts=2, distractors=3, gap=1, window=2, updates=1, write_cost=0.1)
     task = env.tasks("train", n=1, seed=0)[0]
     env.reset(task)
@@ -72,6 +76,8 @@ def test_write_costs_are_per_step_and_a_right_answer_pays_one():
 
 
 def test_a_wrong_or_partial_answer_earns_nothing_and_says_how_many_facts_were_right():
+    """Guards against partial credit leaking into the reward: a half-right answer earns 0, its share of right
+    facts is only reported."""
     env = make_env("memory", facts=2, distractors=2, gap=0, window=2)
     task = env.tasks("train", n=1, seed=0)[0]
     env.reset(task)
@@ -85,6 +91,8 @@ def test_a_wrong_or_partial_answer_earns_nothing_and_says_how_many_facts_were_ri
 
 
 def test_train_and_test_tasks_never_coincide():
+    """Guards against test tasks that also appear in training (the same stream and question), which would
+    inflate held-out accuracy."""
     env = make_env("memory", facts=1, distractors=2, gap=0, window=1)
     train = {json.dumps([t.meta["stream"], t.meta["question"]]) for t in env.tasks("train", n=200, seed=0)}
     test = {json.dumps([t.meta["stream"], t.meta["question"]]) for t in env.tasks("test", n=200, seed=0)}
@@ -92,6 +100,8 @@ def test_train_and_test_tasks_never_coincide():
 
 
 def test_hostile_turns_get_observations_and_never_crash():
+    """Guards against a policy crashing the env or flooding memory: bad tools, keys, values, JSON, full memory
+    and 50 calls in one turn each get an error observation."""
     env = make_env("memory", facts=1, distractors=30, gap=0, window=1, memory_slots=2, max_calls_per_turn=4)
     task = env.tasks("test", n=1, seed=0)[0]
     env.reset(task)
@@ -136,6 +146,8 @@ def test_a_turn_without_a_call_after_the_question_is_the_answer():
 
 
 def test_options_are_validated_with_the_fix_in_the_message():
+    """Guards against memory options that cannot work (gap past the distractors, a window under the facts, too
+    few turns) or typo'd ones being accepted."""
     with pytest.raises(ValueError, match="gap=5 must be in 0..distractors"):
         MemoryOptions(distractors=2, gap=5)
     with pytest.raises(ValueError, match="window must be in facts..16"):
@@ -173,7 +185,7 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
     """The env and the engine together: a scripted model that writes the oracle's turns gets an
     answered, correct episode whose sequences start with exactly the env's contexts and whose
     masked tokens are exactly the oracle's turns, sequence by sequence."""
-    from test_rollout_engine import _scripted_engine
+    from helpers_rollout import scripted_engine
 
     options = {"facts": 2, "distractors": 3, "gap": 2, "window": 2, "updates": 1}
     env = make_env("memory", **options)
@@ -187,7 +199,7 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
             contexts.append(result.context)
             scripts.append([])
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    engine, _ = _scripted_engine(qwen3_tokenizer, chat_format, scripts, RolloutConfig(128, 4096, 64))
+    engine, _ = scripted_engine(qwen3_tokenizer, chat_format, scripts, RolloutConfig(128, 4096, 64))
     (trajectory,) = engine.run([make_env("memory", **options)], [task])
     assert trajectory.finish_reason == "answered" and trajectory.info["correct"] and trajectory.turn_rewards[-1] == 1.0
     sequences = trajectory.sequences()

@@ -7,6 +7,8 @@ from agentic_rl.training.run_dir import RunDir
 
 
 def test_pattern_keys_match_one_path_segment():
+    """Guards against a glossary pattern like reward/{term}/mean matching nested or un-namespaced keys, so an
+    undefined metric would pass as defined."""
     assert glossary_key("loss/total") == "loss/total"
     assert glossary_key("reward/accuracy/mean") == "reward/{term}/mean"
     assert glossary_key("reward/reward_model/std") == "reward/{term}/std"
@@ -17,6 +19,8 @@ def test_pattern_keys_match_one_path_segment():
 
 
 def test_every_key_is_namespaced_and_defined():
+    """Guards against metric names outside the documented namespaces (STYLE 8) and against glossary entries
+    without a real definition."""
     for key, meaning in GLOSSARY.items():
         assert "/" in key and key.split("/")[0] in {"loss", "optim", "time", "memory", "reward", "rollout", "train", "value", "sft", "rm"}, key
         assert meaning.endswith(".") and len(meaning) > 20, key

@@ -16,6 +16,8 @@ def _greedy(model, tokenizer, n=5):
 
 
 def test_tiny_qwen3_loads_with_real_tokenizer_and_generates():
+    """Guards against the test model drifting from Qwen3: tiny-qwen3's shape, its vendored tokenizer's ids and
+    tool-aware chat template, and that it generates."""
     model, tokenizer = load_model("tiny-qwen3")
     assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
     assert tokenizer.convert_tokens_to_ids("<tool_call>") == 151657
@@ -33,6 +35,8 @@ def test_tiny_qwen3_is_seeded():
 
 
 def test_local_directory_loads(tmp_path):
+    """Guards against a saved model folder loading other weights or another tokenizer: greedy output is
+    identical after save and load."""
     model, tokenizer = load_model("tiny-qwen3")
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -41,11 +45,14 @@ def test_local_directory_loads(tmp_path):
 
 
 def test_unknown_model_name_is_explained():
+    """Guards against an unknown model name trying the hub offline and failing obscurely: the message lists what
+    a name can be."""
     with pytest.raises(ValueError, match="not a local directory, not a hub id"):
         resolve_model_path("gpt-17")
 
 
 def test_directory_without_config_is_explained(tmp_path):
+    """Guards against a folder without config.json being treated as a model and failing later inside transformers."""
     with pytest.raises(ValueError, match="no config.json"):
         resolve_model_path(str(tmp_path))
 
@@ -92,6 +99,8 @@ def test_a_verified_cache_is_hashed_once_until_a_file_changes(tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_smollm2_builds_cache_rebuilds_after_corruption_and_generates(tmp_path, monkeypatch):
+    """Guards against loading corrupt cached weights (invariant 8: checksummed data): a flipped byte fails the
+    manifest and the cache is rebuilt byte-identical."""
     monkeypatch.setenv("AGENTIC_RL_CACHE", str(tmp_path))
     model, tokenizer = load_model("smollm2-135m-instruct")
     assert sum(p.numel() for p in model.parameters()) == 134_515_008

@@ -1,60 +1,23 @@
 """Episodes whose history is not a prefix: an env drops old turns (StepResult.context), the engine
 starts a new token sequence, and every sequence stays token-exact (DESIGN invariants 1-2).
 
-Scripted tests use ScriptedRunner (a fake model with readable turns); log-probs use tiny-qwen3.
+Scripted tests use ScriptedRunner and WindowEnv (tests/helpers_rollout.py: a fake model with
+readable turns, an env that shows only its last turns); log-probs use tiny-qwen3.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from helpers_rollout import WindowEnv, scripted_engine, task, tool_turn
 
-from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
 from agentic_rl.rollout.sampling import SamplingParams
 from agentic_rl.rollout.trajectory import collate
-from test_rollout_engine import CALCULATOR_SCHEMA, _scripted_engine, _task, _tool_turn
 
-
-class WindowEnv(Env):
-    """A tool loop that shows only the last `window` turns: [system, user] + the last `window`
-    (assistant, tool) exchanges. Ends after `tool_turns` tool observations. Records each context."""
-
-    name = "fake-window"
-    max_turns = 16
-
-    def __init__(self, tool_turns: int = 3, window: int = 1, question: str = "What is 6*7?", note: str = ""):
-        self.tool_turns, self.window, self.question, self.note = tool_turns, window, question, note
-        self.contexts: list[list[dict[str, Any]]] = []
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return [CALCULATOR_SCHEMA]
-
-    def reset(self, task: Task) -> list[dict[str, Any]]:
-        self.turn, self.exchanges, self.contexts = 0, [], []
-        self.head = [{"role": "system", "content": "You solve problems with tools."}, {"role": "user", "content": task.question}]
-        return list(self.head)
-
-    def step(self, action_text: str) -> StepResult:
-        self.turn += 1
-        if self.turn > self.tool_turns:
-            return StepResult(None, 1.0, True, {"final_answer": "42", "correct": True})
-        observation = [{"role": "tool", "name": "calculator", "content": f"{self.turn * 7}"}]
-        self.exchanges.append([{"role": "assistant", "content": action_text}, *observation])
-        context = None
-        if len(self.exchanges) > self.window:
-            head = self.head[:1] + [{"role": "user", "content": self.head[1]["content"] + self.note}]
-            context = head + [m for exchange in self.exchanges[len(self.exchanges) - self.window:] for m in exchange]
-            self.contexts.append(context)
-        return StepResult(observation, self.turn / 8, False, {"tool_calls": 1}, context=context)
-
-
-TURNS = [_tool_turn("6*7"), "Let me check.\n" + _tool_turn("42/1"), _tool_turn("7*6"), "Final Answer: 42<|im_end|>"]
+TURNS = [tool_turn("6*7"), "Let me check.\n" + tool_turn("42/1"), tool_turn("7*6"), "Final Answer: 42<|im_end|>"]
 SCRIPTS = [TURNS[:2], TURNS[2:3], TURNS[3:]]
 """ScriptedRunner plays one script per slot (in allocation order), and each sequence has its own slot."""
 
@@ -64,9 +27,9 @@ def test_a_context_change_starts_a_new_sequence_whose_mask_decodes_to_exactly_it
     from agentic_rl.models.chat_format import ChatFormat
 
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    engine, _ = _scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS)
+    engine, _ = scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS)
     env = WindowEnv(tool_turns=3, window=1)
-    (episode,) = engine.run([env], [_task()])
+    (episode,) = engine.run([env], [task()])
     sequences = episode.sequences()
     # turn 1 -> observation appended (window 1 holds it); turns 2, 3 each overflow: new sequences
     assert len(sequences) == 3 and episode.finish_reason == "answered"
@@ -94,10 +57,10 @@ def test_each_sequence_equals_the_template_render_of_its_own_conversation(qwen3_
     from agentic_rl.models.chat_format import ChatFormat
 
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    turns = [_tool_turn("1+1"), _tool_turn("2+2"), _tool_turn("3+3"), _tool_turn("4+4"), "Final Answer: 42<|im_end|>"]
-    engine, _ = _scripted_engine(qwen3_tokenizer, chat_format, [turns[:3], turns[3:4], turns[4:]])
+    turns = [tool_turn("1+1"), tool_turn("2+2"), tool_turn("3+3"), tool_turn("4+4"), "Final Answer: 42<|im_end|>"]
+    engine, _ = scripted_engine(qwen3_tokenizer, chat_format, [turns[:3], turns[3:4], turns[4:]])
     env = WindowEnv(tool_turns=4, window=2)
-    (episode,) = engine.run([env], [_task()])
+    (episode,) = engine.run([env], [task()])
     assert len(episode.previous) == 2
     for seq in episode.previous:  # messages of a previous sequence: its context, then its turns and observations
         head = chat_format.encode(chat_format.render(seq.messages[:-1], env.tool_schemas, add_generation_prompt=True))
@@ -109,8 +72,8 @@ def test_the_runner_gets_a_fresh_slot_per_sequence_fed_exactly_that_sequence(qwe
     from agentic_rl.models.chat_format import ChatFormat
 
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    engine, runner = _scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS)
-    (episode,) = engine.run([WindowEnv(tool_turns=3, window=1)], [_task()])
+    engine, runner = scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS)
+    (episode,) = engine.run([WindowEnv(tool_turns=3, window=1)], [task()])
     assert runner.allocations == 3 and not runner.emitted, "one slot per sequence, all freed"
     for slot, seq in enumerate(episode.sequences()):
         assert runner.fed[slot] == seq.input_ids[:-1]
@@ -122,9 +85,9 @@ def test_a_context_with_no_room_left_ends_the_episode_after_the_turn(qwen3_token
 
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
     env = WindowEnv(tool_turns=3, window=1, note=" Remember this." * 60)
-    prompt = len(chat_format.prompt_ids(env.reset(_task()), env.tool_schemas))
-    engine, _ = _scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS, RolloutConfig(64, prompt + 100, 8))
-    (episode,) = engine.run([env], [_task()])  # the context after turn 2 carries ~180 more tokens than the prompt
+    prompt = len(chat_format.prompt_ids(env.reset(task()), env.tool_schemas))
+    engine, _ = scripted_engine(qwen3_tokenizer, chat_format, SCRIPTS, RolloutConfig(64, prompt + 100, 8))
+    (episode,) = engine.run([env], [task()])  # the context after turn 2 carries ~180 more tokens than the prompt
     assert episode.finish_reason == "max_episode_tokens"
     assert len(episode.previous) == 1 and episode.num_policy_tokens == sum(episode.previous[0].loss_mask)
     assert [s.kind for s in episode.spans] == ["prompt"] and episode.num_turns == 2 == len(episode.turn_rewards)
@@ -143,7 +106,7 @@ def test_sampling_logprobs_of_every_sequence_match_a_plain_forward(tiny_qwen3):
                            SamplingParams(temperature=temperature, top_p=0.9, seed=5))
     questions = ["What is 6*7?", "Add 2 and 3.", "Hi", "Compute 1+1 please."]
     envs = [WindowEnv(tool_turns=3, window=1, question=q) for q in questions]
-    episodes = engine.run(envs, [_task(i, q) for i, q in enumerate(questions)])
+    episodes = engine.run(envs, [task(i, q) for i, q in enumerate(questions)])
     rows = [seq for episode in episodes for seq in episode.sequences()]
     assert all(len(episode.sequences()) == 3 for episode in episodes), "want non-prefix episodes"
     batch = collate(rows, pad_id=0)  # (R, T)
@@ -166,7 +129,7 @@ def test_same_seed_gives_the_same_non_prefix_episodes(tiny_qwen3):
     def run(slots: int):
         engine = RolloutEngine(RunnerBackend(HFRunner(model, max_slots=slots, max_len=1024), chat_format), chat_format,
                                tokenizer, RolloutConfig(4, 1024, 8), SamplingParams(temperature=1.0, seed=9))
-        episodes = engine.run([WindowEnv(3, 1) for _ in range(3)], [_task(i) for i in range(3)])
+        episodes = engine.run([WindowEnv(3, 1) for _ in range(3)], [task(i) for i in range(3)])
         return [[seq.input_ids for seq in episode.sequences()] for episode in episodes]
 
     first = run(3)

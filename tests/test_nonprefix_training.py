@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
+from helpers_training import accumulated_gradient, bound, first_batch, grpo_cfg, ppo_cfg  # registers token_parity
 
-import test_grpo_trainer  # noqa: F401  (registers the token_parity reward)
 from agentic_rl.algorithms.grpo import GRPOLossConfig, grpo_loss
 from agentic_rl.algorithms.ppo import gae, sequence_gae
 from agentic_rl.training.episodes import episode_token_shares
@@ -18,6 +18,8 @@ MEMORY = ["env.name=memory", "env.options={facts: 1, distractors: 2, gap: 0, win
 
 
 def test_token_shares_weight_each_row_by_its_part_of_the_episode():
+    """Guards against an episode split over rows counting once per row: each row's share is its part of the
+    episode's policy tokens, an empty row 0."""
     mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.float32)
     shares = episode_token_shares(mask, [0, 0, 1, 2])  # episode 0 spans rows 0-1 (2 + 1 tokens)
     assert shares.tolist() == pytest.approx([2 / 3, 1 / 3, 1.0, 0.0])
@@ -73,10 +75,8 @@ def test_gae_across_sequences_equals_gae_over_the_concatenated_episode():
 def test_grpo_trains_each_sequence_of_a_memory_episode_with_its_episodes_advantage(tmp_path):
     """Guards against rows that lose their episode's advantage, failed sequences that are trained,
     or a loss that depends on the micro-batch size once episodes span several rows."""
-    from test_grpo_trainer import _accumulated_gradient, _cfg, _first_batch
-
-    cfg = _cfg(tmp_path, *MEMORY, "old_logprobs=sampling", "loss.beta=0.0", "micro_batch_size=8")
-    model, objective, batch = _first_batch(cfg)
+    cfg = grpo_cfg(tmp_path, *MEMORY, "old_logprobs=sampling", "loss.beta=0.0", "micro_batch_size=8")
+    model, objective, batch = first_batch(cfg)
     sequences_per_episode = batch.metrics["rollout/sequences_per_episode"]
     assert sequences_per_episode == 2 and batch.episodes == 4 and len(batch.trajectories) == 8 == batch.tensors.input_ids.shape[0]
     for seq in batch.trajectories:  # the window dropped turn 1: every later sequence starts with a re-rendered context
@@ -86,10 +86,10 @@ def test_grpo_trains_each_sequence_of_a_memory_episode_with_its_episodes_advanta
     assert torch.equal(per_episode[:, 0], per_episode[:, 1]), "every row carries its episode's advantage"
     assert per_episode[:, 0].view(2, 2).sum(-1).abs().max() < 1e-5 and per_episode.abs().sum() > 0  # G = 2 groups
     assert batch.row_weights is not None and torch.allclose(batch.row_weights.view(4, 2).sum(-1), torch.ones(4))
-    whole, micros = _accumulated_gradient(model, objective, batch)
+    whole, micros = accumulated_gradient(model, objective, batch)
     assert len(micros) == 1 and math.isclose(micros[0].share, 8 / 4)
-    objective.cfg = _cfg(tmp_path, *MEMORY, "old_logprobs=sampling", "loss.beta=0.0", "micro_batch_size=3")
-    split, micros = _accumulated_gradient(model, objective, batch)
+    objective.cfg = grpo_cfg(tmp_path, *MEMORY, "old_logprobs=sampling", "loss.beta=0.0", "micro_batch_size=3")
+    split, micros = accumulated_gradient(model, objective, batch)
     assert len(micros) == 3 and sum(m.share for m in micros) == pytest.approx(2.0)
     assert any(g.abs().sum() > 0 for g in whole.values())
     for name in whole:
@@ -98,9 +98,7 @@ def test_grpo_trains_each_sequence_of_a_memory_episode_with_its_episodes_advanta
 
 def test_ppo_runs_gae_across_the_sequences_of_a_memory_episode(tmp_path):
     """Guards against PPO rows whose rewards or values ignore the episode's other sequences."""
-    from test_ppo_trainer import _bound, _cfg
-
-    model, objective = _bound(_cfg(tmp_path, *MEMORY, "rollout.group_size=1"))
+    model, objective = bound(ppo_cfg(tmp_path, *MEMORY, "rollout.group_size=1"))
     batch = objective.batch_for(0)
     assert len(batch.trajectories) == 8 and batch.tensors.input_ids.shape[0] == 8
     mask = batch.tensors.loss_mask.bool()

@@ -133,6 +133,8 @@ def test_every_shipped_config_loads_and_validates(path):
 
 @pytest.mark.parametrize("skip,fragment", [("[sft]", "'sft' cannot be skipped"), ("[grpo]", "set control.steps")])
 def test_a_control_without_what_it_is_matched_on_fails_at_load(skip, fragment):
+    """Guards against an honest control matched on a stage that was skipped (no SFT to start from, no GRPO time
+    to match) failing hours in instead of at load."""
     from agentic_rl.config import ConfigError, load_config
     from agentic_rl.pipeline import PipelineConfig
 

@@ -34,6 +34,8 @@ def test_an_rl_stage_is_estimated_from_the_sft_step_and_the_evaluation_episode()
 
 
 def test_evaluations_and_the_control_follow_their_measured_stages():
+    """Guards against ETAs for stages whose inputs were not measured yet: evaluations and the control follow
+    their measured stages, else None."""
     cfg = _cfg("control.enabled=true")
     assert estimate_seconds(cfg, "eval_grpo", DONE) == 120.0
     assert estimate_seconds(cfg, "control", DONE) is None  # matched on GRPO's time, which has not run
@@ -43,6 +45,7 @@ def test_evaluations_and_the_control_follow_their_measured_stages():
 
 
 def test_the_progress_line_names_every_stage_left_and_which_cannot_be_estimated_yet():
+    """Guards against a progress line that hides the stages it cannot estimate or rounds 59.6 s to '0 min 60 s'."""
     cfg = _cfg()
     line = progress_line(cfg, "eval_base", 65.0, 70.0, {"eval_base": {"seconds": 65.0, "evals": DONE["eval_sft"]["evals"]}},
                          ["sft", "eval_sft", "grpo", "eval_grpo"])

@@ -17,6 +17,8 @@ from agentic_rl.tools.parse import format_tool_call
 @pytest.mark.parametrize("difficulty", [1, 2, 3, 4])
 @pytest.mark.parametrize("branching", [0, 3])
 def test_the_oracle_solves_every_world(difficulty, branching):
+    """Guards against plan worlds that cannot be solved (an unreachable goal, a key behind its own door) at any
+    difficulty and branching."""
     for split in ("train", "test"):
         summary = run_oracle("plan", n=20, split=split, difficulty=difficulty, branching=branching)
         assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0, summary["failures"]
@@ -63,6 +65,8 @@ def test_the_oracle_is_optimal_and_the_direct_way_is_a_trap():
 
 
 def test_rewards_are_per_step_and_the_goal_pays_one():
+    """Guards against step costs charged at the end or dropped: each step costs step_cost at its own step, and
+    reaching the goal pays 1 less that step's cost."""
     env = make_env("plan", difficulty=1, step_cost=0.1)
     task = env.tasks("train", n=1, seed=0)[0]
     env.reset(task)
@@ -71,6 +75,7 @@ def test_rewards_are_per_step_and_the_goal_pays_one():
 
 
 def test_train_and_test_worlds_never_coincide():
+    """Guards against test worlds that also appear in training, which would turn held-out evaluation into recall."""
     env = make_env("plan", difficulty=1, branching=1)
     train = {json.dumps(t.meta["world"], sort_keys=True) for t in env.tasks("train", n=150, seed=0)}
     test = {json.dumps(t.meta["world"], sort_keys=True) for t in env.tasks("test", n=150, seed=0)}
@@ -79,6 +84,8 @@ def test_train_and_test_worlds_never_coincide():
 
 
 def test_hostile_turns_get_observations_and_never_crash():
+    """Guards against a policy crashing the plan env: unknown tools, rooms, keys, arguments, bad JSON and a
+    50-call flood each get an error observation."""
     env = make_env("plan", difficulty=2, max_calls_per_turn=4)
     task = env.tasks("test", n=1, seed=0)[0]
     world = _world_of(task)
@@ -102,6 +109,8 @@ def test_hostile_turns_get_observations_and_never_crash():
 
 
 def test_oracle_demonstrations_become_sft_trajectories(qwen3_tokenizer):
+    """Guards against SFT demonstrations of the plan env that drop or merge turns: one policy span per optimal
+    action, one tool result between each."""
     env = make_env("plan", difficulty=1)
     demos = oracle_demos(env, env.tasks("train", n=3, seed=0), ChatFormat.for_tokenizer(qwen3_tokenizer))
     assert [len(d.policy_spans) for d in demos] == [t.meta["optimal_actions"] for t in env.tasks("train", n=3, seed=0)]

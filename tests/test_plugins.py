@@ -165,6 +165,8 @@ def test_an_installed_distributions_entry_points_register_without_any_setting(tm
 
 
 def test_an_entry_point_that_fails_to_import_stops_naming_it_and_its_distribution(tmp_path):
+    """Guards against a broken installed plugin being skipped silently (its tasks missing) or failing without
+    naming the entry point and distribution."""
     _install_distribution(tmp_path / "site", broken=True)
     listed = _cli("envs", "list", pythonpath=tmp_path / "site")
     assert listed.returncode == 2
@@ -184,6 +186,8 @@ def test_grpo_trains_on_an_installed_distributions_env_tool_and_reward(tmp_path)
 
 
 def test_a_plugin_that_fails_to_import_stops_the_command_naming_it_and_the_error(tmp_path):
+    """Guards against a --plugin file whose import fails being skipped, or reported without the file, the error
+    and its line."""
     broken = tmp_path / "broken_tasks.py"
     broken.write_text("import dataclasses\nimport no_such_package_for_tasks\n")
     done = _cli("envs", "list", "--plugin", str(broken))
@@ -193,6 +197,8 @@ def test_a_plugin_that_fails_to_import_stops_the_command_naming_it_and_the_error
 
 
 def test_a_missing_plugin_file_or_module_is_named(tmp_path):
+    """Guards against a typo'd plugin path or module being ignored, and against a name that is neither a module
+    nor a .py path being guessed at."""
     from agentic_rl.plugins import PluginError, load_plugins
 
     missing = tmp_path / "nowhere" / "tasks.py"
@@ -231,6 +237,8 @@ def test_two_plugins_registering_one_name_is_an_error_naming_both(kind, tmp_path
 
 
 def test_a_plugin_reusing_a_built_in_name_is_named_second(tmp_path):
+    """Guards against a plugin silently replacing a built-in env: registering 'arith' twice names both modules
+    and files."""
     from agentic_rl.envs import arith
     from agentic_rl.plugins import PluginError, load_plugins
 
@@ -255,6 +263,8 @@ def test_a_configs_plugins_are_imported_before_its_env_is_checked_and_flags_appe
 
 
 def test_plugins_belong_at_the_pipelines_top_level():
+    """Guards against plugins listed under one pipeline stage, which the other stages (and their env builders)
+    would not import."""
     from agentic_rl.config import ConfigError, load_config
     from agentic_rl.pipeline import PipelineConfig
 

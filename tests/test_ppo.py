@@ -40,6 +40,8 @@ def _reference_gae(rewards, values, mask, gamma, lam):
 
 @pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.8), (1.0, 1.0), (0.99, 0.0)])
 def test_gae_matches_the_textbook_recursion_over_policy_tokens(gamma, lam):
+    """Guards against GAE that bootstraps through observation tokens or drops γ/λ: it equals the textbook
+    recursion over policy tokens only."""
     values = _values()
     advantages, returns = gae(REWARDS, values, MASK, gamma, lam)
     expected_a, expected_r = _reference_gae(REWARDS, values, MASK, gamma, lam)
@@ -64,6 +66,7 @@ def test_observation_tokens_get_no_advantage_and_no_target_but_the_return_flows_
 
 
 def test_a_reward_on_an_observation_token_is_refused():
+    """Guards against a reward placed on an observation token (mask 0), which GAE would silently skip (invariant 2)."""
     rewards = REWARDS.clone()
     rewards[0, 5] = 1.0  # an observation position
     with pytest.raises(ValueError, match="mask-0"):
@@ -71,6 +74,8 @@ def test_a_reward_on_an_observation_token_is_refused():
 
 
 def test_kl_in_the_reward_penalises_every_policy_token_by_its_log_ratio():
+    """Guards against a KL-in-reward penalty on the wrong tokens or with the wrong sign: −β·(log π_old − log
+    π_ref) on policy tokens, 0 elsewhere."""
     old = torch.randn(2, 11, dtype=torch.float64)
     ref = torch.randn(2, 11, dtype=torch.float64)
     shaped = kl_penalized_rewards(REWARDS, old, ref, MASK, beta=0.1)
@@ -100,6 +105,8 @@ def _reference_loss(logps, old, values, old_values, adv, ret, mask, cfg):
 
 @pytest.mark.parametrize("whiten_advantages", [True, False])
 def test_ppo_loss_matches_a_float64_per_token_loop(whiten_advantages):
+    """Guards against PPO's clipped policy and value losses drifting from a float64 per-token loop, and against
+    gradient reaching masked tokens."""
     g = torch.Generator().manual_seed(3)
     old = torch.randn(2, 11, generator=g, dtype=torch.float64) - 2.0
     logps = (old + 0.3 * torch.randn(2, 11, generator=g, dtype=torch.float64)).requires_grad_(True)  # some ratios clip
@@ -119,6 +126,8 @@ def test_ppo_loss_matches_a_float64_per_token_loop(whiten_advantages):
 
 
 def test_whiten_uses_policy_tokens_only():
+    """Guards against whitening over observation or padding tokens, whose values would shift the policy tokens'
+    mean and scale."""
     x = torch.tensor([[1.0, 100.0, 3.0], [5.0, -50.0, 7.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 0, 1], [1, 0, 1]])
     out = whiten(x, mask)
@@ -128,6 +137,8 @@ def test_whiten_uses_policy_tokens_only():
 
 
 def test_config_rejects_nonsense():
+    """Guards against a λ above 1 or an unknown kl_mode being accepted, and a reference model loaded when β = 0
+    (invariant 4)."""
     with pytest.raises(ValueError, match="lam"):
         PPOLossConfig(lam=1.5)
     with pytest.raises(ValueError, match="kl_mode"):

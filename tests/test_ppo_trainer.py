@@ -1,8 +1,8 @@
 """PPO trainer on tiny-qwen3: the actor-critic module, the batch's rewards, returns and
 advantages, micro-batching, the separate critic, and exact resume (in process and after SIGKILL).
 
-As in tests/test_grpo_trainer.py, the test-only `token_parity` reward varies with the sampled ids,
-so a random model's episodes earn different rewards.
+As in tests/test_grpo_trainer.py, the test-only `token_parity` reward (tests/helpers_training.py)
+varies with the sampled ids, so a random model's episodes earn different rewards.
 """
 
 from __future__ import annotations
@@ -13,58 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-import test_grpo_trainer  # noqa: F401  (registers the token_parity reward)
+from helpers_training import adapters, bound, ppo_cfg, random_lora  # registers the test reward and envs
 from sigkill import interrupt_then_resume, run_until
+
 from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.algorithms.ppo import gae
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.models.backbone import backbone_and_head
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.ppo import PPO, train_ppo
-from agentic_rl.training.ppo_config import PPOConfig
 from agentic_rl.training.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
-
-TINY = [
-    "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
-    "rollout.batch_size=4", "rollout.max_turn_tokens=8", "rollout.max_turns=1",
-    "rollout.max_episode_tokens=1024", "env.options={difficulty: 1}", "env.task_pool=8",
-    "rewards=[{name: token_parity}, {name: format, weight: 0.5}]",
-    "micro_batch_size=4", "train.progress=false",
-]
-
-
-def _cfg(output_dir: Path, *extra: str) -> PPOConfig:
-    return load_config(PPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
-
-
-def _adapters(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(run / "final" / "adapter_model.safetensors")
-
-
-def _random_lora(policy) -> None:
-    with torch.no_grad():
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
-
-
-def _bound(cfg: PPOConfig, critic: bool = False):
-    """(actor-critic, bound objective) with non-zero adapters."""
-    from agentic_rl.models.policy import load_policy
-    from agentic_rl.training.common import make_accelerator
-
-    torch.manual_seed(0)  # the same adapters whichever tests ran before
-    policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
-    _random_lora(policy)
-    separate = load_policy(cfg.model, log=lambda *a: None)[0] if critic else None
-    model = ActorCritic(policy, separate, cfg.value.lr_multiplier)
-    objective = PPO(cfg, tokenizer, None)
-    objective.bind(model, make_accelerator("no", 0))
-    return model, objective
 
 
 def _ids(tokenizer, rows: int = 2):
@@ -82,7 +42,7 @@ def test_actor_critic_scores_like_the_policy_and_reads_values_from_the_sampling_
     from agentic_rl.models.lora import LoraConfig, apply_lora
 
     policy = apply_lora(new_tiny_qwen3().double(), LoraConfig(r=4))
-    _random_lora(policy)
+    random_lora(policy)
     model = ActorCritic(policy).double()
     ids, attention, mask = _ids(tiny_qwen3[1])
     logps, _, values = model(ids, attention, mask)
@@ -107,8 +67,8 @@ def test_actor_critic_scores_like_the_policy_and_reads_values_from_the_sampling_
 def test_the_value_loss_trains_the_shared_trunk_but_never_a_separate_critics_policy(tmp_path, critic):
     """shared: the value gradient reaches the policy's adapters (one trunk); separate: it reaches
     only the critic, and the optimizer groups put the value model at lr × lr_multiplier."""
-    cfg = _cfg(tmp_path, f"value.critic={critic}")
-    model, objective = _bound(cfg, critic=critic == "separate")
+    cfg = ppo_cfg(tmp_path, f"value.critic={critic}")
+    model, objective = bound(cfg, critic=critic == "separate")
     ids, attention, mask = _ids(objective.episodes.tokenizer)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.1)
@@ -129,8 +89,8 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
     reward still to come: the whole episode reward, which sits on its last policy token. Guards
     against rewards on the wrong token, returns leaking onto prompt or padding, and whitening over
     the wrong positions."""
-    cfg = _cfg(tmp_path, "loss.lam=1.0", "loss.gamma=1.0")
-    _, objective = _bound(cfg)
+    cfg = ppo_cfg(tmp_path, "loss.lam=1.0", "loss.gamma=1.0")
+    _, objective = bound(cfg)
     batch = objective.batch_for(0)
     mask = batch.tensors.loss_mask.bool()
     totals = [traj.reward_components for traj in batch.trajectories]
@@ -152,8 +112,8 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
 def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
     """A trained head (V ≠ 0), γ < 1, λ < 1, KL in the reward: the batch must hold exactly
     whiten(GAE(rewards − β·(log π_old − log π_ref), V_old)), recomputed here from its parts."""
-    cfg = _cfg(tmp_path, "loss.lam=0.9", "loss.gamma=0.95", "loss.beta=0.1", "old_logprobs=recompute")
-    model, objective = _bound(cfg)
+    cfg = ppo_cfg(tmp_path, "loss.lam=0.9", "loss.gamma=0.95", "loss.beta=0.1", "old_logprobs=recompute")
+    model, objective = bound(cfg)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.05)
     batch = objective.batch_for(0)
@@ -174,8 +134,8 @@ def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
 def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path):
     """Guards the token normaliser: the accumulated gradient of micro-batches of 1 equals the
     full-batch one."""
-    cfg = _cfg(tmp_path, "loss.beta=0.04", "loss.kl_mode=loss", "rollout.max_turn_tokens=6")
-    model, objective = _bound(cfg)
+    cfg = ppo_cfg(tmp_path, "loss.beta=0.04", "loss.kl_mode=loss", "rollout.max_turn_tokens=6")
+    model, objective = bound(cfg)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.05)
     batch = objective.batch_for(0)
@@ -199,10 +159,12 @@ def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path):
 def straight_run(tmp_path_factory):
     """An uninterrupted 4-step run (checkpoint every 2, KL in the reward), shared below."""
     out = tmp_path_factory.mktemp("ppo") / "straight"
-    return out, train_ppo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    return out, train_ppo(ppo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
 
 
 def test_ppo_end_to_end_trains_the_policy_and_the_value_head(straight_run):
+    """Guards against a PPO run that never updates the adapters or the value head, logs non-finite or missing
+    metrics, or rolls out stale weights."""
     out, result = straight_run
     history = result["history"]
     assert len(history) == 4
@@ -215,7 +177,7 @@ def test_ppo_end_to_end_trains_the_policy_and_the_value_head(straight_run):
     assert history[0]["rollout/logprob_drift_max"] < 1e-3 and history[0]["time/audit"] > 0  # the audit on start
     assert history[-1]["value/mean"] != 0.0, "the value head must have learned something"
     assert any(row["loss/value"] > 0 for row in history)
-    lora_b = [v for k, v in _adapters(out).items() if "lora_B" in k]
+    lora_b = [v for k, v in adapters(out).items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b)
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
 
@@ -226,10 +188,10 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
 
     out = tmp_path / "split"
     resumed = interrupt_then_resume(monkeypatch, PPO, train_ppo,
-                                    _cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+                                    ppo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run
-    expected, got = _adapters(straight), _adapters(out)
+    expected, got = adapters(straight), adapters(out)
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
     a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(out / "metrics.jsonl")
@@ -239,27 +201,31 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
 @pytest.mark.e2e
 @pytest.mark.skipif(os.environ.get("AGENTIC_RL_SKIP_KILL_TEST") == "1", reason="disabled by env")
 def test_ppo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight_run, tmp_path):
+    """Guards against PPO checkpoints that are complete only on a clean exit: a SIGKILLed run resumes to the
+    uninterrupted run's weights."""
     out = tmp_path / "killed"
     script = (
         "import sys; sys.path.insert(0, %r)\n"
-        "import test_ppo_trainer as t\n"
+        "import helpers_training as t\n"
         "from agentic_rl.training.ppo import train_ppo\n"
-        "train_ppo(t._cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
+        "train_ppo(t.ppo_cfg(%r, 'train.steps=4', 'train.checkpoint_every=2', 'loss.beta=0.04'))\n"
     ) % (str(REPO / "tests"), str(out))
     marker = out / "checkpoints" / "step-000002" / "trainer_state.pt"
     run_until(script, marker)
     if (out / "final").exists():
         pytest.skip("the child finished before it could be killed (machine too fast for this check)")
-    resumed = train_ppo(_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    resumed = train_ppo(ppo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
     assert len(resumed["history"]) <= 2
     straight, _ = straight_run
-    expected, got = _adapters(straight), _adapters(out)
+    expected, got = adapters(straight), adapters(out)
     for key in expected:
         assert torch.equal(expected[key], got[key]), key
 
 
 def test_a_separate_critic_trains_without_touching_the_policy_through_the_value_loss(tmp_path):
-    result = train_ppo(_cfg(tmp_path / "sep", "value.critic=separate", "train.steps=2"))
+    """Guards against value.critic=separate failing end to end or leaving its head at 0 (its gradient routing is
+    checked on one batch above)."""
+    result = train_ppo(ppo_cfg(tmp_path / "sep", "value.critic=separate", "train.steps=2"))
     assert len(result["history"]) == 2 and result["history"][-1]["value/mean"] != 0.0
 
 
@@ -294,7 +260,7 @@ def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores
     from agentic_rl.training.ppo import load_critic
 
     rm, base = _tiny_reward_model(tmp_path)
-    cfg = _cfg(tmp_path / "run", f"model.name={base}", "value.critic=separate", f"value.model={rm}")
+    cfg = ppo_cfg(tmp_path / "run", f"model.name={base}", "value.critic=separate", f"value.model={rm}")
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *a: None)
     critic, head_weight = load_critic(cfg, tokenizer, log=lambda *a: None)
     model = ActorCritic(policy, critic, cfg.value.lr_multiplier, head_weight)
@@ -309,7 +275,7 @@ def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores
     trainable = [key for key, p in critic.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in key for key in trainable)
 
-    result = train_ppo(_cfg(tmp_path / "ppo", f"model.name={base}", "value.critic=separate", f"value.model={rm}", "train.steps=1"))
+    result = train_ppo(ppo_cfg(tmp_path / "ppo", f"model.name={base}", "value.critic=separate", f"value.model={rm}", "train.steps=1"))
     assert result["history"][0]["value/mean"] != 0.0, "V_old of the first batch comes from the RM's head, not a zero head"
 
 
@@ -319,8 +285,10 @@ def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores
     ("value.critic=both", "value.critic"),
 ])
 def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
+    """Guards against PPO configs that cannot work (dynamic sampling without groups, a batch that is not whole
+    groups, an unknown critic) failing late."""
     with pytest.raises(ConfigError) as info:
-        _cfg(tmp_path, *override.split())
+        ppo_cfg(tmp_path, *override.split())
     assert fragment in str(info.value)
 
 
@@ -343,7 +311,7 @@ def test_explained_variance_by_hand_and_undefined_when_every_return_is_equal():
 def test_a_batch_whose_episodes_all_failed_trains_on_nothing_and_the_run_goes_on(tmp_path):
     """Guards against PPO stopping a run when a whole batch failed (its tools raised): no policy
     token to whiten or to fit the value to, so the step changes nothing but the optimizer's clock."""
-    result = train_ppo(_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
+    result = train_ppo(ppo_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
                             "rollout.group_size=4", "train.steps=1"))
     row = result["history"][0]
     assert row["rollout/failed"] == 4.0 and row["loss/total"] == 0.0

@@ -1,6 +1,7 @@
 """Shared prompt prefixes are prefilled once and forked, with no change to any trajectory."""
 
 import torch
+from helpers_rollout import ToolLoopEnv, WindowEnv
 
 from agentic_rl.envs.base import Task
 from agentic_rl.models.chat_format import ChatFormat
@@ -9,7 +10,6 @@ from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
-from test_rollout_engine import ToolLoopEnv
 
 
 def test_fork_copies_exactly_the_cache_a_prefill_would_build(tiny_qwen3):
@@ -72,8 +72,6 @@ class _TokenCounting(FastRunner):
 
 
 def _run_window(tiny_qwen3, share: bool):
-    from test_nonprefix_episodes import WindowEnv
-
     model, tokenizer = tiny_qwen3
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     runner = _TokenCounting(model, max_slots=2, max_len=1024)

@@ -27,6 +27,8 @@ def make_traj(policy_tokens=10, correct=True, text="Step 1: 2+3\nStep 2: 5*4\nFi
 
 
 def test_accuracy_and_format():
+    """Guards against the accuracy and format rewards reading the wrong info field: 1 for a correct answer, 0
+    otherwise, 0 when format_ok is False."""
     assert accuracy(make_traj(correct=True)) == 1.0
     assert accuracy(make_traj(correct=False)) == 0.0
     assert format_reward(make_traj(info={"format_ok": False})) == 0.0
@@ -51,11 +53,14 @@ def test_step_bonus_counts_markers_with_cap_only_when_correct():
 
 
 def test_tool_use_share():
+    """Guards against the tool reward paying for failed calls: it is the share of calls without an error, and
+    `no_calls` when there were none."""
     assert tool_use(make_traj(info={"tool_calls": 4, "tool_errors": 1})) == pytest.approx(0.75)
     assert tool_use(make_traj(info={"tool_calls": 0}), no_calls=0.0) == 0.0
 
 
 def test_solution_steps_share():
+    """Guards against the step reward dividing by zero or paying when the task lists no reference steps."""
     assert solution_steps(make_traj(info={"solution_steps_matched": 1, "solution_steps_total": 4})) == 0.25
     assert solution_steps(make_traj(info={"solution_steps_matched": 3, "solution_steps_total": 3})) == 1.0
     assert solution_steps(make_traj()) == 0.0  # the task lists no reference steps
@@ -67,6 +72,8 @@ def test_env_steps_discounted_return():
 
 
 def test_composer_records_each_component_unweighted_and_the_weighted_total():
+    """Guards against reward terms that are summed but not visible (invariant 5): each component is kept
+    unweighted per episode beside the weighted total."""
     trajs = [make_traj(correct=True), make_traj(correct=False, info={"format_ok": False})]
     composer = RewardComposer([RewardSpec("accuracy", weight=2.0), RewardSpec("format", weight=0.5)])
     assert composer(trajs) == [pytest.approx(2.5), pytest.approx(0.0)]
@@ -75,6 +82,8 @@ def test_composer_records_each_component_unweighted_and_the_weighted_total():
 
 
 def test_unknown_reward_and_parameter_are_rejected_with_the_options():
+    """Guards against a typo'd reward or parameter being ignored (invariant 6): the error lists the rewards or
+    parameters that exist."""
     with pytest.raises(ValueError, match="unknown reward 'acuracy'; available rewards: .*accuracy"):
         RewardSpec("acuracy")
     with pytest.raises(ValueError, match=r"no parameter\(s\) \['gama'\]; allowed: \['gamma'\]"):

@@ -190,6 +190,8 @@ def test_ppo_loss_multiplies_the_clipped_surrogate_by_the_weight():
 
 
 def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
+    """Guards against importance weights that carry a gradient (the correction would train the sampler ratio) or
+    broadcast from the wrong shape."""
     logps = torch.zeros(2, 5, requires_grad=True)
     mask = torch.ones(2, 5)
     with pytest.raises(ValueError, match="is_weights must be detached"):
@@ -212,6 +214,8 @@ def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
     ({"mode": "mis", "high": 0.9}, "rollout_correction.high=0.9 must be > 1"),
 ])
 def test_bad_settings_are_refused_naming_the_key_the_value_and_the_fix(settings, fragment):
+    """Guards against rollout_correction settings that are invalid or unused by the chosen mode being accepted
+    (invariant 6); each error names key, value and fix."""
     with pytest.raises(ValueError, match=re.escape(fragment)):
         RolloutCorrectionConfig(**settings)
 
@@ -256,7 +260,7 @@ def test_a_float32_run_logs_no_mismatch_and_one_weight_for_all_mu_updates(tmp_pa
     by rounding only, so the mismatch reads ~0 and the weights ~1. Guards against a mismatch
     measured where there is none (a wrong log-prob alignment reads as a large KL), and against
     weights that move between the μ = 2 updates of one batch (π_old is fixed for the batch)."""
-    from test_grpo_trainer import _cfg as grpo_cfg
+    from helpers_training import grpo_cfg
 
     from agentic_rl.training.grpo import train_grpo
 
@@ -277,7 +281,7 @@ def test_a_bfloat16_rollout_run_measures_the_mismatch_and_truncates_weights(tmp_
     """bf16 decoding against a float32 trainer (PPO, π_old = π_θ.detach()): the mismatch is
     measured (well above float32's ~1e-13) and, with a cap of 1, every weight above 1 is cut.
     Guards against a correction that is configured but never reaches the PPO loss."""
-    from test_ppo_trainer import _cfg as ppo_cfg
+    from helpers_training import ppo_cfg
 
     from agentic_rl.training.ppo import train_ppo
 

@@ -1,15 +1,17 @@
 """The rollout engine, HFRunner and sampling: token-exact multi-turn trajectories (DESIGN invariants 1-3, 7).
 
 Model-based tests use tiny-qwen3 (random weights, real Qwen3 tokenizer). Tests that need
-canonical, readable turns use `ScriptedRunner`, a fake model that emits a fixed token script.
+canonical, readable turns use `ScriptedRunner` (tests/helpers_rollout.py), a fake model that emits
+a fixed token script.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
+from helpers_rollout import ScriptedRunner, ToolLoopEnv, scripted_engine, task, tool_turn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,107 +21,8 @@ from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.hf_runner import HFRunner
-from agentic_rl.rollout.runner import Runner
 from agentic_rl.rollout.sampling import SamplingParams, make_generator, sample
 from agentic_rl.rollout.trajectory import collate
-from agentic_rl.tools.parse import format_tool_call
-
-
-
-CALCULATOR_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
-
-
-# ---------------------------------------------------------------------- fakes
-
-
-class ToolLoopEnv(Env):
-    """Answers every turn with a tool observation until turn `tool_turns`, then ends (final_answer set).
-
-    With `fail_on_turn`, env.step raises on that turn; with `feedback`, observations are user turns.
-    """
-
-    name = "fake-tools"
-    max_turns = 16
-
-    def __init__(self, tool_turns: int = 2, fail_on_turn: int | None = None, feedback: bool = False, question: str = "What is 6*7?"):
-        self.tool_turns, self.fail_on_turn, self.feedback, self.question = tool_turns, fail_on_turn, feedback, question
-        self.turn = 0
-        self.actions: list[str] = []
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return [CALCULATOR_SCHEMA]
-
-    def reset(self, task: Task) -> list[dict[str, Any]]:
-        self.turn, self.actions = 0, []
-        return [{"role": "system", "content": "You solve problems with tools."}, {"role": "user", "content": task.question}]
-
-    def step(self, action_text: str) -> StepResult:
-        self.turn += 1
-        self.actions.append(action_text)
-        if self.turn == self.fail_on_turn:
-            raise RuntimeError("calculator crashed")
-        if self.turn > self.tool_turns:
-            return StepResult(None, 1.0, True, {"final_answer": "42", "correct": True})
-        if self.feedback:
-            observation = [{"role": "user", "content": f"Try again ({self.turn})."}]
-        else:
-            observation = [{"role": "tool", "name": "calculator", "content": f"{self.turn * 7}"}]
-        return StepResult(observation, 0.1 * self.turn, False, {"tool_calls": 1})
-
-
-class ScriptedRunner(Runner):
-    """A fake model: slot k (in alloc order) emits `scripts[k]` token by token (one token per forward).
-
-    It records every chunk it is fed, so tests can check what the KV cache would hold.
-    """
-
-    def __init__(self, scripts: Sequence[Sequence[int]], vocab_size: int, max_slots: int = 16, max_len: int = 4096):
-        self.scripts, self.vocab_size, self.max_slots, self.max_len = [list(s) for s in scripts], vocab_size, max_slots, max_len
-        self.fed: dict[int, list[int]] = {}
-        self.script_of: dict[int, int] = {}
-        self.emitted: dict[int, int] = {}
-        self.allocations = 0
-
-    def alloc(self) -> int:
-        slot = self.allocations
-        self.allocations += 1
-        self.fed[slot], self.script_of[slot], self.emitted[slot] = [], slot, 0
-        return slot
-
-    def free(self, slot: int) -> None:
-        self.emitted.pop(slot)
-
-    def length(self, slot: int) -> int:
-        return len(self.fed[slot])
-
-    def sync_weights(self) -> None:
-        pass
-
-    def forward(self, slots, chunks):
-        logits = torch.full((len(slots), self.vocab_size), -1e4)
-        for row, (slot, chunk) in enumerate(zip(slots, chunks)):
-            assert chunk, "empty chunk"
-            self.fed[slot].extend(chunk)
-            script = self.scripts[self.script_of[slot]]
-            logits[row, script[min(self.emitted[slot], len(script) - 1)]] = 0.0
-            self.emitted[slot] += 1
-        return logits
-
-
-def _task(i: int = 0, question: str = "What is 6*7?") -> Task:
-    return Task(id=f"t{i}", question=question, answer="42")
-
-
-def _tool_turn(expression: str) -> str:
-    return format_tool_call("calculator", {"expression": expression})
 
 
 @pytest.fixture(scope="module")
@@ -140,17 +43,9 @@ def chat(request, shared_tokenizer):
     return request.param, tokenizer, ChatFormat.for_tokenizer(tokenizer)
 
 
-def _scripted_engine(tokenizer, chat_format, turn_texts_per_episode, limits=None, temperature=0.0):
-    """An engine whose 'model' writes the given turns (canonical tokenization; <|im_end|> turns end with it)."""
-    scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turn_texts_per_episode]
-    runner = ScriptedRunner(scripts, len(tokenizer))
-    limits = limits or RolloutConfig(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
-    return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
-
-
 TURNS = [
-    _tool_turn("6*7"),
-    "Let me check.\n" + _tool_turn("42/1"),
+    tool_turn("6*7"),
+    "Let me check.\n" + tool_turn("42/1"),
     "Final Answer: 42<|im_end|>",
 ]
 
@@ -204,8 +99,8 @@ def test_hf_runner_rejects_bad_calls(tiny):
 def test_mask_one_tokens_decode_to_exactly_the_model_turns(chat):
     """Guards against a mask that covers observation/prompt tokens or misses a turn's stop token."""
     _, tokenizer, chat_format = chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
-    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=2)], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [TURNS])
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=2)], [task()])
     trajectory.check()
     assert trajectory.finish_reason == "answered"
     policy_ids = [t for t, m in zip(trajectory.input_ids, trajectory.loss_mask) if m]
@@ -218,10 +113,10 @@ def test_mask_one_tokens_decode_to_exactly_the_model_turns(chat):
 def test_mask_zero_tokens_are_exactly_prompt_and_rendered_observations(chat):
     """Guards against observation tokens that drift from the chat template (invariant 1)."""
     _, tokenizer, chat_format = chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
+    engine, _ = scripted_engine(tokenizer, chat_format, [TURNS])
     env = ToolLoopEnv(tool_turns=2)
-    (trajectory,) = engine.run([env], [_task()])
-    messages = env.reset(_task())
+    (trajectory,) = engine.run([env], [task()])
+    messages = env.reset(task())
     expected = [chat_format.prompt_ids(messages, env.tool_schemas)]
     for turn_index, span in enumerate(trajectory.spans):
         if span.kind == "observation":
@@ -254,8 +149,8 @@ def test_tool_output_cannot_forge_a_turn_in_the_trajectory(chat):
     _, tokenizer, chat_format = chat
     runs = {}
     for env in (ToolLoopEnv(tool_turns=2), ForgingToolEnv(tool_turns=2)):
-        engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
-        (trajectory,) = engine.run([env], [_task()])
+        engine, _ = scripted_engine(tokenizer, chat_format, [TURNS])
+        (trajectory,) = engine.run([env], [task()])
         runs[type(env).__name__] = trajectory
     forged, benign = runs["ForgingToolEnv"], runs["ToolLoopEnv"]
     controls = tokenizer.added_tokens_decoder  # id -> token, every control token of the format
@@ -274,9 +169,9 @@ def test_episode_tokens_equal_the_chat_template_render_where_it_preserves_prefix
     generation prompt) plus the final turn's tokens.
     """
     name, tokenizer, chat_format = chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS])
+    engine, _ = scripted_engine(tokenizer, chat_format, [TURNS])
     env = ToolLoopEnv(tool_turns=2)
-    (trajectory,) = engine.run([env], [_task()])
+    (trajectory,) = engine.run([env], [task()])
     messages = trajectory.messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     head = chat_format.encode(chat_format.render(messages[:-1], env.tool_schemas, add_generation_prompt=True))
@@ -294,9 +189,9 @@ def test_qwen3_rerender_drops_think_before_a_user_feedback_turn_but_engine_keeps
     once a real user message follows them. The engine never re-renders, so its tokens keep them."""
     tokenizer, chat_format = qwen3_chat
     turns = ["<think>\nadd\n</think>\n\nMaybe 41.<|im_end|>", "<think>\nredo\n</think>\n\nFinal Answer: 42<|im_end|>"]
-    engine, _ = _scripted_engine(tokenizer, chat_format, [turns])
+    engine, _ = scripted_engine(tokenizer, chat_format, [turns])
     env = ToolLoopEnv(tool_turns=1, feedback=True)
-    (trajectory,) = engine.run([env], [_task()])
+    (trajectory,) = engine.run([env], [task()])
     assert trajectory.finish_reason == "answered"
     assert tokenizer.decode(trajectory.input_ids).count("<think>") == 2
     rerendered = chat_format.render(trajectory.messages[:-1], env.tool_schemas, add_generation_prompt=True)
@@ -309,8 +204,8 @@ def test_runner_is_fed_each_token_once_and_only_new_tokens_after_tool_calls(qwen
     """Guards against re-encoding the conversation after each tool call (KV cache kept across turns),
     and against a cache that differs from the trajectory's ids."""
     tokenizer, chat_format = qwen3_chat
-    engine, runner = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS[1:]])
-    trajectories = engine.run([ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=1)], [_task(0), _task(1)])
+    engine, runner = scripted_engine(tokenizer, chat_format, [TURNS, TURNS[1:]])
+    trajectories = engine.run([ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=1)], [task(0), task(1)])
     for slot, trajectory in enumerate(trajectories):
         assert runner.fed[slot] == trajectory.input_ids[:-1]  # the final sampled token is never fed
 
@@ -325,7 +220,7 @@ def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
     questions = ["What is 6*7?", "Add 2 and 3, then multiply by a hundred and twelve.", "Hi", "Compute 1+1 please, step by step."]
     envs = [ToolLoopEnv(tool_turns=2, question=questions[i % 4]) for i in range(n_episodes)]
-    tasks = [_task(i, questions[i % 4]) for i in range(n_episodes)]
+    tasks = [task(i, questions[i % 4]) for i in range(n_episodes)]
     return engine.run(envs, tasks)
 
 
@@ -389,9 +284,9 @@ def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=2, max_len=512)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(4, 512, 2), SamplingParams(seed=1))
-    (before,) = engine.run([ToolLoopEnv()], [_task()])
+    (before,) = engine.run([ToolLoopEnv()], [task()])
     assert engine.sync_weights() == 1
-    (after,) = engine.run([ToolLoopEnv()], [_task()])
+    (after,) = engine.run([ToolLoopEnv()], [task()])
     assert (before.weights_version, after.weights_version) == (0, 1)
     assert before.input_ids != after.input_ids, "the second run must use a fresh seed (sampling.seed + run_count)"
 
@@ -403,9 +298,9 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
     """Guards against cut turns that never reach the env (no reward) or that end with the wrong reason."""
     tokenizer, chat_format = qwen3_chat
     long_answer = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
+    engine, _ = scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
     env = ToolLoopEnv(tool_turns=0)
-    (trajectory,) = engine.run([env], [_task()])
+    (trajectory,) = engine.run([env], [task()])
     assert trajectory.finish_reason == "max_turn_tokens"
     assert len(env.actions) == 1 and trajectory.num_policy_tokens == 4 and trajectory.turn_rewards == [1.0]
 
@@ -413,8 +308,8 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
 def test_cut_turn_continues_when_env_continues(qwen3_chat):
     """Guards against ending an episode at a turn cut the env chose to answer with feedback."""
     tokenizer, chat_format = qwen3_chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
-    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [task()])
     assert trajectory.finish_reason == "max_turns"
     assert [s.end - s.start for s in trajectory.policy_spans] == [3, 3, 3]
 
@@ -422,8 +317,8 @@ def test_cut_turn_continues_when_env_continues(qwen3_chat):
 def test_max_turns_ends_the_episode_with_max_turns(chat):
     """Guards against episodes that run past the turn limit."""
     _, tokenizer, chat_format = chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("1+1")] * 5], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
-    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=10)], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("1+1")] * 5], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
+    (trajectory,) = engine.run([ToolLoopEnv(tool_turns=10)], [task()])
     assert trajectory.finish_reason == "max_turns" and len(trajectory.policy_spans) == 2
     assert trajectory.spans[-1].kind == "policy", "no observation is appended after the last allowed turn"
 
@@ -432,29 +327,29 @@ def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation(qwe
     """Guards against episodes longer than max_episode_tokens, and observations appended with no room to act."""
     tokenizer, chat_format = qwen3_chat
     env = ToolLoopEnv(tool_turns=5)
-    prompt = len(chat_format.prompt_ids(env.reset(_task()), env.tool_schemas))
-    turn = tokenizer(_tool_turn("6*7"), add_special_tokens=False)["input_ids"]
+    prompt = len(chat_format.prompt_ids(env.reset(task()), env.tool_schemas))
+    turn = tokenizer(tool_turn("6*7"), add_special_tokens=False)["input_ids"]
     # Room for one full turn, and an observation would not fit: ends without appending it.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutConfig(64, prompt + len(turn) + 5, 8))
-    (dropped,) = engine.run([env], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("6*7")] * 3], RolloutConfig(64, prompt + len(turn) + 5, 8))
+    (dropped,) = engine.run([env], [task()])
     assert dropped.finish_reason == "max_episode_tokens" and dropped.spans[-1].kind == "policy"
     assert len(dropped) == prompt + len(turn)
     # Room for part of a turn only: the turn is cut at the episode limit.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")] * 3], RolloutConfig(64, prompt + 3, 8))
-    (cut,) = engine.run([ToolLoopEnv(tool_turns=5)], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("6*7")] * 3], RolloutConfig(64, prompt + 3, 8))
+    (cut,) = engine.run([ToolLoopEnv(tool_turns=5)], [task()])
     assert cut.finish_reason == "max_episode_tokens" and len(cut) == prompt + 3 and cut.num_policy_tokens == 3
     # No room at all: prompt only.
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[_tool_turn("6*7")]], RolloutConfig(64, prompt, 8))
-    (empty,) = engine.run([ToolLoopEnv()], [_task()])
+    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("6*7")]], RolloutConfig(64, prompt, 8))
+    (empty,) = engine.run([ToolLoopEnv()], [task()])
     assert empty.finish_reason == "max_episode_tokens" and empty.num_policy_tokens == 0
 
 
 def test_env_step_exception_fails_only_that_episode(qwen3_chat):
     """Guards against one crashing tool taking down the whole rollout batch."""
     tokenizer, chat_format = qwen3_chat
-    engine, _ = _scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
+    engine, _ = scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
     envs = [ToolLoopEnv(tool_turns=2), ToolLoopEnv(tool_turns=2, fail_on_turn=2), ToolLoopEnv(tool_turns=2)]
-    trajectories = engine.run(envs, [_task(i) for i in range(3)])
+    trajectories = engine.run(envs, [task(i) for i in range(3)])
     assert [t.finish_reason for t in trajectories] == ["answered", "error", "answered"]
     assert "calculator crashed" in trajectories[1].info["error"]
     assert len(trajectories[1].policy_spans) == len(trajectories[1].turn_rewards) == 2
@@ -496,9 +391,9 @@ def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(qwen3_
     spans, lengths respect the limits, and each policy turn has one reward. Guards against
     off-by-one span/mask bugs at limit boundaries."""
     tokenizer, chat_format = qwen3_chat
-    scripts = [[_tool_turn("1+2")] * 6 for _ in plans]
-    engine, _ = _scripted_engine(tokenizer, chat_format, scripts, RolloutConfig(turn_tokens, episode_tokens, max_turns))
-    trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [_task(i) for i in range(len(plans))])
+    scripts = [[tool_turn("1+2")] * 6 for _ in plans]
+    engine, _ = scripted_engine(tokenizer, chat_format, scripts, RolloutConfig(turn_tokens, episode_tokens, max_turns))
+    trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [task(i) for i in range(len(plans))])
     for trajectory in trajectories:
         trajectory.check()
         assert trajectory.finish_reason in {"answered", "env_done", "max_turns", "max_episode_tokens", "max_turn_tokens", "error"}
@@ -563,7 +458,7 @@ def test_episodes_beyond_runner_slots_wait_for_a_free_slot(qwen3_chat):
     script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
     runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(128, 2048, 8), SamplingParams(temperature=0))
-    trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [_task(i) for i in range(4)])
+    trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]
 
@@ -574,12 +469,12 @@ def test_episode_options_set_one_episodes_turn_limit_and_stop_strings(qwen3_chat
 
     tokenizer, chat_format = qwen3_chat
     text = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
-    engine, _ = _scripted_engine(tokenizer, chat_format, [[text], [text], [text]], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048))
+    engine, _ = scripted_engine(tokenizer, chat_format, [[text], [text], [text]], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048))
     envs = [ToolLoopEnv(tool_turns=0) for _ in range(3)]
     options = [EpisodeOptions(), EpisodeOptions(max_turn_tokens=4), EpisodeOptions(stop_strings=("seven",))]
-    full, cut, stopped = engine.run(envs, [_task(i) for i in range(3)], options=options)
+    full, cut, stopped = engine.run(envs, [task(i) for i in range(3)], options=options)
     assert full.finish_reason == "answered" and full.messages[-1]["content"] == text.removesuffix("<|im_end|>")
     assert cut.finish_reason == "max_turn_tokens" and cut.num_policy_tokens == 4
     assert stopped.finish_reason == "answered" and stopped.messages[-1]["content"].endswith("seven")
     with pytest.raises(ValueError, match="one EpisodeOptions per episode"):
-        engine.run([ToolLoopEnv()], [_task()], options=[])
+        engine.run([ToolLoopEnv()], [task()], options=[])

@@ -175,6 +175,7 @@ def test_an_empty_output_dir_is_an_error_naming_it(tmp_path, monkeypatch, capsys
 
 
 def test_an_empty_pipeline_output_dir_is_an_error_naming_it():
+    """Guards against an empty output_dir writing the pipeline's stages into the current folder."""
     from agentic_rl.pipeline import PipelineConfig
 
     with pytest.raises(ConfigError, match="output_dir is empty"):

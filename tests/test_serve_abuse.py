@@ -1,8 +1,8 @@
 """`agentic-rl serve` under abuse: what one client may make the server read, hold or wait for (ServeConfig.http).
 
-The real app and uvicorn in-process on the scripted model of test_serve.py, driven with raw sockets
-where a client misbehaves below HTTP (bodies it never sends, headers it never finishes) and with
-the official `openai` client elsewhere. Every refusal is OpenAI-shaped; none is a 500."""
+The real app and uvicorn in-process on the scripted model of tests/helpers_serve.py, driven with
+raw sockets where a client misbehaves below HTTP (bodies it never sends, headers it never finishes)
+and with the official `openai` client elsewhere. Every refusal is OpenAI-shaped; none is a 500."""
 
 import json
 import socket
@@ -13,10 +13,10 @@ import urllib.request
 
 import openai
 import pytest
+from helpers_serve import scripted_server
 
 from agentic_rl.serving import request_body, server
 from agentic_rl.serving.config import HTTPLimits
-from test_serve import _scripted_server
 
 REPLY = [["It is 24.<|im_end|>"]]
 QUESTION = [{"role": "user", "content": "What is 48/2?"}]
@@ -64,7 +64,7 @@ def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(qwen3_token
     requests waited ~40 s, memory grew 5 GB): a body over http.max_body_bytes must be refused from its
     Content-Length alone, and a chunked one as soon as the bytes passed the limit."""
     limits = HTTPLimits(max_body_bytes=64 * 1024)
-    with _scripted_server(qwen3_tokenizer, REPLY, http=limits) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=limits) as (client, _):
         with _connect(client) as sock:  # 20 MB declared, not one byte of it sent
             sock.sendall(_head(content_length=20_000_000))
             status, _, body = _response(sock)
@@ -99,7 +99,7 @@ def _nested(depth: int) -> str:
 def test_json_nested_past_the_limit_is_a_400_never_a_500(qwen3_tokenizer, body, what):
     """Guards against the 500 from a RecursionError that 20 MB of `[` gave, and against nesting that parses
     but breaks later (the chat template renders tool schemas with a recursive tojson)."""
-    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_body_bytes=2**20)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_body_bytes=2**20)) as (client, _):
         request = urllib.request.Request(f"{client.base_url}chat/completions", data=body.encode(),
                                          headers={"content-type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as caught:
@@ -114,7 +114,7 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(qwen3_tokenizer)
     """Guards against connections held open forever: uvicorn's only timer (keep-alive) starts after a
     response, so a client that never sends a request, or trickles its headers a byte at a time
     (slowloris), kept its connection for good."""
-    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
         with _connect(client) as silent, _connect(client) as trickle:
             started = time.monotonic()
             try:
@@ -130,7 +130,7 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(qwen3_tokenizer)
 
 def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout_s(qwen3_tokenizer):
     """Guards against http.idle_timeout_s being documented but unused (uvicorn's own default is 5 s)."""
-    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(idle_timeout_s=0.3)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(idle_timeout_s=0.3)) as (client, _):
         with _connect(client) as sock:
             sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert _response(sock)[0] == 200
@@ -139,7 +139,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout_s(qwen3_toke
 
 def test_a_body_that_stalls_is_answered_408(qwen3_tokenizer):
     """Guards against a request whose body never arrives holding its slot (and its bytes) forever."""
-    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(read_timeout_s=0.5)) as (client, _):
         with _connect(client) as sock:
             sock.sendall(_head(content_length=1000) + b'{"model": ')
             started = time.monotonic()
@@ -152,7 +152,7 @@ def test_requests_past_the_in_flight_limit_are_answered_429_at_once(qwen3_tokeni
     """Guards against an unbounded number of requests held at once (each may hold a body of
     max_body_bytes): past http.max_concurrent_requests the server answers 429 with Retry-After, and a
     finished request, failed or not, frees its place."""
-    with _scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_concurrent_requests=1, read_timeout_s=1.0)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_concurrent_requests=1, read_timeout_s=1.0)) as (client, _):
         with pytest.raises(openai.BadRequestError):  # a refused request frees its place too
             client.chat.completions.create(model="scripted", messages=QUESTION, temperature=-1)
         assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
@@ -178,7 +178,7 @@ def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_toke
 
     monkeypatch.setattr(request_body, "parse_chat_request", slow_parse)
     monkeypatch.setattr(server, "parse_chat_request", slow_parse, raising=False)  # where the old server called it
-    with _scripted_server(qwen3_tokenizer, REPLY) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
         replies = []
         slow = threading.Thread(target=lambda: replies.append(client.chat.completions.create(model="scripted", messages=QUESTION)))
         slow.start()

@@ -10,9 +10,7 @@ import copy
 from pathlib import Path
 
 import pytest
-import test_grpo_trainer  # noqa: F401  (registers the token_parity reward and the ragged_arith env)
-from test_grpo_trainer import _cfg as grpo_cfg
-from test_ppo_trainer import _cfg as ppo_cfg
+from helpers_training import grpo_cfg, ppo_cfg  # registers the token_parity reward and the ragged_arith env
 
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.training.start_audit import AuditFailed

@@ -17,6 +17,8 @@ from agentic_rl.evaluation.stats import accuracy_interval, mcnemar_exact, paired
 
 
 def test_wilson_interval_hand_values():
+    """Guards against a Wilson interval that collapses to [0, 0] at 0 successes like the normal approximation;
+    hand-computed values, and c > n refused."""
     # 23/100: centre (0.23 + z²/200) / (1 + z²/100), half-width z·sqrt(p(1-p)/n + z²/4n²) / (1 + z²/100)
     low, high = wilson_interval(23, 100)
     assert low == pytest.approx(0.158433, abs=1e-6) and high == pytest.approx(0.321544, abs=1e-6)
@@ -27,12 +29,16 @@ def test_wilson_interval_hand_values():
 
 
 def test_mcnemar_exact_hand_values():
+    """Guards against a McNemar p-value that is not the exact two-sided binomial one (five discordant wins are
+    still p = 0.0625)."""
     assert mcnemar_exact(5, 0) == pytest.approx(2 / 2**5)  # 0.0625: five discordant problems are not enough
     assert mcnemar_exact(8, 2) == pytest.approx(2 * (1 + 10 + 45) / 2**10)
     assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
 
 
 def test_paired_difference_counts_and_mean():
+    """Guards against a paired comparison that miscounts wins and losses, calls 3 against 1 on 8 problems a
+    change, or resamples differently each call."""
     a = [1, 0, 0, 1, 0, 1, 0, 0]
     b = [1, 1, 0, 1, 1, 0, 1, 0]
     result = paired_difference(a, b)
@@ -59,6 +65,8 @@ def test_paired_bootstrap_interval_matches_the_normal_theory_on_many_problems():
 
 
 def test_a_clear_improvement_is_significant_and_a_clear_loss_is_too():
+    """Guards against a verdict that cannot see a clear effect, or sees it only in one direction: 30 problems
+    gained and none lost is significant both ways."""
     a = [0] * 60 + [1] * 40
     b = [1] * 30 + [0] * 30 + [1] * 40  # 30 problems gained, none lost
     assert paired_difference(a, b).verdict() == "B better"
@@ -67,6 +75,8 @@ def test_a_clear_improvement_is_significant_and_a_clear_loss_is_too():
 
 
 def test_paired_difference_rejects_unpaired_inputs():
+    """Guards against comparing lists of different problems or with NaN scores, which would give a confident but
+    meaningless difference."""
     with pytest.raises(ValueError, match="same problems"):
         paired_difference([1, 0], [1, 0, 1])
     with pytest.raises(ValueError, match="finite"):
@@ -74,6 +84,8 @@ def test_paired_difference_rejects_unpaired_inputs():
 
 
 def test_accuracy_interval_uses_wilson_for_binary_and_the_bootstrap_for_fractions():
+    """Guards against a Wilson interval on fractional scores (sampled accuracy) where it does not apply:
+    fractions get the bootstrap."""
     assert accuracy_interval([1, 0, 0, 0]) == wilson_interval(1, 4)
     low, high = accuracy_interval([0.25, 0.5, 0.75, 0.5])
     assert 0.25 <= low < 0.5 < high <= 0.75
@@ -87,6 +99,8 @@ def _result(ids, greedy, correct_of_k=None, k=1, maj=None):
 
 
 def test_per_problem_scores_of_each_metric():
+    """Guards against per-problem scores that do not match their metric (pass@k, sampled accuracy, maj@k), or a
+    k that was not sampled being accepted."""
     result = _result(["a", "b", "c"], [1, 0, 0], correct_of_k=[4, 1, 0], k=4, maj=[1.0, 0.5, 0.0])
     assert per_problem_scores(result, "pass@1") == [1.0, 0.0, 0.0]
     assert per_problem_scores(result, "sampled_accuracy@T") == [1.0, 0.25, 0.0]
@@ -99,6 +113,8 @@ def test_per_problem_scores_of_each_metric():
 
 
 def test_compare_pairs_problems_by_task_id_not_by_position():
+    """Guards against pairing two evaluations by list position: problems are matched by task id, so another
+    order gives the same difference."""
     a = _result(["t1", "t2", "t3", "t4"], [1, 1, 0, 0])
     b = _result(["t4", "t3", "t2", "t1"], [0, 1, 1, 1])  # same problems, another order: only t3 gained
     (row,) = compare_evaluations(a, b, "x")
@@ -106,11 +122,15 @@ def test_compare_pairs_problems_by_task_id_not_by_position():
 
 
 def test_compare_refuses_different_problem_sets_and_names_them():
+    """Guards against comparing evaluations of different problems (not a paired difference) without naming the
+    ids found on one side only."""
     with pytest.raises(ValueError, match=r"different problems.*only in A: \['t2'\].*only in B: \['t9'\]"):
         compare_evaluations(_result(["t1", "t2"], [1, 0]), _result(["t1", "t9"], [1, 0]), "x")
 
 
 def test_compare_command_on_eval_files_and_stage_folders(tmp_path):
+    """Guards against `agentic-rl compare` reading only one kind of input or exiting 0 on a missing file: eval
+    JSON and stage folders give the same table."""
     sft = _result([f"t{i}" for i in range(100)], [1] * 20 + [0] * 80)
     grpo = _result([f"t{i}" for i in range(100)], [1] * 45 + [0] * 55)
     (tmp_path / "sft.json").write_text(json.dumps({"label": "new", **sft}))

@@ -58,6 +58,8 @@ def test_reset_returns_system_and_user_messages_without_schema_json() -> None:
 
 
 def test_valid_call_returns_tool_observation_and_episode_continues(env: _Env) -> None:
+    """Guards against a tool call that ends the episode or whose result is lost: the calculator's value comes
+    back as one tool message."""
     result = env.step("Step 1: half of 48.\n" + _calc("48/2"))
     assert result.observation == [{"role": "tool", "name": "calculator", "content": "24"}]
     assert not result.done and result.reward == 0.0
@@ -65,6 +67,7 @@ def test_valid_call_returns_tool_observation_and_episode_continues(env: _Env) ->
 
 
 def test_two_calls_in_one_turn_give_two_observations_in_order(env: _Env) -> None:
+    """Guards against only the first of several calls in a turn being run, or their results arriving out of order."""
     result = env.step(_calc("48/2") + "\n" + _calc("48+24"))
     assert [m["content"] for m in result.observation] == ["24", "72"]
 
@@ -101,6 +104,8 @@ def test_failed_call_becomes_error_observation_and_episode_continues(env: _Env, 
 
 
 def test_correct_answer_ends_episode_with_summary_and_reward(env: _Env) -> None:
+    """Guards against a correct answer that does not end the episode, or an end-of-episode info missing counts
+    the rewards and reports read."""
     env.step(_calc("48/2"))
     env.step(_calc("48+24"))
     result = env.step("Step 3: 48 + 24 = 72\nFinal Answer: 72 clips")
@@ -113,12 +118,15 @@ def test_correct_answer_ends_episode_with_summary_and_reward(env: _Env) -> None:
 
 
 def test_wrong_answer_ends_episode_with_zero_reward(env: _Env) -> None:
+    """Guards against a wrong answer earning reward, or being counted as a format failure when its format was fine."""
     result = env.step("Final Answer: 71")
     assert result.done and result.reward == 0.0
     assert result.info["correct"] is False and result.info["format_ok"] is True
 
 
 def test_turn_without_call_or_answer_ends_episode_with_format_failure(env: _Env) -> None:
+    """Guards against a turn with neither a call nor an answer looping until max_turns instead of ending as a
+    format failure."""
     result = env.step("I think it is about seventy.")
     assert result.done and result.reward == 0.0
     assert result.info["format_ok"] is False and result.info["finish"] == "no_answer"
@@ -138,6 +146,7 @@ def test_max_turns_ends_episode_without_answer() -> None:
 
 
 def test_tool_success_reward_is_paid_per_successful_call() -> None:
+    """Guards against a tool reward that pays failed calls: 0.1 per call that worked, none for the division by zero."""
     env = _Env(tool_success_reward=0.1)
     env.reset(TASK)
     result = env.step(_calc("48/2") + _calc("1/0") + _calc("2*3"))
@@ -146,6 +155,8 @@ def test_tool_success_reward_is_paid_per_successful_call() -> None:
 
 
 def test_calls_beyond_the_per_turn_cap_are_not_run(env: _Env) -> None:
+    """Guards against a turn flooding the env with calls: calls past the per-turn cap are not run and each is
+    reported as an error."""
     result = env.step(_calc("1+1") * (MAX_CALLS_PER_TURN + 2))
     contents = [m["content"] for m in result.observation]
     assert contents[:MAX_CALLS_PER_TURN] == ["2"] * MAX_CALLS_PER_TURN
@@ -154,6 +165,8 @@ def test_calls_beyond_the_per_turn_cap_are_not_run(env: _Env) -> None:
 
 
 def test_step_after_done_or_before_reset_raises() -> None:
+    """Guards against an env that accepts steps before reset or after the episode ended, mixing state between
+    episodes."""
     env = _Env()
     with pytest.raises(RuntimeError, match="call reset"):
         env.step("Final Answer: 1")
@@ -198,6 +211,8 @@ def _solution(env: _Env, *turns: str) -> list[tuple[int, int]]:
 
 
 def test_solution_steps_count_the_matched_chain_of_reference_values() -> None:
+    """Guards against the step reward paying for guesses: only an unbroken chain of reference values counts,
+    checked by value not by expression."""
     env = _Env(max_turns=5)
     # one step per turn, then the answer: the count rises with each right result
     assert _solution(env, _calc("48/2"), _calc("24 + 7"), "Final Answer: 31") == [(1, 2), (2, 2), (2, 2)]
@@ -213,6 +228,8 @@ def test_solution_steps_count_the_matched_chain_of_reference_values() -> None:
 
 
 def test_a_task_without_reference_steps_reports_none(env: _Env) -> None:
+    """Guards against a task without reference steps reporting 0 matched steps, which would read as a failure
+    instead of 'not measured'."""
     info = env.step(_calc("48/2")).info
     assert "solution_steps_matched" not in info and "solution_steps_total" not in info
 

@@ -35,6 +35,8 @@ def _task():
 
 
 def test_reward_adapter_single_turn_returns_our_values():
+    """Guards against TRL's reward functions disagreeing with ours: the adapter returns our values and weights,
+    and the step bonus pays only on a correct answer."""
     task = _task()
     funcs, weights = make_trl_reward_funcs(SPECS, "arith", OPTIONS)
     assert [f.__name__ for f in funcs] == ["accuracy", "format", "tool_use", "step_bonus"]
@@ -53,6 +55,8 @@ def test_reward_adapter_single_turn_returns_our_values():
 
 
 def test_environment_factory_runs_our_tools_and_grades():
+    """Guards against TRL running other tools than our env's: the factory exposes exactly our calculator with
+    our schema, our error text, and grades once."""
     task = _task()
     factory = make_trl_environment_factory("arith", OPTIONS)
     public = sorted(n for n in vars(factory) if not n.startswith("_"))
@@ -101,6 +105,8 @@ def _cfg(tmp_path, **overrides):
 
 @pytest.mark.e2e
 def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
+    """Guards against TRL's multi-turn loop not running our tools or grading before the tool result: a scripted
+    oracle gets full reward in every row."""
     from agentic_rl.integrations.trl_backend import build_trl_trainer
     from agentic_rl.integrations.trl_adapters import task_from_json
 
@@ -144,6 +150,8 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
     (lambda c: {"micro_batch_size": 3}, "micro_batch_size=3"),
 ])
 def test_unmappable_settings_raise(tmp_path, override, message):
+    """Guards against settings TRL's GRPOTrainer cannot honour being dropped silently on the TRL backend
+    (invariant 6)."""
     from agentic_rl.integrations.trl_backend import TRLConfigError, build_trl_trainer
 
     cfg = _cfg(tmp_path)
@@ -153,6 +161,8 @@ def test_unmappable_settings_raise(tmp_path, override, message):
 
 
 def test_reward_model_term_raises(tmp_path):
+    """Guards against a reward-model term silently dropped on the TRL backend, which cannot score with our
+    reward model."""
     import dataclasses
 
     from agentic_rl.integrations.trl_backend import TRLConfigError, _check_unmappable

@@ -1,0 +1,90 @@
+"""DESIGN invariant 9, arrows point down: the import rules DESIGN.md states, read from the source with
+`ast`. Imports inside functions count too, so a lazy import cannot hide an upward arrow.
+
+Only the rules DESIGN.md writes down are checked; the package's other arrows are not a strict
+order today (e.g. models/ and rollout/ import each other), so a total layering would not pass.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
+
+# (importing part, parts it must never import, why: DESIGN.md's words)
+RULES = [
+    ("training", {"integrations", "cli", "pipeline", "serving", "evaluation"},
+     "the caller (cli/pipeline) picks the backend; training/ never imports integrations/"),
+    ("models", {"training", "integrations", "cli", "pipeline"},
+     "anything that needs a model loaded imports models/, never training/"),
+    ("algorithms", {"training", "rollout", "envs", "rewards", "tools", "evaluation", "serving", "integrations", "cli", "pipeline"},
+     "algorithms/ is losses and advantages: pure tensor code, no I/O"),
+    ("rollout", {"algorithms", "training", "integrations", "evaluation", "serving", "cli", "pipeline"},
+     "the engine serves training, evaluation and serving alike"),
+    ("evaluation", {"integrations", "serving", "cli", "pipeline"},
+     "envs → rollout → algorithms → training → evaluation: evaluation is the last layer below the commands"),
+    ("integrations", {"evaluation", "serving", "cli", "pipeline"},
+     "integrations/trl adapts our envs and rewards to TRL; the caller picks the backend"),
+    ("envs", {"rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
+     "envs are the first layer: tasks, tools and grading, no model"),
+    ("tools", {"envs", "rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
+     "a tool is a typed function an env calls"),
+]
+TOP = {"cli", "pipeline", "train_commands"}  # the commands: nothing below them imports them
+
+
+def _part(path: Path) -> str:
+    """The top-level part of agentic_rl a file belongs to: 'training' for training/grpo.py, 'cli' for cli.py."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imported_parts(path: Path) -> set[str]:
+    """The agentic_rl parts a file imports anywhere in it (relative imports resolved against its package)."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]  # ('agentic_rl', 'training')
+    parts = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names = [module] + ([f"{module}.{alias.name}" for alias in node.names] if module == "agentic_rl" else [])
+        else:
+            continue
+        parts.update(name.split(".")[1] for name in names if name.startswith("agentic_rl.") and name.count(".") >= 1)
+    return parts
+
+
+def _arrows() -> dict[str, dict[str, list[str]]]:
+    """part -> imported part -> the files of `part` that import it."""
+    arrows: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _part(path)
+        for there in _imported_parts(path) - {here}:
+            arrows.setdefault(here, {}).setdefault(there, []).append(str(path.relative_to(PACKAGE)))
+    return arrows
+
+
+def test_the_import_reader_sees_the_arrows_that_exist():
+    """Guards against the rules below passing vacuously: the reader must find arrows the package has
+    (training/ imports algorithms/ and rollout/, the CLI imports training/)."""
+    arrows = _arrows()
+    assert {"algorithms", "rollout"} <= set(arrows["training"]) and "training" in arrows["cli"], arrows
+
+
+@pytest.mark.parametrize("part, forbidden, why", RULES, ids=[rule[0] for rule in RULES])
+def test_a_lower_layer_never_imports_a_higher_one(part, forbidden, why):
+    """Guards against an upward import (DESIGN invariant 9), e.g. training/ reaching into integrations/
+    or models/ into training/, which would make the lower layer untestable without the higher one."""
+    wrong = {there: files for there, files in _arrows().get(part, {}).items() if there in forbidden}
+    assert not wrong, f"{part}/ must not import {sorted(wrong)} ({why}); found in {wrong}"
+
+
+def test_nothing_below_the_commands_imports_them():
+    """Guards against library code importing the CLI or the pipeline, the two entry points at the top."""
+    wrong = {here: {t: f for t, f in there.items() if t in TOP} for here, there in _arrows().items() if here not in TOP}
+    assert not any(wrong.values()), {here: files for here, files in wrong.items() if files}
