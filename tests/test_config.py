@@ -159,3 +159,85 @@ def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defa
     assert any(line.startswith("optim.lr (float, default 0.0003)") for line in lines), lines
     assert any(line.startswith("optim.schedule (Literal, default 'cosine')") for line in lines), lines
     assert field_help(Stage, "optim.lr").endswith("(default 0.0003)")
+
+
+# ------------------------------------------------------------------ checks at construction
+
+_BAD_VALUES = [  # (command, dotted key, bad value as --set writes it, the same value in Python)
+    ("grpo", "micro_batch_size", "0", 0),
+    ("grpo", "rollout.max_turns", "0", 0),
+    ("grpo", "rollout.top_k", "-1", -1),
+    ("grpo", "loss.loss_type", "ppo", "ppo"),
+    ("grpo", "rollout_correction.mode", "weird", "weird"),
+    ("ppo", "loss.kl_mode", "both", "both"),
+    ("ppo", "value.lr_multiplier", ".nan", float("nan")),
+    ("sft", "batch.micro_batch_size", "0", 0),
+    ("sft", "train.steps", "-1", -1),
+    ("rm", "optim.lr", "0", 0),
+    ("serve", "http.max_body_bytes", "0", 0),
+    ("pipeline", "control.steps", "-2", -2),
+]
+
+
+def _section_class(cls, dotted_key):
+    """(the dataclass that holds the leaf of `dotted_key` inside `cls`, the leaf's name)."""
+    from typing import get_type_hints
+
+    *sections, leaf = dotted_key.split(".")
+    for section in sections:
+        cls = get_type_hints(cls)[section]
+    return cls, leaf
+
+
+@pytest.mark.parametrize("command, key, raw, value", _BAD_VALUES)
+def test_a_config_built_in_python_with_a_bad_value_fails_as_one_loaded_from_yaml(command, key, raw, value):
+    """Guards against markers (PositiveInt, Literal, finite floats) checked only when a config is
+    loaded: a config built in Python with micro_batch_size=0 once reached the trainer."""
+    from agentic_rl.cli import _config_class
+
+    cls = _config_class(command)
+    required = {"model": "tiny-qwen3"} if command == "serve" else {}
+    with pytest.raises(ConfigError) as loaded:
+        load_config(cls, None, [f"{k}={v}" for k, v in required.items()] + [f"{key}={raw}"])
+    section, leaf = _section_class(cls, key)
+    with pytest.raises(ConfigError) as built:
+        section(**({**required, leaf: value} if section is cls else {leaf: value}))
+    loaded_problem = str(loaded.value).split(f": '{key}' ", 1)[1]
+    assert str(built.value) == f"{section.__name__}: '{leaf}' {loaded_problem}"
+
+
+def test_every_config_section_of_every_command_checks_its_fields_at_construction():
+    """Guards against a new config dataclass that skips the construction checks (one not derived
+    from Config is checked only when loaded from YAML, so a check would have to be written twice)."""
+    from typing import get_args, get_type_hints
+
+    from agentic_rl.cli import _DESCRIBED, _config_class
+    from agentic_rl.config import Config
+    from agentic_rl.rollout.config import SamplingParams
+
+    seen, todo = set(), [_config_class(command) for command in _DESCRIBED] + [SamplingParams]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        assert issubclass(cls, Config), f"{cls.__module__}.{cls.__qualname__} does not derive from agentic_rl.config.Config"
+        for hint in get_type_hints(cls).values():
+            todo.extend(h for h in (hint, *get_args(hint)) if dataclasses.is_dataclass(h))
+    assert len(seen) > 30
+
+
+def test_construction_checks_run_before_the_classs_own_checks_and_once():
+    """Guards against a subclass's __post_init__ (GRPO's group_size >= 2) reporting a value its
+    marker already refuses, and against each level of a class hierarchy re-checking every field."""
+    from unittest import mock
+
+    from agentic_rl import config as config_module
+    from agentic_rl.training.grpo_config import GRPORolloutConfig
+
+    with pytest.raises(ConfigError, match=r"^GRPORolloutConfig: 'group_size' must be > 0, got 0$"):
+        GRPORolloutConfig(group_size=0, batch_size=8)
+    with mock.patch.object(config_module, "check_fields", wraps=config_module.check_fields) as checks:
+        GRPORolloutConfig()
+    checked = [type(call.args[0]).__name__ for call in checks.call_args_list]
+    assert checked == ["GRPORolloutConfig", "SamplingParams"]  # RolloutConfig validates its SamplingParams

@@ -7,8 +7,16 @@ start with a `ConfigError` that names the key and what is allowed. No setting is
 
 Numbers are checked here too, in one place (DESIGN.md invariant 8): NaN and ±inf are rejected
 for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the strings `nan`,
-`inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0; both are plain int and
-float to the rest of the code.
+`inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0, one annotated
+`NonNegativeInt` / `NonNegativeFloat` must be >= 0; all are plain int and float to the rest of
+the code.
+
+Every config dataclass derives from `Config`, which runs the same checks of its typed fields
+(the markers above and `Literal` values) when it is constructed, however: from YAML, `--set`
+or directly in Python. So a check a marker states is never written again by hand in a
+`__post_init__`, and `RolloutConfig(max_turns=0)` fails with the text a YAML file with
+`max_turns: 0` gets, less the file and the section prefix, which Python does not know:
+`RolloutConfig: 'max_turns' must be > 0, got 0`.
 
     cfg = load_config(PipelineConfig, "configs/demo.yaml", overrides=["grpo.optim.lr=1e-5"])
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import textwrap
 import types
@@ -47,6 +56,78 @@ PositiveInt = Annotated[int, _Positive()]
 """An int that must be > 0 (batch sizes, token limits, counts)."""
 PositiveFloat = Annotated[float, _Positive()]
 """A finite float that must be > 0 (learning rate, epsilon)."""
+
+
+class _NonNegative:
+    """Marker in `Annotated[...]`: the value must be >= 0 (a count where 0 means none or off)."""
+
+    def __repr__(self) -> str:
+        return "non-negative"
+
+
+NonNegativeInt = Annotated[int, _NonNegative()]
+"""An int that must be >= 0 (0: none, or off)."""
+NonNegativeFloat = Annotated[float, _NonNegative()]
+"""A finite float that must be >= 0 (a weight, a temperature)."""
+
+
+class Config:
+    """Base of every config dataclass: its typed fields are checked when it is constructed.
+
+    The checks are those of loading (`_coerce`): a marked field (`PositiveInt`, `NonNegativeFloat`,
+    ...) must satisfy its marker, a `Literal` field must hold one of its values, a float must be
+    finite. They run before the class's own `__post_init__` (which then only checks what no
+    marker can state: relations between fields), once per instance, in the most derived class.
+    The error is a ConfigError whose source is the class's name, e.g.
+    `GRPOConfig: 'micro_batch_size' must be > 0, got 0`.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None or getattr(own, "_checks_fields", False):
+            return
+
+        @functools.wraps(own)
+        def __post_init__(self: Any) -> None:
+            if type(self).__post_init__ is __post_init__:  # the most derived class's: check once
+                check_fields(self)
+            own(self)
+
+        __post_init__._checks_fields = True  # type: ignore[attr-defined]
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
+    def __post_init__(self) -> None:
+        if type(self).__post_init__ is Config.__post_init__:
+            check_fields(self)
+
+
+def check_fields(config: Any) -> None:
+    """Check `config`'s marked and `Literal` fields as loading checks them (ConfigError naming the
+    field). A Literal spelled as YAML's boolean (`no`) and an int in a float field are stored as
+    loading stores them ('no', 1.0); nothing else is changed."""
+    cls = type(config)
+    for name, hint in _checked_fields(cls):
+        value = getattr(config, name)
+        checked = _coerce(hint, value, name, cls.__name__)
+        if type(checked) is not type(value):
+            object.__setattr__(config, name, checked)  # also for frozen configs
+
+
+@functools.cache
+def _checked_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, hint) of each field of dataclass `cls` whose hint carries a marker or a Literal."""
+    hints = get_type_hints(cls, include_extras=True)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if _has_checks(hints[f.name]))
+
+
+def _has_checks(hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin in (Annotated, Literal) or hint is float:
+        return True
+    if origin in (Union, types.UnionType, list, tuple):
+        return any(_has_checks(arg) for arg in get_args(hint) if arg is not Ellipsis)
+    return False
 
 
 RENAMED = {
@@ -208,6 +289,8 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
         value = _coerce(args[0], value, key, source)
         if any(isinstance(mark, _Positive) for mark in args[1:]) and not value > 0:
             raise ConfigError(f"{source}: '{key}' must be > 0, got {quoted(value)}")
+        if any(isinstance(mark, _NonNegative) for mark in args[1:]) and not value >= 0:
+            raise ConfigError(f"{source}: '{key}' must be >= 0, got {quoted(value)}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)

@@ -62,19 +62,18 @@ How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import Literal, Sequence, get_args
 
 import torch
 
+from agentic_rl.config import Config
+
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
 RewardScaling = Literal["group", "batch", "none"]
-LOSS_TYPES = ("grpo", "dapo", "token", "dr_grpo", "bnpo")
-REWARD_SCALINGS = ("group", "batch", "none")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOLossConfig:
+class GRPOLossConfig(Config):
     """Every knob of the GRPO objective. Validated at construction."""
 
     loss_type: LossType = "grpo"
@@ -123,18 +122,6 @@ class GRPOLossConfig:
         return not self.needs_reference and self.entropy_coef == 0 and self.loss_type != "bnpo"
 
     def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not one of {LOSS_TYPES}; pick one of them")
-        if self.scale_rewards not in REWARD_SCALINGS:
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not one of {REWARD_SCALINGS} "
-                "('group': divide by the group std, 'batch': by the batch std, 'none': do not divide)"
-            )
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level={self.importance_sampling_level!r} is not one of "
-                f"{IMPORTANCE_SAMPLING_LEVELS} ('sequence' is GSPO)"
-            )
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
         if self.epsilon_high is not None and self.epsilon_high <= 0.0:
@@ -204,8 +191,8 @@ def _baseline_and_divisor(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the group mean, and what the centred reward is divided by (std + eps, or 1)."""
     _check_groups(rewards.shape[0], group_size)
-    if scale not in REWARD_SCALINGS:
-        raise ValueError(f"scale={scale!r} is not one of {REWARD_SCALINGS}")
+    if scale not in get_args(RewardScaling):
+        raise ValueError(f"scale={scale!r} is not one of {get_args(RewardScaling)}")
     grouped = rewards.view(-1, group_size)  # (P, G)
     constant, mean = _exact_group_mean(grouped)  # (P,), (P,)
     baseline = mean.repeat_interleave(group_size)  # (B,)

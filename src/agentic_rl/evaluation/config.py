@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import PositiveFloat, PositiveInt, require_model
+from agentic_rl.config import Config, PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
-from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig
+from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig, RolloutDtype
 
 
 @dataclasses.dataclass
-class EvalConfig:
+class EvalConfig(Config):
     """One evaluation: which problems, how many samples, how episodes are decoded."""
 
     label: str = ""
@@ -70,7 +70,7 @@ class AuditConfig(PluginsConfig):
     """Task and sampling seed."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(max_turn_tokens=64, max_turns=4))
     """How episodes are sampled (temperature 1 by default: the log-prob check needs sampled tokens)."""
-    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
+    dtypes: list[RolloutDtype] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
     """Decode precisions whose sampler log-probs are compared with the fp32 training forward
     (bfloat16 needs the fast backend: Llama and Qwen3 models). auto: bfloat16 where this machine
     runs bf16 fast, else float32 (models/precision.py); a dtype listed twice is checked once."""
@@ -79,6 +79,5 @@ class AuditConfig(PluginsConfig):
 
     def __post_init__(self) -> None:
         require_model(self.model)
-        unknown = sorted(set(self.dtypes) - {"float32", "bfloat16", "auto"})
-        if unknown or not self.dtypes:
+        if not self.dtypes:
             raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")

@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -37,7 +37,7 @@ class GRPORolloutConfig(BatchRolloutConfig):
 
 
 @dataclasses.dataclass
-class AdvantageConfig:
+class AdvantageConfig(Config):
     """What the advantage is computed from."""
 
     mode: Literal["episode", "turn", "turn_position"] = "episode"
@@ -113,8 +113,6 @@ class GRPOConfig(PluginsConfig):
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:
-        if self.updates_per_batch < 1 or self.micro_batch_size < 1:
-            raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
         if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
             check_trainer_device(self.rollout.device)

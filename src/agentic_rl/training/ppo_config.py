@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import PositiveFloat, PositiveInt
+from agentic_rl.config import Config, PositiveFloat, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -36,7 +36,7 @@ class PPORolloutConfig(BatchRolloutConfig):
 
 
 @dataclasses.dataclass
-class ValueConfig:
+class ValueConfig(Config):
     """The value model V(s): a scalar head read at every state the policy samples a token from."""
 
     critic: Literal["shared", "separate"] = "shared"

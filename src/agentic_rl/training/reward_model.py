@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
@@ -46,7 +46,7 @@ _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
 
 
 @dataclasses.dataclass
-class PairsConfig:
+class PairsConfig(Config):
     """Where chosen/rejected pairs come from."""
 
     source: Literal["sampled", "corrupted"] = "corrupted"
