@@ -241,3 +241,66 @@ def test_construction_checks_run_before_the_classs_own_checks_and_once():
         GRPORolloutConfig()
     checked = [type(call.args[0]).__name__ for call in checks.call_args_list]
     assert checked == ["GRPORolloutConfig", "SamplingParams"]  # RolloutConfig validates its SamplingParams
+
+
+# ------------------------------------------------------------------ keys another setting makes unused
+
+_UNUSED = [  # (command, overrides, the start of the error after "invalid value in <section>: ")
+    ("ppo", ["value.model=tiny-qwen3"],
+     "value.model='tiny-qwen3' is only used with value.critic: separate (value.critic is 'shared')"),
+    ("ppo", ["loss.kl_mode=loss"], "loss.kl_mode='loss' is only used with loss.beta > 0 (loss.beta is 0: no KL term)"),
+    ("rm", ["pairs.policy=runs/sft/final"], "pairs.policy='runs/sft/final' is only used with pairs.source: sampled"),
+    ("rm", ["pairs.samples_per_task=8"], "pairs.samples_per_task=8 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.max_pairs_per_task=2"], "pairs.max_pairs_per_task=2 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.rollout.temperature=0.5"], "pairs.rollout.temperature=0.5 is only used with pairs.source: sampled"),
+    ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
+    ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),
+    ("eval", ["model=tiny-qwen3", "rollout.top_p=0.9"], "rollout.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
+    ("sft", ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"], "sft.sources[].n=5 is only used with sft.sources[].kind: oracle"),
+    ("sft", ["sources=[{kind: oracle, path: demos.jsonl}]"], "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl"),
+]
+
+
+@pytest.mark.parametrize("command, overrides, message", _UNUSED)
+def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(command, overrides, message):
+    """Guards against settings the run silently ignores (DESIGN.md invariant 6): value.model with
+    a shared critic, or pairs.* of the reward model with corrupted pairs, were once accepted."""
+    from agentic_rl.cli import _config_class
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(_config_class(command), None, overrides)
+    assert message in str(refused.value)
+    assert str(refused.value).endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
+
+
+@pytest.mark.parametrize("command, overrides", [
+    ("ppo", ["value.critic=separate", "value.model=tiny-qwen3"]),
+    ("ppo", ["value.model="]),  # the default, spelled out: no setting
+    ("ppo", ["loss.beta=0.04", "loss.kl_mode=loss"]),
+    ("rm", ["pairs.source=sampled", "pairs.policy=runs/sft/final", "pairs.samples_per_task=8", "pairs.rollout.temperature=0.5"]),
+    ("rm", ["pairs.rollout.enable_thinking=false"]),  # renders corrupted pairs too
+    ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
+    ("pipeline", ["control.enabled=true", "control.steps=10"]),
+    ("eval", ["model=tiny-qwen3", "k=4", "rollout.top_p=0.9"]),
+])
+def test_the_same_keys_load_where_their_setting_uses_them(command, overrides):
+    """Guards against refusing a key that is used (or one left at its default)."""
+    from agentic_rl.cli import _config_class
+
+    load_config(_config_class(command), None, overrides)
+
+
+def test_loss_max_completion_length_is_derived_from_the_rollout_not_a_key():
+    """Guards against a derived value exposed as a user field: dr_grpo's denominator is the most
+    policy tokens an episode can hold under the rollout limits, so a second copy could only disagree."""
+    from agentic_rl.training.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"'loss.max_completion_length' is not a setting: it is derived \(for loss_type dr_grpo, "
+                                          r"the most policy tokens an episode can hold: min\(rollout.max_turns × rollout.max_turn_tokens, "
+                                          r"rollout.max_episode_tokens\)\); remove it"):
+        load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", "loss.max_completion_length=64"])
+    limits = ["rollout.max_turns=3", "rollout.max_turn_tokens=100"]
+    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=1024"]).loss.max_completion_length == 300
+    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=256"]).loss.max_completion_length == 256
+    assert load_config(GRPOConfig, None, []).loss.max_completion_length is None
+    assert not any(line.startswith("loss.max_completion_length") for line in describe(GRPOConfig))

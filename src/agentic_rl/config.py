@@ -18,12 +18,19 @@ or directly in Python. So a check a marker states is never written again by hand
 `max_turns: 0` gets, less the file and the section prefix, which Python does not know:
 `RolloutConfig: 'max_turns' must be > 0, got 0`.
 
+A key that another setting makes unused is refused, naming that setting (`refuse_unused`), e.g.
+`value.model` with `value.critic: shared`. The rule is "a value other than the field's default":
+a default value changes nothing whichever way it was given (and a config built in Python cannot
+tell a default it was given from one it was not), so a config that spells out every default,
+like `agentic-rl config` prints them, still loads.
+
     cfg = load_config(PipelineConfig, "configs/demo.yaml", overrides=["grpo.optim.lr=1e-5"])
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import functools
 import inspect
@@ -32,7 +39,7 @@ import types
 import typing
 from pathlib import Path
 import math
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -69,6 +76,21 @@ NonNegativeInt = Annotated[int, _NonNegative()]
 """An int that must be >= 0 (0: none, or off)."""
 NonNegativeFloat = Annotated[float, _NonNegative()]
 """A finite float that must be >= 0 (a weight, a temperature)."""
+
+
+class Derived:
+    """Marker in `Annotated[...]`: the field is computed from other settings, not a user key.
+    Loading refuses the key with `why` (how it is derived), and `describe` leaves it out."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return "derived"
+
+
+def _derived(hint: Any) -> Derived | None:
+    return next((mark for mark in get_args(hint)[1:] if isinstance(mark, Derived)), None) if get_origin(hint) is Annotated else None
 
 
 class Config:
@@ -257,13 +279,16 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
         raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'{hint}; allowed keys in {where}: {allowed}")
     kwargs = {}
     for name, value in data.items():
+        derived = _derived(hints[name])
+        if derived is not None:
+            raise ConfigError(f"{source}: '{prefix}{name}' is not a setting: it is derived ({derived.why}); remove it")
         field_default = _nested_default(fields[name], hints[name])
         if field_default is not None and isinstance(value, dict):
             # A partial section overrides the field's own default instance, not the class defaults:
             # `train: {steps: 5}` keeps SFTConfig's train.output_dir = "runs/sft".
             # Shallow on purpose: nested sections merge again one level down (their own defaults),
             # and plain dict-valued options are replaced, never merged.
-            value = {**dataclasses.asdict(field_default), **value}
+            value = {**_settings(field_default), **value}
         kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
     try:
         return cls(**kwargs)
@@ -271,6 +296,18 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{source}: invalid value in {where}: {exc}") from exc
+
+
+def _settings(config: Any) -> Any:
+    """dataclasses.asdict without the Derived fields: the keys a config file may hold."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        hints = get_type_hints(type(config), include_extras=True)
+        return {f.name: _settings(getattr(config, f.name)) for f in dataclasses.fields(config) if _derived(hints[f.name]) is None}
+    if isinstance(config, (list, tuple)):
+        return type(config)(_settings(item) for item in config)
+    if isinstance(config, dict):
+        return {key: _settings(item) for key, item in config.items()}
+    return copy.deepcopy(config)
 
 
 def _nested_default(field: dataclasses.Field, hint: Any) -> Any:
@@ -365,6 +402,24 @@ def _reject_non_finite(value: Any, key: str, source: str) -> None:
             _reject_non_finite(item, f"{key}[{index}]", source)
 
 
+def refuse_unused(section: Any, names: Sequence[str], *, prefix: str, used_with: str, now: str) -> None:
+    """ValueError naming the first field of `names` (fields of the dataclass instance `section`)
+    whose value is not its default: a setting the run would ignore (DESIGN.md invariant 6).
+
+    `prefix` is the section's key ("value."), `used_with` the setting that would use the field
+    ("value.critic: separate"), `now` what it is instead ("value.critic is 'shared'")."""
+    for field in dataclasses.fields(section):
+        if field.name in names and getattr(section, field.name) != _class_default(field):
+            raise ValueError(f"{prefix}{field.name}={quoted(getattr(section, field.name))} is only used with {used_with} "
+                             f"({now}), so the run would ignore it; remove it, or set {used_with}")
+
+
+def _class_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()  # type: ignore[misc]
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of dataclass `cls` (string literal after the annotation),
     inherited fields included (a subclass's own docs win)."""
@@ -418,8 +473,11 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
     lines = []
     docs = field_docs(cls)
     hints = get_type_hints(cls)
+    marked = get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
+        if _derived(marked[f.name]) is not None:
+            continue  # not a key
         if dataclasses.is_dataclass(hint):
             lines.extend(describe(hint, prefix=f"{prefix}{f.name}.", defaults=_section_default(f, defaults)))
             continue

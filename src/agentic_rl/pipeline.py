@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from agentic_rl.config import Config, ConfigError, NonNegativeInt
+from agentic_rl.config import Config, ConfigError, NonNegativeInt, refuse_unused
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
@@ -75,6 +75,10 @@ class ControlConfig(Config):
     seed: int | None = None
     """Seed of the control's fresh adapters and batch order; None: sft.train.seed + 1 (a batch
     order the SFT stage did not use). Set it to repeat the control over seeds from one SFT model."""
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            refuse_unused(self, ["steps", "seed"], prefix="control.", used_with="control.enabled: true", now="control.enabled is false")
 
 
 @dataclasses.dataclass

@@ -62,14 +62,16 @@ How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence, get_args
+from typing import Annotated, Literal, Sequence, get_args
 
 import torch
 
-from agentic_rl.config import Config
+from agentic_rl.config import Config, Derived
 
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
 RewardScaling = Literal["group", "batch", "none"]
+DR_GRPO_DENOMINATOR = ("for loss_type dr_grpo, the most policy tokens an episode can hold: "
+                       "min(rollout.max_turns × rollout.max_turn_tokens, rollout.max_episode_tokens)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +108,10 @@ class GRPOLossConfig(Config):
     """c_H: weight of an entropy bonus, -c_H * H per trained token, aggregated like the surrogate.
     Keeps a near-deterministic policy exploring (0: off; the GRPO paper has none). Needs the
     differentiable entropy passed to `grpo_loss`."""
-    max_completion_length: int | None = None
+    max_completion_length: Annotated[int | None, Derived(DR_GRPO_DENOMINATOR)] = None
     """The constant denominator of "dr_grpo" (per sequence): the most policy tokens one episode
-    may hold. Required for "dr_grpo", ignored (and rejected if set) otherwise."""
+    may hold. Not a config key: GRPOConfig derives it from the rollout limits (DR_GRPO_DENOMINATOR);
+    a direct caller of `grpo_loss` with "dr_grpo" sets it. Rejected for any other loss_type."""
 
     @property
     def needs_reference(self) -> bool:
@@ -135,7 +138,7 @@ class GRPOLossConfig(Config):
                 "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "
                 "set beta > 0 or drop kl_importance_correction"
             )
-        if self.loss_type == "dr_grpo" and (self.max_completion_length is None or self.max_completion_length <= 0):
+        if self.loss_type == "dr_grpo" and self.max_completion_length is not None and self.max_completion_length <= 0:
             raise ValueError(
                 f"loss_type='dr_grpo' divides by B * max_completion_length, so max_completion_length must be a "
                 f"positive int (got {self.max_completion_length}); set it to the rollout's policy-token budget"
@@ -435,6 +438,9 @@ def _aggregate(
     if cfg.loss_type == "bnpo":
         return masked_sum / weights.sum().clamp(min=1.0)
     assert cfg.loss_type == "dr_grpo", f"unhandled loss_type {cfg.loss_type}"
+    if cfg.max_completion_length is None:
+        raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length, which is unset: GRPOConfig derives it "
+                         f"({DR_GRPO_DENOMINATOR}); a direct caller sets GRPOLossConfig.max_completion_length")
     return masked_sum / (weights.shape[0] * cfg.max_completion_length)
 
 

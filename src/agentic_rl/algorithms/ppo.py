@@ -48,7 +48,7 @@ from typing import Literal, Sequence
 
 import torch
 
-from agentic_rl.config import Config, NonNegativeFloat, PositiveFloat
+from agentic_rl.config import Config, NonNegativeFloat, PositiveFloat, refuse_unused
 
 KLMode = Literal["reward", "loss"]
 
@@ -83,6 +83,8 @@ class PPOLossConfig(Config):
     def __post_init__(self) -> None:
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma={self.gamma} and lam={self.lam} must lie in [0, 1]")
+        if self.beta == 0:
+            refuse_unused(self, ["kl_mode"], prefix="loss.", used_with="loss.beta > 0", now="loss.beta is 0: no KL term")
 
     @property
     def needs_reference(self) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import Config, PositiveFloat, PositiveInt, require_model
+from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig, RolloutDtype
@@ -36,6 +36,11 @@ class EvalConfig(Config):
     failures_shown: int = 3
     """Failed transcripts kept in the result."""
 
+    def __post_init__(self) -> None:
+        if self.k == 1:  # pass@1 decodes greedily: the sampling settings are only for the k samples
+            refuse_unused(self.rollout, ["temperature", "top_p", "top_k"], prefix="rollout.", used_with="k > 1",
+                          now="k is 1: pass@1 decodes greedily")
+
     @property
     def name(self) -> str:
         return self.label or self.env.name
@@ -51,6 +56,7 @@ class EvalCommandConfig(EvalConfig, PluginsConfig):
     """Also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_model(self.model)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentic_rl.config import Config, NonNegativeInt
+from agentic_rl.config import Config, NonNegativeInt, refuse_unused
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -37,6 +37,9 @@ class SelectionConfig(Config):
     recur, i.e. with a task_pool of the order of steps x prompts per step."""
 
     def __post_init__(self) -> None:
+        if not self.dynamic_sampling:
+            refuse_unused(self, ["max_rounds"], prefix="selection.", used_with="selection.dynamic_sampling: true",
+                          now="selection.dynamic_sampling is false")
         if len(self.band) != 2 or not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
             raise ValueError(f"selection.band must be [low, high] with 0 <= low <= high <= 1, got {self.band}")
 

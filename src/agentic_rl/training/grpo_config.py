@@ -113,6 +113,9 @@ class GRPOConfig(PluginsConfig):
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:
+        if self.loss.loss_type == "dr_grpo":  # its constant denominator is derived, never a key (DR_GRPO_DENOMINATOR)
+            budget = min(self.rollout.max_turns * self.rollout.max_turn_tokens, self.rollout.max_episode_tokens)
+            self.loss = dataclasses.replace(self.loss, max_completion_length=budget)
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
         if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
             check_trainer_device(self.rollout.device)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import Config, PositiveFloat, PositiveInt
+from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -49,13 +49,17 @@ class ValueConfig(Config):
     stage's `final/`), or a reward model from `agentic-rl rm` (its `final/`): then the critic is
     the RM's decoder and the value head starts from the RM's score head, so V(s) starts as the
     RM's score of the conversation up to s instead of 0. Empty: the policy's own `model.name`.
-    Ignored for critic: shared."""
+    Refused with critic: shared (the critic is then the policy itself)."""
     lr_multiplier: PositiveFloat = 1.0
     """The value head (and a separate critic) learn at optim.lr × this. Mind Adam's first steps:
     they move every weight by about the learning rate, so a zero-initialised head's value jumps
     by ≈ lr · ‖h‖₁ (h: the hidden state, 576 wide for SmolLM2). Measured on the demo's PPO with
     optim.lr 3e-4: × 10 took V from 0 to 1.17 in one step (returns average 0.3) and the value
     gradient then dominated the clipped gradient norm; × 1 is the default."""
+
+    def __post_init__(self) -> None:
+        if self.critic == "shared":
+            refuse_unused(self, ["model"], prefix="value.", used_with="value.critic: separate", now="value.critic is 'shared'")
 
 
 @dataclasses.dataclass

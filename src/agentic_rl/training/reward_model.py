@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
-from agentic_rl.config import Config, PositiveInt
+from agentic_rl.config import Config, PositiveInt, refuse_unused
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
@@ -66,6 +66,13 @@ class PairsConfig(Config):
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """For source=sampled: how attempts are decoded (limits, temperature, backend, device); for
     both sources, enable_thinking renders the pairs."""
+
+    def __post_init__(self) -> None:
+        if self.source != "sampled":  # corrupted pairs: one per oracle demonstration, nothing decoded
+            why = dict(used_with="pairs.source: sampled", now=f"pairs.source is {self.source!r}")
+            refuse_unused(self, ["policy", "samples_per_task", "max_pairs_per_task"], prefix="pairs.", **why)
+            decoding = [f.name for f in dataclasses.fields(self.rollout) if f.name != "enable_thinking"]
+            refuse_unused(self.rollout, decoding, prefix="pairs.rollout.", **why)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentic_rl.config import Config, PositiveInt
+from agentic_rl.config import Config, PositiveInt, refuse_unused
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
@@ -61,6 +61,11 @@ class DemoSource(Config):
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("sft.sources[].path is required when kind is jsonl")
+        if self.kind == "jsonl":
+            unused, used_with = ["env", "split", "n"], "sft.sources[].kind: oracle"
+        else:
+            unused, used_with = ["path"], "sft.sources[].kind: jsonl"
+        refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}")
         if self.max_repeats is not None and self.max_repeats < 1:
