@@ -151,14 +151,63 @@ def test_every_command_prints_its_help_without_loading_torch():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@dataclasses.dataclass
+class StageOptim(Optim):
+    """Optim with a stage's own defaults, declared where describe reads them."""
+
+    lr: float = 3e-4
+    schedule: Literal["constant", "cosine"] = "cosine"
+
+
+@dataclasses.dataclass
+class DeclaredStage:
+    optim: StageOptim = dataclasses.field(default_factory=StageOptim)
+    """Optimizer with a stage-specific default."""
+
+
 def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defaults():
-    """Guards against `agentic-rl config grpo` printing LoopConfig's steps 100 where GRPO's factory gives 50."""
+    """Guards against `agentic-rl config grpo` printing LoopConfig's steps 100 where GRPO's are 50,
+    and against a default hidden in a factory, where describe cannot read it without building it."""
     from agentic_rl.config import field_help
 
-    lines = describe(Stage)
-    assert any(line.startswith("optim.lr (float, default 0.0003)") for line in lines), lines
+    lines = describe(DeclaredStage)
+    assert "optim.lr (float, default 0.0003): Peak learning rate." in lines, lines
     assert any(line.startswith("optim.schedule (Literal, default 'cosine')") for line in lines), lines
-    assert field_help(Stage, "optim.lr").endswith("(default 0.0003)")
+    assert field_help(DeclaredStage, "optim.lr").endswith("(default 0.0003)")
+    with pytest.raises(TypeError, match=r"Stage.optim: a section's default must be default_factory=Optim"):
+        describe(Stage)
+
+
+def _leaves(config, prefix=""):
+    """{dotted key: value} of every leaf of a config instance."""
+    leaves = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            leaves.update(_leaves(value, f"{prefix}{field.name}."))
+        else:
+            leaves[f"{prefix}{field.name}"] = value
+    return leaves
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo", "sft", "rm", "audit", "chat"])
+def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(command, capsys):
+    """Guards against `agentic-rl config` showing a class default that the command's own default
+    replaces (LoopConfig's steps 100 and runs/train, never a command's), a key twice, or a key
+    missing; each shown default must be the one the config gets when the key is not set."""
+    from agentic_rl.cli import _config_class, main
+
+    assert main(["config", command]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = [line.split(" ", 1)[0] for line in lines]
+    assert len(keys) == len(set(keys)), [key for key in keys if keys.count(key) > 1]
+    required = ["model=tiny-qwen3"] if command in ("audit", "chat") else []
+    built = _leaves(load_config(_config_class(command), None, required))
+    built.pop("loss.max_completion_length", None)  # derived, not a key
+    assert sorted(keys) == sorted(built)
+    for line, key in zip(lines, keys):
+        if key != "model" or not required:
+            assert f", default {built[key]!r}): " in line, (line, built[key])
 
 
 # ------------------------------------------------------------------ checks at construction

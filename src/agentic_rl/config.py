@@ -452,24 +452,23 @@ def require_model(model: str) -> None:
 def field_help(cls: type, key: str) -> str:
     """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
     *sections, leaf = key.split(".")
-    defaults = None
     for section in sections:
         field = next(f for f in dataclasses.fields(cls) if f.name == section)
-        defaults = _section_default(field, defaults)
         cls = get_type_hints(cls)[section]
         if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. serve's `env: EnvSpec | None`
             cls = next(arg for arg in get_args(cls) if arg is not type(None))
-            if defaults is None and field.default is None:  # off by default: its keys' defaults apply once it is set
+            if field.default is None:  # off by default: its keys' defaults apply once it is set
                 return f"{field_docs(cls).get(leaf, '')} (default: none, {section} is unset)"
-    return f"{field_docs(cls).get(leaf, '')} (default {_leaf_default(next(f for f in dataclasses.fields(cls) if f.name == leaf), defaults)!r})"
+    return f"{field_docs(cls).get(leaf, '')} (default {_leaf_default(next(f for f in dataclasses.fields(cls) if f.name == leaf))!r})"
 
 
-def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
+def describe(cls: type, prefix: str = "") -> list[str]:
     """One line per leaf key: `key (type, default): doc`, recursing into nested configs.
 
-    A section's defaults are those of the instance its parent creates (GRPO's `train.steps` is
-    50 because GRPOConfig's factory says so, not LoopConfig's class default of 100); `defaults`
-    carries that instance down."""
+    A default is read where it is declared, on the field of its class: a section whose command
+    has other defaults is a subclass that redeclares them (GRPOLoopConfig's steps 50), never a
+    factory that builds the class with other values (then `describe` would have to build it to
+    know them); `check_section_default` refuses such a factory."""
     lines = []
     docs = field_docs(cls)
     hints = get_type_hints(cls)
@@ -479,28 +478,23 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
         if _derived(marked[f.name]) is not None:
             continue  # not a key
         if dataclasses.is_dataclass(hint):
-            lines.extend(describe(hint, prefix=f"{prefix}{f.name}.", defaults=_section_default(f, defaults)))
+            check_section_default(cls, f, hint)
+            lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
             continue
         type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f, defaults)!r}): {docs.get(f.name, '')}")
+        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f)!r}): {docs.get(f.name, '')}")
     return lines
 
 
-def _section_default(field: dataclasses.Field, parent_defaults: Any) -> Any:
-    """The default instance of a nested section: the parent's own, else what the field's factory
-    makes. None where the class defaults are the defaults (a factory that is the class itself:
-    not built, since building validates, and validating an env imports its tools and torch)."""
-    if parent_defaults is not None:
-        return getattr(parent_defaults, field.name)
-    factory = field.default_factory
-    if factory is not dataclasses.MISSING and not isinstance(factory, type):  # type: ignore[misc]
-        return factory()  # type: ignore[misc]
-    return None if field.default is dataclasses.MISSING else field.default
+def check_section_default(cls: type, field: dataclasses.Field, section: type) -> None:
+    """TypeError unless the nested section `field` of `cls` defaults to its class's own defaults
+    (default_factory is the class itself): each default is declared once, where it is read."""
+    if field.default_factory is not section:  # type: ignore[misc]
+        raise TypeError(f"{cls.__name__}.{field.name}: a section's default must be default_factory={section.__name__}, its "
+                        "class's own defaults; declare a subclass that redeclares the fields whose default differs")
 
 
-def _leaf_default(field: dataclasses.Field, section_defaults: Any) -> Any:
-    if section_defaults is not None:
-        return getattr(section_defaults, field.name)
+def _leaf_default(field: dataclasses.Field) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
     return field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]

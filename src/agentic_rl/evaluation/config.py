@@ -61,6 +61,14 @@ class EvalCommandConfig(EvalConfig, PluginsConfig):
 
 
 @dataclasses.dataclass
+class AuditRolloutConfig(RolloutConfig):
+    """`agentic-rl audit`'s rollout: RolloutConfig with short episodes (the checks need few tokens)."""
+
+    max_turn_tokens: PositiveInt = 64
+    max_turns: PositiveInt = 4
+
+
+@dataclasses.dataclass
 class AuditConfig(PluginsConfig):
     """`agentic-rl audit`: checks that training sees what inference sees (evaluation/audit.py)."""
 
@@ -74,7 +82,7 @@ class AuditConfig(PluginsConfig):
     """Episodes per check (oracle conversations for the template, sampled episodes per dtype)."""
     seed: int = 0
     """Task and sampling seed."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(max_turn_tokens=64, max_turns=4))
+    rollout: AuditRolloutConfig = dataclasses.field(default_factory=AuditRolloutConfig)
     """How episodes are sampled (temperature 1 by default: the log-prob check needs sampled tokens)."""
     dtypes: list[RolloutDtype] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
     """Decode precisions whose sampler log-probs are compared with the fp32 training forward

@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import Config, PositiveInt
+from agentic_rl.config import Config, NonNegativeInt, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -65,6 +65,14 @@ class AdvantageConfig(Config):
 
 
 @dataclasses.dataclass
+class GRPOLoopConfig(LoopConfig):
+    """`agentic-rl grpo`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 50
+    output_dir: str = "runs/grpo"
+
+
+@dataclasses.dataclass
 class GRPOConfig(PluginsConfig):
     """`agentic-rl grpo`: Group Relative Policy Optimization on agent episodes."""
 
@@ -107,9 +115,9 @@ class GRPOConfig(PluginsConfig):
     and the normalisers still count it, so the update is unchanged. No effect when beta > 0 or
     loss.entropy_coef > 0 (those terms have a gradient) or for loss_type bnpo (its normaliser
     depends on the micro-batch)."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
+    train: GRPOLoopConfig = dataclasses.field(default_factory=GRPOLoopConfig)
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:

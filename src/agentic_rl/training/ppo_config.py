@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -63,6 +63,14 @@ class ValueConfig(Config):
 
 
 @dataclasses.dataclass
+class PPOLoopConfig(LoopConfig):
+    """`agentic-rl ppo`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 50
+    output_dir: str = "runs/ppo"
+
+
+@dataclasses.dataclass
 class PPOConfig(PluginsConfig):
     """`agentic-rl ppo`: PPO with a value model and GAE on agent episodes."""
 
@@ -95,9 +103,9 @@ class PPOConfig(PluginsConfig):
     """The audit of the first batch (prefix, mask, log-prob drift)."""
     micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimizer (the value model's learning rate is scaled by value.lr_multiplier)."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/ppo"))
+    train: PPOLoopConfig = dataclasses.field(default_factory=PPOLoopConfig)
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
-from agentic_rl.config import Config, PositiveInt, refuse_unused
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
@@ -76,6 +76,21 @@ class PairsConfig(Config):
 
 
 @dataclasses.dataclass
+class RMLoopConfig(LoopConfig):
+    """`agentic-rl rm`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 30
+    output_dir: str = "runs/rm"
+
+
+@dataclasses.dataclass
+class RMOptimConfig(OptimConfig):
+    """`agentic-rl rm`'s optimizer: OptimConfig with this command's own learning rate."""
+
+    lr: PositiveFloat = 1e-4
+
+
+@dataclasses.dataclass
 class RMConfig(PluginsConfig):
     """`agentic-rl rm`: a Bradley-Terry reward model."""
 
@@ -85,9 +100,9 @@ class RMConfig(PluginsConfig):
     """Pair source."""
     batch_size: PositiveInt = 8
     """Pairs per optimizer step (over all processes)."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4))
+    optim: RMOptimConfig = dataclasses.field(default_factory=RMOptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=30, output_dir="runs/rm"))
+    train: RMLoopConfig = dataclasses.field(default_factory=RMLoopConfig)
     """Loop, output and checkpoints."""
 
 

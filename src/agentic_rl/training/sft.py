@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentic_rl.config import Config, PositiveInt, refuse_unused
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
@@ -89,6 +89,21 @@ class SFTBatchConfig(Config):
 
 
 @dataclasses.dataclass
+class SFTLoopConfig(LoopConfig):
+    """`agentic-rl sft`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 25
+    output_dir: str = "runs/sft"
+
+
+@dataclasses.dataclass
+class SFTOptimConfig(OptimConfig):
+    """`agentic-rl sft`'s optimizer: OptimConfig with this command's own learning rate."""
+
+    lr: PositiveFloat = 3e-4
+
+
+@dataclasses.dataclass
 class SFTConfig(PluginsConfig, TemplateOptions):
     """`agentic-rl sft`: supervised fine-tuning on demonstrations (enable_thinking: how they render)."""
 
@@ -98,9 +113,9 @@ class SFTConfig(PluginsConfig, TemplateOptions):
     """Demonstration sources, concatenated."""
     batch: SFTBatchConfig = dataclasses.field(default_factory=SFTBatchConfig)
     """Batching."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4))
+    optim: SFTOptimConfig = dataclasses.field(default_factory=SFTOptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=25, output_dir="runs/sft"))
+    train: SFTLoopConfig = dataclasses.field(default_factory=SFTLoopConfig)
     """Loop, output and checkpoints."""
 
 
