@@ -5,7 +5,8 @@ from typing import Literal
 
 import pytest
 
-from agentic_rl.config import ConfigError, describe, load_config
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.config_docs import describe
 
 
 @dataclasses.dataclass
@@ -161,11 +162,220 @@ def test_every_command_prints_its_help_without_loading_torch():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defaults():
-    """Guards against `agentic-rl config grpo` printing LoopConfig's steps 100 where GRPO's factory gives 50."""
-    from agentic_rl.config import field_help
+@dataclasses.dataclass
+class StageOptim(Optim):
+    """Optim with a stage's own defaults, declared where describe reads them."""
 
-    lines = describe(Stage)
-    assert any(line.startswith("optim.lr (float, default 0.0003)") for line in lines), lines
+    lr: float = 3e-4
+    schedule: Literal["constant", "cosine"] = "cosine"
+
+
+@dataclasses.dataclass
+class DeclaredStage:
+    optim: StageOptim = dataclasses.field(default_factory=StageOptim)
+    """Optimizer with a stage-specific default."""
+
+
+def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defaults():
+    """Guards against `agentic-rl config grpo` printing LoopConfig's steps 100 where GRPO's are 50,
+    and against a default hidden in a factory, where describe cannot read it without building it."""
+    from agentic_rl.config_docs import field_help
+
+    lines = describe(DeclaredStage)
+    assert "optim.lr (float, default 0.0003): Peak learning rate." in lines, lines
     assert any(line.startswith("optim.schedule (Literal, default 'cosine')") for line in lines), lines
-    assert field_help(Stage, "optim.lr").endswith("(default 0.0003)")
+    assert field_help(DeclaredStage, "optim.lr").endswith("(default 0.0003)")
+    with pytest.raises(TypeError, match=r"Stage.optim: a section's default must be default_factory=Optim"):
+        describe(Stage)
+
+
+def _leaves(config, prefix=""):
+    """{dotted key: value} of every leaf of a config instance."""
+    leaves = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            leaves.update(_leaves(value, f"{prefix}{field.name}."))
+        else:
+            leaves[f"{prefix}{field.name}"] = value
+    return leaves
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo", "sft", "rm", "audit", "chat"])
+def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(command, capsys):
+    """Guards against `agentic-rl config` showing a class default that the command's own default
+    replaces (LoopConfig's steps 100 and runs/train, never a command's), a key twice, or a key
+    missing; each shown default must be the one the config gets when the key is not set."""
+    from agentic_rl.cli import _config_class, main
+
+    assert main(["config", command]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = [line.split(" ", 1)[0] for line in lines]
+    assert len(keys) == len(set(keys)), [key for key in keys if keys.count(key) > 1]
+    required = ["model=tiny-qwen3"] if command in ("audit", "chat") else []
+    built = _leaves(load_config(_config_class(command), None, required))
+    built.pop("loss.max_completion_length", None)  # derived, not a key
+    assert sorted(keys) == sorted(built)
+    for line, key in zip(lines, keys):
+        if key != "model" or not required:
+            assert f", default {built[key]!r}): " in line, (line, built[key])
+
+
+# ------------------------------------------------------------------ checks at construction
+
+_BAD_VALUES = [  # (command, dotted key, bad value as --set writes it, the same value in Python)
+    ("grpo", "micro_batch_size", "0", 0),
+    ("grpo", "rollout.max_turns", "0", 0),
+    ("grpo", "rollout.top_k", "-1", -1),
+    ("grpo", "loss.loss_type", "ppo", "ppo"),
+    ("grpo", "rollout_correction.mode", "weird", "weird"),
+    ("ppo", "loss.kl_mode", "both", "both"),
+    ("ppo", "value.lr_multiplier", ".nan", float("nan")),
+    ("sft", "batch.micro_batch_size", "0", 0),
+    ("sft", "train.steps", "-1", -1),
+    ("rm", "optim.lr", "0", 0),
+    ("serve", "http.max_body_bytes", "0", 0),
+    ("pipeline", "control.steps", "-2", -2),
+]
+
+
+def _section_class(cls, dotted_key):
+    """(the dataclass that holds the leaf of `dotted_key` inside `cls`, the leaf's name)."""
+    from typing import get_type_hints
+
+    *sections, leaf = dotted_key.split(".")
+    for section in sections:
+        cls = get_type_hints(cls)[section]
+    return cls, leaf
+
+
+@pytest.mark.parametrize("command, key, raw, value", _BAD_VALUES)
+def test_a_config_built_in_python_with_a_bad_value_fails_as_one_loaded_from_yaml(command, key, raw, value):
+    """Guards against markers (PositiveInt, Literal, finite floats) checked only when a config is
+    loaded: a config built in Python with micro_batch_size=0 once reached the trainer."""
+    from agentic_rl.cli import _config_class
+
+    cls = _config_class(command)
+    required = {"model": "tiny-qwen3"} if command == "serve" else {}
+    with pytest.raises(ConfigError) as loaded:
+        load_config(cls, None, [f"{k}={v}" for k, v in required.items()] + [f"{key}={raw}"])
+    section, leaf = _section_class(cls, key)
+    with pytest.raises(ConfigError) as built:
+        section(**({**required, leaf: value} if section is cls else {leaf: value}))
+    loaded_problem = str(loaded.value).split(f": '{key}' ", 1)[1]
+    assert str(built.value) == f"{section.__name__}: '{leaf}' {loaded_problem}"
+
+
+def test_every_config_section_of_every_command_checks_its_fields_at_construction():
+    """Guards against a new config dataclass that skips the construction checks (one not derived
+    from Config is checked only when loaded from YAML, so a check would have to be written twice)."""
+    from typing import get_args, get_type_hints
+
+    from agentic_rl.cli import _DESCRIBED, _config_class
+    from agentic_rl.config import Config
+    from agentic_rl.rollout.config import SamplingParams
+
+    seen, todo = set(), [_config_class(command) for command in _DESCRIBED] + [SamplingParams]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        assert issubclass(cls, Config), f"{cls.__module__}.{cls.__qualname__} does not derive from agentic_rl.config.Config"
+        for hint in get_type_hints(cls).values():
+            todo.extend(h for h in (hint, *get_args(hint)) if dataclasses.is_dataclass(h))
+    assert len(seen) > 30
+
+
+def test_construction_checks_run_before_the_classs_own_checks_and_once():
+    """Guards against a subclass's __post_init__ (GRPO's group_size >= 2) reporting a value its
+    marker already refuses, and against each level of a class hierarchy re-checking every field."""
+    from unittest import mock
+
+    from agentic_rl import config as config_module
+    from agentic_rl.training.grpo_config import GRPORolloutConfig
+
+    with pytest.raises(ConfigError, match=r"^GRPORolloutConfig: 'group_size' must be > 0, got 0$"):
+        GRPORolloutConfig(group_size=0, batch_size=8)
+    with mock.patch.object(config_module, "check_fields", wraps=config_module.check_fields) as checks:
+        GRPORolloutConfig()
+    checked = [type(call.args[0]).__name__ for call in checks.call_args_list]
+    assert checked == ["GRPORolloutConfig", "SamplingParams"]  # RolloutConfig validates its SamplingParams
+
+
+# ------------------------------------------------------------------ keys another setting makes unused
+
+_UNUSED = [  # (command, overrides, the start of the error after "invalid value in <section>: ")
+    ("ppo", ["value.model=tiny-qwen3"],
+     "value.model='tiny-qwen3' is only used with value.critic: separate (value.critic is 'shared')"),
+    ("ppo", ["loss.kl_mode=loss"], "loss.kl_mode='loss' is only used with loss.beta > 0 (loss.beta is 0: no KL term)"),
+    ("rm", ["pairs.policy=runs/sft/final"], "pairs.policy='runs/sft/final' is only used with pairs.source: sampled"),
+    ("rm", ["pairs.samples_per_task=8"], "pairs.samples_per_task=8 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.max_pairs_per_task=2"], "pairs.max_pairs_per_task=2 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.rollout.temperature=0.5"], "pairs.rollout.temperature=0.5 is only used with pairs.source: sampled"),
+    ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
+    ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),
+    ("eval", ["model=tiny-qwen3", "rollout.top_p=0.9"], "rollout.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
+    ("sft", ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"], "sft.sources[].n=5 is only used with sft.sources[].kind: oracle"),
+    ("sft", ["sources=[{kind: oracle, path: demos.jsonl}]"], "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl"),
+]
+
+
+@pytest.mark.parametrize("command, overrides, message", _UNUSED)
+def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(command, overrides, message):
+    """Guards against settings the run silently ignores (DESIGN.md invariant 6): value.model with
+    a shared critic, or pairs.* of the reward model with corrupted pairs, were once accepted."""
+    from agentic_rl.cli import _config_class
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(_config_class(command), None, overrides)
+    assert message in str(refused.value)
+    assert str(refused.value).endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
+
+
+@pytest.mark.parametrize("command, overrides", [
+    ("ppo", ["value.critic=separate", "value.model=tiny-qwen3"]),
+    ("ppo", ["value.model="]),  # the default, spelled out: no setting
+    ("ppo", ["loss.beta=0.04", "loss.kl_mode=loss"]),
+    ("rm", ["pairs.source=sampled", "pairs.policy=runs/sft/final", "pairs.samples_per_task=8", "pairs.rollout.temperature=0.5"]),
+    ("rm", ["pairs.rollout.enable_thinking=false"]),  # renders corrupted pairs too
+    ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
+    ("pipeline", ["control.enabled=true", "control.steps=10"]),
+    ("eval", ["model=tiny-qwen3", "k=4", "rollout.top_p=0.9"]),
+])
+def test_the_same_keys_load_where_their_setting_uses_them(command, overrides):
+    """Guards against refusing a key that is used (or one left at its default)."""
+    from agentic_rl.cli import _config_class
+
+    load_config(_config_class(command), None, overrides)
+
+
+def test_loss_max_completion_length_is_derived_from_the_rollout_not_a_key():
+    """Guards against a derived value exposed as a user field: dr_grpo's denominator is the most
+    policy tokens an episode can hold under the rollout limits, so a second copy could only disagree."""
+    from agentic_rl.training.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"'loss.max_completion_length' is not a setting: it is derived \(for loss_type dr_grpo, "
+                                          r"the most policy tokens an episode can hold: min\(rollout.max_turns × rollout.max_turn_tokens, "
+                                          r"rollout.max_episode_tokens\)\); remove it"):
+        load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", "loss.max_completion_length=64"])
+    limits = ["rollout.max_turns=3", "rollout.max_turn_tokens=100"]
+    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=1024"]).loss.max_completion_length == 300
+    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=256"]).loss.max_completion_length == 256
+    assert load_config(GRPOConfig, None, []).loss.max_completion_length is None
+    assert not any(line.startswith("loss.max_completion_length") for line in describe(GRPOConfig))
+
+
+def test_a_runs_config_yaml_loads_back_without_its_derived_values(tmp_path):
+    """Guards against a run's own config.yaml being refused as --config: dr_grpo derives
+    loss.max_completion_length, which a file may not set, so the file must leave it out."""
+    from agentic_rl.training.grpo_config import GRPOConfig
+    from agentic_rl.training.run_dir import RunDir
+
+    cfg = load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3", "loss.loss_type=dr_grpo"])
+    assert cfg.loss.max_completion_length is not None  # derived from the rollout limits
+    RunDir(tmp_path, config=cfg, tensorboard=False).close()  # what every trainer writes
+    path = tmp_path / "config.yaml"
+    assert "max_completion_length" not in path.read_text()
+    again = load_config(GRPOConfig, path)
+    assert again == cfg

@@ -360,7 +360,7 @@ def test_token_advantages_land_on_policy_spans_only():
     ({"epsilon": 1.0}, "epsilon"),
     ({"epsilon_high": 0.0}, "epsilon_high"),
     ({"beta": -0.1}, "beta"),
-    ({"loss_type": "dr_grpo"}, "max_completion_length"),
+    ({"loss_type": "dr_grpo", "max_completion_length": 0}, "max_completion_length"),
     ({"beta": 0.0, "kl_importance_correction": True}, "beta=0 has no KL term"),
     ({"max_completion_length": 64}, "only used by loss_type='dr_grpo'"),
 ])

@@ -25,7 +25,7 @@ from agentic_rl.config import ConfigError, load_config
 from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
 import agentic_rl.training.loop
-from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
 from agentic_rl.training.run_dir import RunDir, read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def test_duplicate_yaml_keys_are_rejected_with_the_key_and_lines(tmp_path):
 # ------------------------------------------------------------------ non-finite values in a run
 
 
-class _Objective(StatelessObjective):
+class _Objective(BatchObjective):
     """Least squares on a Linear(4, 1); `poison(step, model, loss)` may corrupt one step."""
 
     def __init__(self, poison=None):

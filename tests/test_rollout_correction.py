@@ -19,7 +19,8 @@ import torch
 from agentic_rl.algorithms.grpo import GRPOLossConfig, grpo_loss
 from agentic_rl.algorithms.ppo import PPOLossConfig, ppo_loss
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig, rollout_correction
-from agentic_rl.config import ConfigError, describe, load_config
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.config_docs import describe
 
 # Two rows of 5 positions. Row 0: a prompt token, three trained tokens, an observation token.
 # Row 1: two trained tokens, then padding. Off the mask the log-probs are garbage: the sampler's
@@ -204,10 +205,10 @@ def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
 
 
 @pytest.mark.parametrize("settings, fragment", [
-    ({"mode": "weird"}, "rollout_correction.mode='weird' is not one of"),
-    ({"level": "episode"}, "rollout_correction.level='episode' is not one of"),
+    ({"mode": "weird"}, "RolloutCorrectionConfig: 'mode' must be one of ['off', 'tis', 'mis'], got 'weird'"),
+    ({"level": "episode"}, "RolloutCorrectionConfig: 'level' must be one of ['token', 'sequence'], got 'episode'"),
     ({"mode": "tis", "cap": 0.5}, "rollout_correction.cap=0.5 must be >= 1"),
-    ({"mode": "tis", "cap": float("inf")}, "rollout_correction.cap=inf must be a finite number"),
+    ({"mode": "tis", "cap": float("inf")}, "RolloutCorrectionConfig: 'cap' must be a finite number, got inf"),
     ({"mode": "mis", "cap": 3.0}, "rollout_correction.cap=3.0 is only used by mode tis (mode is 'mis'); remove it, or set rollout_correction.mode: tis"),
     ({"mode": "tis", "high": 3.0}, "rollout_correction.high=3.0 is only used by mode mis"),
     ({"mode": "mis", "low": 1.0}, "rollout_correction.low=1.0 must be in [0, 1)"),

@@ -283,5 +283,5 @@ def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokeniz
         assert set(weight.values()) == {1 / (4 * mean_tokens)}
     else:
         assert sum(short) / len(short) > 3 * sum(long) / len(long)
-    with pytest.raises(ValueError, match="batch.normaliser must be step or dataset, got 'tokens'"):
+    with pytest.raises(ValueError, match=r"SFTBatchConfig: 'normaliser' must be one of \['step', 'dataset'\], got 'tokens'"):
         SFTBatchConfig(normaliser="tokens")

@@ -8,11 +8,11 @@ import torch
 
 from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.loop import LoopConfig, OptimConfig, StatelessObjective, run_training
+from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
 from agentic_rl.training.run_dir import RunDir, read_metrics
 
 
-class ToyObjective(StatelessObjective):
+class ToyObjective(BatchObjective):
     """Least squares on fresh random data each step, drawn from the GLOBAL torch RNG, so an
     exact resume needs the RNG state restored (accelerate's save_state does that)."""
 

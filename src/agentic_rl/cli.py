@@ -45,7 +45,7 @@ def _print_json(payload: Any) -> None:
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     _load_plugin_flags(args)
     from agentic_rl.envs.base import env_options_class, list_envs
-    from agentic_rl.config import describe
+    from agentic_rl.config_docs import describe
 
     for name in list_envs():
         options = env_options_class(name)
@@ -120,7 +120,7 @@ def _load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
 def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
     """--config, one flag per key of `flags` (help and default read from the config class `cls`,
     so no default is written twice), --option and --set."""
-    from agentic_rl.config import field_help
+    from agentic_rl.config_docs import field_help
 
     p.add_argument("--config", help="YAML config; flags and --set override it")
     for flag, key in flags.items():
@@ -312,7 +312,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from agentic_rl.config import describe
+    from agentic_rl.config_docs import describe
 
     for line in describe(_config_class(args.which)):
         print(line)

@@ -7,23 +7,35 @@ start with a `ConfigError` that names the key and what is allowed. No setting is
 
 Numbers are checked here too, in one place (DESIGN.md invariant 8): NaN and ±inf are rejected
 for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the strings `nan`,
-`inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0; both are plain int and
-float to the rest of the code.
+`inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0, one annotated
+`NonNegativeInt` / `NonNegativeFloat` must be >= 0; all are plain int and float to the rest of
+the code.
+
+Every config dataclass derives from `Config`, which runs the same checks of its typed fields
+(the markers above and `Literal` values) when it is constructed, however: from YAML, `--set`
+or directly in Python. So a check a marker states is never written again by hand in a
+`__post_init__`, and `RolloutConfig(max_turns=0)` fails with the text a YAML file with
+`max_turns: 0` gets, less the file and the section prefix, which Python does not know:
+`RolloutConfig: 'max_turns' must be > 0, got 0`.
+
+A key that another setting makes unused is refused, naming that setting (`refuse_unused`), e.g.
+`value.model` with `value.critic: shared`. The rule is "a value other than the field's default":
+a default value changes nothing whichever way it was given (and a config built in Python cannot
+tell a default it was given from one it was not), so a config that spells out every default,
+like `agentic-rl config` prints them, still loads.
 
     cfg = load_config(PipelineConfig, "configs/demo.yaml", overrides=["grpo.optim.lr=1e-5"])
 """
 
 from __future__ import annotations
 
-import ast
+import copy
 import dataclasses
-import inspect
-import textwrap
+import functools
 import types
-import typing
 from pathlib import Path
 import math
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -47,6 +59,93 @@ PositiveInt = Annotated[int, _Positive()]
 """An int that must be > 0 (batch sizes, token limits, counts)."""
 PositiveFloat = Annotated[float, _Positive()]
 """A finite float that must be > 0 (learning rate, epsilon)."""
+
+
+class _NonNegative:
+    """Marker in `Annotated[...]`: the value must be >= 0 (a count where 0 means none or off)."""
+
+    def __repr__(self) -> str:
+        return "non-negative"
+
+
+NonNegativeInt = Annotated[int, _NonNegative()]
+"""An int that must be >= 0 (0: none, or off)."""
+NonNegativeFloat = Annotated[float, _NonNegative()]
+"""A finite float that must be >= 0 (a weight, a temperature)."""
+
+
+class Derived:
+    """Marker in `Annotated[...]`: the field is computed from other settings, not a user key.
+    Loading refuses the key with `why` (how it is derived), and `describe` leaves it out."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return "derived"
+
+
+def _derived(hint: Any) -> Derived | None:
+    return next((mark for mark in get_args(hint)[1:] if isinstance(mark, Derived)), None) if get_origin(hint) is Annotated else None
+
+
+class Config:
+    """Base of every config dataclass: its typed fields are checked when it is constructed.
+
+    The checks are those of loading (`_coerce`): a marked field (`PositiveInt`, `NonNegativeFloat`,
+    ...) must satisfy its marker, a `Literal` field must hold one of its values, a float must be
+    finite. They run before the class's own `__post_init__` (which then only checks what no
+    marker can state: relations between fields), once per instance, in the most derived class.
+    The error is a ConfigError whose source is the class's name, e.g.
+    `GRPOConfig: 'micro_batch_size' must be > 0, got 0`.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None or getattr(own, "_checks_fields", False):
+            return
+
+        @functools.wraps(own)
+        def __post_init__(self: Any) -> None:
+            if type(self).__post_init__ is __post_init__:  # the most derived class's: check once
+                check_fields(self)
+            own(self)
+
+        __post_init__._checks_fields = True  # type: ignore[attr-defined]
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
+    def __post_init__(self) -> None:
+        if type(self).__post_init__ is Config.__post_init__:
+            check_fields(self)
+
+
+def check_fields(config: Any) -> None:
+    """Check `config`'s marked and `Literal` fields as loading checks them (ConfigError naming the
+    field). A Literal spelled as YAML's boolean (`no`) and an int in a float field are stored as
+    loading stores them ('no', 1.0); nothing else is changed."""
+    cls = type(config)
+    for name, hint in _checked_fields(cls):
+        value = getattr(config, name)
+        checked = _coerce(hint, value, name, cls.__name__)
+        if type(checked) is not type(value):
+            object.__setattr__(config, name, checked)  # also for frozen configs
+
+
+@functools.cache
+def _checked_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, hint) of each field of dataclass `cls` whose hint carries a marker or a Literal."""
+    hints = get_type_hints(cls, include_extras=True)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if _has_checks(hints[f.name]))
+
+
+def _has_checks(hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin in (Annotated, Literal) or hint is float:
+        return True
+    if origin in (Union, types.UnionType, list, tuple):
+        return any(_has_checks(arg) for arg in get_args(hint) if arg is not Ellipsis)
+    return False
 
 
 RENAMED = {
@@ -176,13 +275,16 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
         raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'{hint}; allowed keys in {where}: {allowed}")
     kwargs = {}
     for name, value in data.items():
+        derived = _derived(hints[name])
+        if derived is not None:
+            raise ConfigError(f"{source}: '{prefix}{name}' is not a setting: it is derived ({derived.why}); remove it")
         field_default = _nested_default(fields[name], hints[name])
         if field_default is not None and isinstance(value, dict):
             # A partial section overrides the field's own default instance, not the class defaults:
             # `train: {steps: 5}` keeps SFTConfig's train.output_dir = "runs/sft".
             # Shallow on purpose: nested sections merge again one level down (their own defaults),
             # and plain dict-valued options are replaced, never merged.
-            value = {**dataclasses.asdict(field_default), **value}
+            value = {**settings(field_default), **value}
         kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
     try:
         return cls(**kwargs)
@@ -190,6 +292,19 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{source}: invalid value in {where}: {exc}") from exc
+
+
+def settings(config: Any) -> Any:
+    """dataclasses.asdict without the Derived fields: the keys a config file may hold (what a run
+    writes to its config.yaml, so that file loads back as --config)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        hints = get_type_hints(type(config), include_extras=True)
+        return {f.name: settings(getattr(config, f.name)) for f in dataclasses.fields(config) if _derived(hints[f.name]) is None}
+    if isinstance(config, (list, tuple)):
+        return type(config)(settings(item) for item in config)
+    if isinstance(config, dict):
+        return {key: settings(item) for key, item in config.items()}
+    return copy.deepcopy(config)
 
 
 def _nested_default(field: dataclasses.Field, hint: Any) -> Any:
@@ -208,6 +323,8 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
         value = _coerce(args[0], value, key, source)
         if any(isinstance(mark, _Positive) for mark in args[1:]) and not value > 0:
             raise ConfigError(f"{source}: '{key}' must be > 0, got {quoted(value)}")
+        if any(isinstance(mark, _NonNegative) for mark in args[1:]) and not value >= 0:
+            raise ConfigError(f"{source}: '{key}' must be >= 0, got {quoted(value)}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)
@@ -282,84 +399,25 @@ def _reject_non_finite(value: Any, key: str, source: str) -> None:
             _reject_non_finite(item, f"{key}[{index}]", source)
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass `cls` (string literal after the annotation),
-    inherited fields included (a subclass's own docs win)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__[:-1]):
-        docs.update(_own_field_docs(klass))
-    return docs
+def refuse_unused(section: Any, names: Sequence[str], *, prefix: str, used_with: str, now: str) -> None:
+    """ValueError naming the first field of `names` (fields of the dataclass instance `section`)
+    whose value is not its default: a setting the run would ignore (DESIGN.md invariant 6).
+
+    `prefix` is the section's key ("value."), `used_with` the setting that would use the field
+    ("value.critic: separate"), `now` what it is instead ("value.critic is 'shared'")."""
+    for field in dataclasses.fields(section):
+        if field.name in names and getattr(section, field.name) != _class_default(field):
+            raise ValueError(f"{prefix}{field.name}={quoted(getattr(section, field.name))} is only used with {used_with} "
+                             f"({now}), so the run would ignore it; remove it, or set {used_with}")
 
 
-def _own_field_docs(cls: type) -> dict[str, str]:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, following in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(following.value.value).split())
-    return docs
+def _class_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()  # type: ignore[misc]
 
 
 def require_model(model: str) -> None:
     """The check every command with a `model` key runs: one is required (there is no default model)."""
     if not model:
         raise ValueError("model is required: --model NAME (a built-in name, a folder, a hub id or a stage's final/)")
-
-
-def field_help(cls: type, key: str) -> str:
-    """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
-    *sections, leaf = key.split(".")
-    defaults = None
-    for section in sections:
-        field = next(f for f in dataclasses.fields(cls) if f.name == section)
-        defaults = _section_default(field, defaults)
-        cls = get_type_hints(cls)[section]
-        if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. serve's `env: EnvSpec | None`
-            cls = next(arg for arg in get_args(cls) if arg is not type(None))
-            if defaults is None and field.default is None:  # off by default: its keys' defaults apply once it is set
-                return f"{field_docs(cls).get(leaf, '')} (default: none, {section} is unset)"
-    return f"{field_docs(cls).get(leaf, '')} (default {_leaf_default(next(f for f in dataclasses.fields(cls) if f.name == leaf), defaults)!r})"
-
-
-def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[str]:
-    """One line per leaf key: `key (type, default): doc`, recursing into nested configs.
-
-    A section's defaults are those of the instance its parent creates (GRPO's `train.steps` is
-    50 because GRPOConfig's factory says so, not LoopConfig's class default of 100); `defaults`
-    carries that instance down."""
-    lines = []
-    docs = field_docs(cls)
-    hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            lines.extend(describe(hint, prefix=f"{prefix}{f.name}.", defaults=_section_default(f, defaults)))
-            continue
-        type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f, defaults)!r}): {docs.get(f.name, '')}")
-    return lines
-
-
-def _section_default(field: dataclasses.Field, parent_defaults: Any) -> Any:
-    """The default instance of a nested section: the parent's own, else what the field's factory
-    makes. None where the class defaults are the defaults (a factory that is the class itself:
-    not built, since building validates, and validating an env imports its tools and torch)."""
-    if parent_defaults is not None:
-        return getattr(parent_defaults, field.name)
-    factory = field.default_factory
-    if factory is not dataclasses.MISSING and not isinstance(factory, type):  # type: ignore[misc]
-        return factory()  # type: ignore[misc]
-    return None if field.default is dataclasses.MISSING else field.default
-
-
-def _leaf_default(field: dataclasses.Field, section_defaults: Any) -> Any:
-    if section_defaults is not None:
-        return getattr(section_defaults, field.name)
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]

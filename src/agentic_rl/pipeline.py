@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from agentic_rl.config import ConfigError
+from agentic_rl.config import Config, ConfigError, NonNegativeInt, refuse_unused
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
@@ -56,7 +56,7 @@ _REDO_STAGE = "delete the stage's folder to run that stage again (a rerun resume
 
 
 @dataclasses.dataclass
-class RLConfig:
+class RLConfig(Config):
     """Which RL algorithm the pipeline's RL stage runs."""
 
     algorithm: Literal["grpo", "ppo"] = "grpo"
@@ -64,12 +64,12 @@ class RLConfig:
 
 
 @dataclasses.dataclass
-class ControlConfig:
+class ControlConfig(Config):
     """The compute-matched control: more SFT instead of GRPO."""
 
     enabled: bool = False
     """Run it (stages control and eval_control)."""
-    steps: int = 0
+    steps: NonNegativeInt = 0
     """SFT steps of the control; 0: as many as fit in GRPO's measured training time (the sum of
     GRPO's step times, rollouts included, over the SFT stage's mean step time)."""
     seed: int | None = None
@@ -77,8 +77,8 @@ class ControlConfig:
     order the SFT stage did not use). Set it to repeat the control over seeds from one SFT model."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ValueError(f"control.steps must be >= 0 (0: match GRPO's training time), got {self.steps}")
+        if not self.enabled:
+            refuse_unused(self, ["steps", "seed"], prefix="control.", used_with="control.enabled: true", now="control.enabled is false")
 
 
 @dataclasses.dataclass

@@ -38,6 +38,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
+from agentic_rl.config import Config
+
 ENTRY_POINT_GROUPS = ("agentic_rl.envs", "agentic_rl.tools", "agentic_rl.rewards")
 _NOT_THE_PLUGIN = (str(Path(__file__).resolve().parent), str(Path(importlib.__file__).resolve().parent), "<")
 """Traceback frames of agentic_rl and importlib: an import error is located at the deepest other frame."""
@@ -48,7 +50,7 @@ class PluginError(ValueError):
 
 
 @dataclasses.dataclass
-class PluginsConfig:
+class PluginsConfig(Config):
     """Mixin of every command's config: its `plugins` key."""
 
     plugins: list[str] = dataclasses.field(default_factory=list)

@@ -62,20 +62,21 @@ How this departs from TRL 1.16 (`GRPOTrainer._compute_loss`), on purpose:
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
 import torch
+
+from agentic_rl.config import Config, Derived
 
 
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
 RewardScaling = Literal["group", "batch", "none"]
-LOSS_TYPES = ("grpo", "dapo", "token", "dr_grpo", "bnpo")
-REWARD_SCALINGS = ("group", "batch", "none")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+DR_GRPO_DENOMINATOR = ("for loss_type dr_grpo, the most policy tokens an episode can hold: "
+                       "min(rollout.max_turns × rollout.max_turn_tokens, rollout.max_episode_tokens)")
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOLossConfig:
+class GRPOLossConfig(Config):
     """Every knob of the GRPO objective. Validated at construction."""
 
     loss_type: LossType = "grpo"
@@ -108,9 +109,10 @@ class GRPOLossConfig:
     """c_H: weight of an entropy bonus, -c_H * H per trained token, aggregated like the surrogate.
     Keeps a near-deterministic policy exploring (0: off; the GRPO paper has none). Needs the
     differentiable entropy passed to `grpo_loss`."""
-    max_completion_length: int | None = None
+    max_completion_length: Annotated[int | None, Derived(DR_GRPO_DENOMINATOR)] = None
     """The constant denominator of "dr_grpo" (per sequence): the most policy tokens one episode
-    may hold. Required for "dr_grpo", ignored (and rejected if set) otherwise."""
+    may hold. Not a config key: GRPOConfig derives it from the rollout limits (DR_GRPO_DENOMINATOR);
+    a direct caller of `grpo_loss` with "dr_grpo" sets it. Rejected for any other loss_type."""
 
     @property
     def needs_reference(self) -> bool:
@@ -124,18 +126,6 @@ class GRPOLossConfig:
         return not self.needs_reference and self.entropy_coef == 0 and self.loss_type != "bnpo"
 
     def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not one of {LOSS_TYPES}; pick one of them")
-        if self.scale_rewards not in REWARD_SCALINGS:
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} is not one of {REWARD_SCALINGS} "
-                "('group': divide by the group std, 'batch': by the batch std, 'none': do not divide)"
-            )
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level={self.importance_sampling_level!r} is not one of "
-                f"{IMPORTANCE_SAMPLING_LEVELS} ('sequence' is GSPO)"
-            )
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
         if self.epsilon_high is not None and self.epsilon_high <= 0.0:
@@ -149,7 +139,7 @@ class GRPOLossConfig:
                 "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "
                 "set beta > 0 or drop kl_importance_correction"
             )
-        if self.loss_type == "dr_grpo" and (self.max_completion_length is None or self.max_completion_length <= 0):
+        if self.loss_type == "dr_grpo" and self.max_completion_length is not None and self.max_completion_length <= 0:
             raise ValueError(
                 f"loss_type='dr_grpo' divides by B * max_completion_length, so max_completion_length must be a "
                 f"positive int (got {self.max_completion_length}); set it to the rollout's policy-token budget"
@@ -205,8 +195,8 @@ def _baseline_and_divisor(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the group mean, and what the centred reward is divided by (std + eps, or 1)."""
     _check_groups(rewards.shape[0], group_size)
-    if scale not in REWARD_SCALINGS:
-        raise ValueError(f"scale={scale!r} is not one of {REWARD_SCALINGS}")
+    if scale not in get_args(RewardScaling):
+        raise ValueError(f"scale={scale!r} is not one of {get_args(RewardScaling)}")
     grouped = rewards.view(-1, group_size)  # (P, G)
     constant, mean = _exact_group_mean(grouped)  # (P,), (P,)
     baseline = mean.repeat_interleave(group_size)  # (B,)
@@ -331,6 +321,9 @@ def _aggregate(
     if cfg.loss_type == "bnpo":
         return masked_sum / weights.sum().clamp(min=1.0)
     assert cfg.loss_type == "dr_grpo", f"unhandled loss_type {cfg.loss_type}"
+    if cfg.max_completion_length is None:
+        raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length, which is unset: GRPOConfig derives it "
+                         f"({DR_GRPO_DENOMINATOR}); a direct caller sets GRPOLossConfig.max_completion_length")
     return masked_sum / (weights.shape[0] * cfg.max_completion_length)
 
 

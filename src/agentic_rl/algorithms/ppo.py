@@ -49,19 +49,20 @@ from typing import Literal, Sequence
 import torch
 
 from agentic_rl.algorithms.spans import spread_over_spans
+from agentic_rl.config import Config, NonNegativeFloat, PositiveFloat, refuse_unused
 
 KLMode = Literal["reward", "loss"]
 
 
 @dataclasses.dataclass
-class PPOLossConfig:
+class PPOLossConfig(Config):
     """Every knob of the PPO objective. Validated at construction."""
 
-    epsilon: float = 0.2
+    epsilon: PositiveFloat = 0.2
     """Clip range of the policy ratio."""
-    value_clip: float | None = 0.2
+    value_clip: PositiveFloat | None = 0.2
     """ε_V: clip range of the new value around the old one (None: the plain squared error)."""
-    vf_coef: float = 0.5
+    vf_coef: NonNegativeFloat = 0.5
     """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
     gamma: float = 1.0
     """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
@@ -70,27 +71,21 @@ class PPOLossConfig:
     values lean on V. λ decays the outcome reward by λ^k over the k tokens that follow, and an
     agent episode has ~100 policy tokens: λ = 0.95 leaves 0.95^100 ≈ 0.006 of the outcome at the
     first token while V is still untrained, so the first turn learns almost nothing."""
-    beta: float = 0.0
+    beta: NonNegativeFloat = 0.0
     """KL weight (0: no reference model is needed)."""
     kl_mode: KLMode = "reward"
     """Where the KL goes: "reward" (per-token −β(log π_old − log π_ref) in the rewards) or "loss" (β·k3)."""
     whiten_advantages: bool = True
     """Normalise the advantages over the whole batch's policy tokens to mean 0, std 1 (`whiten`,
     applied by the trainer once per batch, before the batch is split into micro-batches)."""
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegativeFloat = 0.0
     """c_H: weight of an entropy bonus (0: off)."""
 
     def __post_init__(self) -> None:
-        if self.epsilon <= 0:
-            raise ValueError(f"epsilon={self.epsilon} must be > 0")
-        if self.value_clip is not None and self.value_clip <= 0:
-            raise ValueError(f"value_clip={self.value_clip} must be > 0, or None for no clipping")
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma={self.gamma} and lam={self.lam} must lie in [0, 1]")
-        if self.vf_coef < 0 or self.beta < 0 or self.entropy_coef < 0:
-            raise ValueError("vf_coef, beta and entropy_coef must be >= 0")
-        if self.kl_mode not in ("reward", "loss"):
-            raise ValueError(f"kl_mode={self.kl_mode!r} must be 'reward' or 'loss'")
+        if self.beta == 0:
+            refuse_unused(self, ["kl_mode"], prefix="loss.", used_with="loss.beta > 0", now="loss.beta is 0: no KL term")
 
     @property
     def needs_reference(self) -> bool:

@@ -65,15 +65,14 @@ the share of tokens (rows, at sequence level) truncated or masked.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Literal
 
 import torch
 
+from agentic_rl.config import Config
+
 CorrectionMode = Literal["off", "tis", "mis"]
 CorrectionLevel = Literal["token", "sequence"]
-CORRECTION_MODES = ("off", "tis", "mis")
-CORRECTION_LEVELS = ("token", "sequence")
 DEFAULT_CAP = 2.0
 """TIS's cap C when `cap` is unset (the TIS paper's and verl's 2)."""
 DEFAULT_BAND = (0.5, 2.0)
@@ -81,7 +80,7 @@ DEFAULT_BAND = (0.5, 2.0)
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutCorrectionConfig:
+class RolloutCorrectionConfig(Config):
     """Importance weights w = π_old/π_sampler on the policy loss, for rollouts decoded by other
     numerics than the trainer (algorithms/rollout_correction.py). Validated at construction."""
 
@@ -109,18 +108,10 @@ class RolloutCorrectionConfig:
 
     def __post_init__(self) -> None:
         key = "rollout_correction"
-        if self.mode not in CORRECTION_MODES:
-            raise ValueError(f"{key}.mode={self.mode!r} is not one of {CORRECTION_MODES} (off: no weight; tis: truncate "
-                             "w at cap; mis: mask w outside [low, high])")
-        if self.level not in CORRECTION_LEVELS:
-            raise ValueError(f"{key}.level={self.level!r} is not one of {CORRECTION_LEVELS} (token: a weight per token; "
-                             "sequence: one per row, the geometric mean of its token weights)")
         for name, value, mode in (("cap", self.cap, "tis"), ("low", self.low, "mis"), ("high", self.high, "mis")):
             if value is not None and self.mode != mode:
                 raise ValueError(f"{key}.{name}={value} is only used by mode {mode} (mode is {self.mode!r}); "
                                  f"remove it, or set {key}.mode: {mode}")
-            if value is not None and not math.isfinite(value):
-                raise ValueError(f"{key}.{name}={value} must be a finite number")
         if self.cap is not None and self.cap < 1.0:
             raise ValueError(f"{key}.cap={self.cap} must be >= 1: a cap below 1 would shrink the weight of tokens whose "
                              f"numerics agree (w = 1), so the correction would act where there is nothing to correct; "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from agentic_rl.config import Config
 from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
 from agentic_rl.tools.base import Tool
 
@@ -136,7 +137,7 @@ def make_env(name: str, **options: Any) -> Env:
 
 
 @dataclasses.dataclass
-class EnvSpec:
+class EnvSpec(Config):
     """An environment as configs name it: `{name: arith, options: {difficulty: 2}}`. GRPO's `env`,
     an evaluation's `env`, SFT's oracle sources and reward-model pairs all embed this one type."""
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import PositiveFloat, PositiveInt, require_model
+from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
-from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig
+from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig, RolloutDtype
 
 
 @dataclasses.dataclass
-class EvalConfig:
+class EvalConfig(Config):
     """One evaluation: which problems, how many samples, how episodes are decoded."""
 
     label: str = ""
@@ -36,6 +36,11 @@ class EvalConfig:
     failures_shown: int = 3
     """Failed transcripts kept in the result."""
 
+    def __post_init__(self) -> None:
+        if self.k == 1:  # pass@1 decodes greedily: the sampling settings are only for the k samples
+            refuse_unused(self.rollout, ["temperature", "top_p", "top_k"], prefix="rollout.", used_with="k > 1",
+                          now="k is 1: pass@1 decodes greedily")
+
     @property
     def name(self) -> str:
         return self.label or self.env.name
@@ -51,7 +56,16 @@ class EvalCommandConfig(EvalConfig, PluginsConfig):
     """Also write the whole result, with per-problem outcomes, to this JSON file (for `agentic-rl compare`)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_model(self.model)
+
+
+@dataclasses.dataclass
+class AuditRolloutConfig(RolloutConfig):
+    """`agentic-rl audit`'s rollout: RolloutConfig with short episodes (the checks need few tokens)."""
+
+    max_turn_tokens: PositiveInt = 64
+    max_turns: PositiveInt = 4
 
 
 @dataclasses.dataclass
@@ -68,9 +82,9 @@ class AuditConfig(PluginsConfig):
     """Episodes per check (oracle conversations for the template, sampled episodes per dtype)."""
     seed: int = 0
     """Task and sampling seed."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(max_turn_tokens=64, max_turns=4))
+    rollout: AuditRolloutConfig = dataclasses.field(default_factory=AuditRolloutConfig)
     """How episodes are sampled (temperature 1 by default: the log-prob check needs sampled tokens)."""
-    dtypes: list[str] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
+    dtypes: list[RolloutDtype] = dataclasses.field(default_factory=lambda: ["float32", "auto"])
     """Decode precisions whose sampler log-probs are compared with the fp32 training forward
     (bfloat16 needs the fast backend: Llama and Qwen3 models). auto: bfloat16 where this machine
     runs bf16 fast, else float32 (models/precision.py); a dtype listed twice is checked once."""
@@ -79,6 +93,5 @@ class AuditConfig(PluginsConfig):
 
     def __post_init__(self) -> None:
         require_model(self.model)
-        unknown = sorted(set(self.dtypes) - {"float32", "bfloat16", "auto"})
-        if unknown or not self.dtypes:
+        if not self.dtypes:
             raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")

@@ -43,13 +43,12 @@ CONFIG_MAPPING: dict[str, str] = {
     "rollout.tool_workers": "only the default (TRL runs tool calls sequentially); other values raise",
     "rollout.enable_thinking": "chat_template_kwargs.enable_thinking (null: not passed) and our single-turn prompts",
     "rollout.device": "use_cpu = (it resolves to cpu); a built-in or `final/` base is merged there; cuda:N raises",
-    "loss.loss_type": "loss_type ('token' -> 'dapo')",
+    "loss.loss_type": "loss_type ('token' -> 'dapo'; dr_grpo divides by TRL's max_completion_length, above)",
     "loss.scale_rewards": "scale_rewards",
     "loss.epsilon, epsilon_high": "epsilon, epsilon_high",
     "loss.beta": "beta",
     "loss.kl_importance_correction": "use_bias_correction_kl (set explicitly: TRL's default is True)",
     "loss.importance_sampling_level": "importance_sampling_level",
-    "loss.max_completion_length (dr_grpo)": "must equal TRL's max_completion_length (TRL's dr_grpo denominator)",
     "advantage.mode": "only 'episode' (TRL has no per-turn advantages); gamma must stay 1.0",
     "reward_model.*": "not supported: raises when path is set",
     "updates_per_batch": "num_iterations",
@@ -192,9 +191,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
         max_completion_length = r.max_turn_tokens
         generation_kwargs = {}
         environment_factory = None
-    if loss.loss_type == "dr_grpo" and loss.max_completion_length != max_completion_length:
-        raise TRLConfigError(f"loss.max_completion_length={loss.max_completion_length} must equal TRL's max_completion_length "
-                             f"({max_completion_length}), the dr_grpo denominator there")
 
     funcs, weights = make_trl_reward_funcs(cfg.rewards, cfg.env.name, cfg.env.options)
     schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[optim.schedule]

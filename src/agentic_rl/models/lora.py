@@ -14,11 +14,11 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from transformers import PreTrainedModel
 
-from agentic_rl.config import PositiveFloat, PositiveInt
+from agentic_rl.config import Config, PositiveFloat, PositiveInt
 
 
 @dataclasses.dataclass
-class LoraConfig:
+class LoraConfig(Config):
     """LoRA settings. `enabled: false` means full fine-tuning."""
 
     enabled: bool = True
@@ -35,8 +35,6 @@ class LoraConfig:
     """Names (last path component) of the linear layers to adapt."""
 
     def __post_init__(self) -> None:
-        if self.r <= 0:
-            raise ValueError(f"lora.r must be a positive integer, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if self.enabled and not self.target_modules:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from agentic_rl.config import Config
 from agentic_rl.models.lora import LoraConfig, apply_lora, describe_trainable
 from agentic_rl.models.stage_output import load_base_and_tokenizer
 
 
 @dataclasses.dataclass
-class ModelConfig:
+class ModelConfig(Config):
     """Which model to train and how."""
 
     name: str = "smollm2-135m-instruct"

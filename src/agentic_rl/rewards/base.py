@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable, Sequence
 
+from agentic_rl.config import Config
 from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
 from agentic_rl.rollout.trajectory import Trajectory
 
@@ -75,7 +76,7 @@ def reward_parameters(name: str) -> list[str]:
 
 
 @dataclasses.dataclass
-class RewardSpec:
+class RewardSpec(Config):
     """One weighted reward term in a config."""
 
     name: str

@@ -13,7 +13,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16", "auto"]
@@ -33,14 +33,14 @@ def check_device_setting(value: object, key: str = "rollout.device") -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
+class SamplingParams(Config):
     """How the policy samples a token."""
 
-    temperature: float = 1.0
+    temperature: NonNegativeFloat = 1.0
     """Softmax temperature T > 0; 0 means greedy. Recorded log-probs use log_softmax(logits / T)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1 = off)."""
-    top_k: int = 0
+    top_k: NonNegativeInt = 0
     """Keep only the k most likely tokens (0 = off)."""
     greedy: bool = False
     """Take the argmax (same as temperature 0). Recorded log-probs are then at T = 1."""
@@ -48,12 +48,8 @@ class SamplingParams:
     """Base seed; the engine derives one generator per episode from it."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable nucleus sampling")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 
     @property
     def is_greedy(self) -> bool:
@@ -61,7 +57,7 @@ class SamplingParams:
 
 
 @dataclasses.dataclass
-class TemplateOptions:
+class TemplateOptions(Config):
     """How the chat template renders conversations (models/chat_format.py). Every rollout section
     and `sft` carry it, so demonstrations and episodes render alike."""
 
@@ -82,12 +78,12 @@ class RolloutConfig(TemplateOptions):
     """Token limit of a whole episode: prompt, policy turns and observations."""
     max_turns: PositiveInt = 6
     """Policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
-    temperature: float = 1.0
+    temperature: NonNegativeFloat = 1.0
     """Sampling temperature (0: greedy). Trainers score tokens at the same temperature. An
     evaluation decodes pass@1 greedily and uses this for its k samples."""
     top_p: float = 1.0
     """Nucleus sampling (1: off)."""
-    top_k: int = 0
+    top_k: NonNegativeInt = 0
     """Top-k sampling (0: off)."""
     backend: BackendKind = "auto"
     """Decode backend (the contract: rollout/backend.py): fast (our decode path for Llama and
@@ -108,11 +104,8 @@ class RolloutConfig(TemplateOptions):
     (grpo, ppo) decode with the model they train, on accelerate's device, so there it stays auto."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turn_tokens", "max_episode_tokens", "max_turns"):  # also when built in Python
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         check_device_setting(self.device)
-        self.sampling(seed=0)  # SamplingParams' checks, at load time
+        self.sampling(seed=0)  # SamplingParams' top_p check, at load time
 
     def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:
         """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""

@@ -22,12 +22,19 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from agentic_rl.config import require_model
+from agentic_rl.config import NonNegativeFloat, require_model
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.tools.parse import TOOL_CALL_OPEN, parse_tool_calls
+
+@dataclasses.dataclass
+class ChatRolloutConfig(RolloutConfig):
+    """`agentic-rl chat`'s rollout: RolloutConfig decoding greedily by default."""
+
+    temperature: NonNegativeFloat = 0.0
+
 
 @dataclasses.dataclass
 class ChatConfig(PluginsConfig):
@@ -37,7 +44,7 @@ class ChatConfig(PluginsConfig):
     """Built-in name, HF directory, hub id, or a stage's final/ folder."""
     env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
     """The environment whose tools (and system prompt) the agent gets, e.g. {name: gsm8k, options: {tools: [python]}}."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(temperature=0.0))
+    rollout: ChatRolloutConfig = dataclasses.field(default_factory=ChatRolloutConfig)
     """How replies are decoded (greedy by default); rollout.max_turns bounds the turns of one reply."""
     seed: int = 0
     """Sampling seed (when rollout.temperature > 0)."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from agentic_rl.config import PositiveFloat, PositiveInt, require_model
+from agentic_rl.config import Config, PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 
 
 @dataclasses.dataclass
-class HTTPLimits:
+class HTTPLimits(Config):
     """Limits on what one client may make the server read, hold or wait for (`agentic-rl serve`'s `http:`)."""
 
     max_body_bytes: PositiveInt = 4 * 2**20

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.precision import resolve_rollout_dtype
 from agentic_rl.rollout.config import RolloutConfig
@@ -28,13 +28,11 @@ class BatchRolloutConfig(RolloutConfig):
 
     batch_size: PositiveInt = 8
     """Episodes per rollout batch, over all processes: prompts × group_size."""
-    group_size: int = 4
+    group_size: PositiveInt = 4
     """G: episodes per prompt. Must divide batch_size."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.group_size < 1:
-            raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.batch_size % self.group_size:
             raise ValueError(
                 f"rollout.batch_size={self.batch_size} is not a multiple of rollout.group_size={self.group_size}. "
@@ -48,7 +46,7 @@ class BatchRolloutConfig(RolloutConfig):
 
 
 @dataclasses.dataclass
-class RewardModelTerm:
+class RewardModelTerm(Config):
     """An optional learned reward term."""
 
     path: str = ""
@@ -62,7 +60,7 @@ class RewardModelTerm:
 
 
 @dataclasses.dataclass
-class StartAuditConfig:
+class StartAuditConfig(Config):
     """The checks of `agentic-rl audit`, run on each run's first batch (training/start_audit.py)."""
 
     on_start: bool = True

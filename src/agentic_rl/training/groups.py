@@ -15,18 +15,19 @@ from typing import Any, Callable
 
 import torch
 
+from agentic_rl.config import Config, NonNegativeInt, refuse_unused
 from agentic_rl.rollout.trajectory import Trajectory
 
 
 @dataclasses.dataclass
-class SelectionConfig:
+class SelectionConfig(Config):
     """Which groups a batch trains on (see the module docstring). Both levers are off by default."""
 
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: replace zero-variance groups by groups of fresh prompts, rolled out
     in extra rounds, until every group of the batch has reward variance or `max_rounds` is spent;
     the groups still missing are filled with zero-variance ones (so the batch size never changes)."""
-    max_rounds: int = 2
+    max_rounds: NonNegativeInt = 2
     """Extra rollout rounds dynamic sampling may run per batch: the cap on its extra cost (each
     round rolls out only the missing groups)."""
     band: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
@@ -36,14 +37,15 @@ class SelectionConfig:
     recur, i.e. with a task_pool of the order of steps x prompts per step."""
 
     def __post_init__(self) -> None:
-        if self.max_rounds < 0:
-            raise ValueError(f"selection.max_rounds must be >= 0, got {self.max_rounds}")
+        if not self.dynamic_sampling:
+            refuse_unused(self, ["max_rounds"], prefix="selection.", used_with="selection.dynamic_sampling: true",
+                          now="selection.dynamic_sampling is false")
         if len(self.band) != 2 or not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
             raise ValueError(f"selection.band must be [low, high] with 0 <= low <= high <= 1, got {self.band}")
 
 
 @dataclasses.dataclass
-class GuidanceConfig:
+class GuidanceConfig(Config):
     """Guided groups (LUFFY, arXiv 2504.14945): off-policy demonstrations where on-policy RL fails."""
 
     enabled: bool = False

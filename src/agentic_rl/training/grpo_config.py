@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, NonNegativeInt, PositiveInt
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -37,7 +37,7 @@ class GRPORolloutConfig(BatchRolloutConfig):
 
 
 @dataclasses.dataclass
-class AdvantageConfig:
+class AdvantageConfig(Config):
     """What the advantage is computed from."""
 
     mode: Literal["episode", "turn", "turn_position"] = "episode"
@@ -62,6 +62,14 @@ class AdvantageConfig:
         if self.mode == "episode" and self.gamma != 1.0:
             raise ValueError(f"advantage.gamma={self.gamma} is only used by the turn modes (advantage.mode is 'episode'); "
                              "discount the episode reward in its reward term (env_steps' gamma), or set advantage.mode: turn_position")
+
+
+@dataclasses.dataclass
+class GRPOLoopConfig(LoopConfig):
+    """`agentic-rl grpo`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 50
+    output_dir: str = "runs/grpo"
 
 
 @dataclasses.dataclass
@@ -107,14 +115,15 @@ class GRPOConfig(PluginsConfig):
     and the normalisers still count it, so the update is unchanged. No effect when beta > 0 or
     loss.entropy_coef > 0 (those terms have a gradient) or for loss_type bnpo (its normaliser
     depends on the micro-batch)."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/grpo"))
+    train: GRPOLoopConfig = dataclasses.field(default_factory=GRPOLoopConfig)
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:
-        if self.updates_per_batch < 1 or self.micro_batch_size < 1:
-            raise ValueError("updates_per_batch and micro_batch_size must be >= 1")
+        if self.loss.loss_type == "dr_grpo":  # its constant denominator is derived, never a key (DR_GRPO_DENOMINATOR)
+            budget = min(self.rollout.max_turns * self.rollout.max_turn_tokens, self.rollout.max_episode_tokens)
+            self.loss = dataclasses.replace(self.loss, max_completion_length=budget)
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
         if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
             check_trainer_device(self.rollout.device)

@@ -40,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from agentic_rl.config import PositiveFloat
+from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from agentic_rl.errors import RunStopped
 from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from agentic_rl.training.common import fit_deepspeed_to_loop
@@ -48,7 +48,7 @@ from agentic_rl.training.run_dir import RunDir
 
 
 @dataclasses.dataclass
-class OptimConfig:
+class OptimConfig(Config):
     """AdamW, learning-rate schedule and gradient clipping."""
 
     lr: PositiveFloat = 1e-5
@@ -61,25 +61,21 @@ class OptimConfig:
     """AdamW epsilon."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
-    warmup_steps: int = 0
+    warmup_steps: NonNegativeInt = 0
     """Optimizer steps of linear warm-up from 0 to lr."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: NonNegativeFloat = 1.0
     """Clip the global gradient norm to this value (0 disables clipping)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.warmup_steps < 0 or self.max_grad_norm < 0:
-            raise ValueError("optim.warmup_steps and optim.max_grad_norm must be >= 0")
 
 
 @dataclasses.dataclass
-class LoopConfig:
+class LoopConfig(Config):
     """How long to train, where to write, and how often to save."""
 
-    steps: int = 100
+    steps: NonNegativeInt = 100
     """Optimizer steps."""
     seed: int = 0
     """Seed for initialisation, data order and sampling."""
@@ -87,9 +83,9 @@ class LoopConfig:
     """Run directory (run.json, config.yaml, metrics.jsonl, tb/, checkpoints/, final/); created if
     missing. Empty, a file, or a path that cannot be created is an error. A folder holds one run:
     see `resume` for what a rerun into it does."""
-    checkpoint_every: int = 0
+    checkpoint_every: NonNegativeInt = 0
     """Save a checkpoint every N steps (0: only at the end)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: PositiveInt = 2
     """How many recent checkpoints to keep."""
     resume: bool = True
     """true: continue the run in output_dir from its newest intact checkpoint, if any. Only the
@@ -104,19 +100,15 @@ class LoopConfig:
     """Autocast precision for forward/backward. bf16 needs hardware support to pay off (a CPU
     with bf16 kernels, AVX512 or AMX, or a bf16 GPU; on AVX2-only CPUs a bf16 step is many times
     slower). auto: bf16 where it is fast, else no (models/precision.py); the run logs which."""
-    log_every: int = 1
+    log_every: PositiveInt = 1
     """Log metrics every N steps."""
     progress: bool = True
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        if self.steps < 0:
-            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
         if not self.output_dir.strip():
             raise ValueError("train.output_dir is empty; set it to a folder for this run (e.g. runs/sft): an empty path "
                              "would write the run into the current directory")
-        if self.checkpoint_every < 0 or self.keep_checkpoints < 1 or self.log_every < 1:
-            raise ValueError("train.checkpoint_every >= 0, train.keep_checkpoints >= 1, train.log_every >= 1")
 
 
 class NonFiniteError(RunStopped):
@@ -172,8 +164,6 @@ class BatchObjective:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-
-StatelessObjective = BatchObjective  # the name the toy objectives of the tests use
 
 
 class Trainer:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from agentic_rl.algorithms.ppo import PPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
-from agentic_rl.config import PositiveFloat, PositiveInt
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -36,7 +36,7 @@ class PPORolloutConfig(BatchRolloutConfig):
 
 
 @dataclasses.dataclass
-class ValueConfig:
+class ValueConfig(Config):
     """The value model V(s): a scalar head read at every state the policy samples a token from."""
 
     critic: Literal["shared", "separate"] = "shared"
@@ -49,13 +49,25 @@ class ValueConfig:
     stage's `final/`), or a reward model from `agentic-rl rm` (its `final/`): then the critic is
     the RM's decoder and the value head starts from the RM's score head, so V(s) starts as the
     RM's score of the conversation up to s instead of 0. Empty: the policy's own `model.name`.
-    Ignored for critic: shared."""
+    Refused with critic: shared (the critic is then the policy itself)."""
     lr_multiplier: PositiveFloat = 1.0
     """The value head (and a separate critic) learn at optim.lr × this. Mind Adam's first steps:
     they move every weight by about the learning rate, so a zero-initialised head's value jumps
     by ≈ lr · ‖h‖₁ (h: the hidden state, 576 wide for SmolLM2). Measured on the demo's PPO with
     optim.lr 3e-4: × 10 took V from 0 to 1.17 in one step (returns average 0.3) and the value
     gradient then dominated the clipped gradient norm; × 1 is the default."""
+
+    def __post_init__(self) -> None:
+        if self.critic == "shared":
+            refuse_unused(self, ["model"], prefix="value.", used_with="value.critic: separate", now="value.critic is 'shared'")
+
+
+@dataclasses.dataclass
+class PPOLoopConfig(LoopConfig):
+    """`agentic-rl ppo`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 50
+    output_dir: str = "runs/ppo"
 
 
 @dataclasses.dataclass
@@ -91,9 +103,9 @@ class PPOConfig(PluginsConfig):
     """The audit of the first batch (prefix, mask, log-prob drift)."""
     micro_batch_size: PositiveInt = 8
     """Episodes per forward/backward on each process."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimizer (the value model's learning rate is scaled by value.lr_multiplier)."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=50, output_dir="runs/ppo"))
+    train: PPOLoopConfig = dataclasses.field(default_factory=PPOLoopConfig)
     """Loop, output and checkpoints."""
 
     def __post_init__(self) -> None:

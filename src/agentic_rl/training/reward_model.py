@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
-from agentic_rl.config import PositiveInt
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
@@ -46,7 +46,7 @@ _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
 
 
 @dataclasses.dataclass
-class PairsConfig:
+class PairsConfig(Config):
     """Where chosen/rejected pairs come from."""
 
     source: Literal["sampled", "corrupted"] = "corrupted"
@@ -67,6 +67,28 @@ class PairsConfig:
     """For source=sampled: how attempts are decoded (limits, temperature, backend, device); for
     both sources, enable_thinking renders the pairs."""
 
+    def __post_init__(self) -> None:
+        if self.source != "sampled":  # corrupted pairs: one per oracle demonstration, nothing decoded
+            why = dict(used_with="pairs.source: sampled", now=f"pairs.source is {self.source!r}")
+            refuse_unused(self, ["policy", "samples_per_task", "max_pairs_per_task"], prefix="pairs.", **why)
+            decoding = [f.name for f in dataclasses.fields(self.rollout) if f.name != "enable_thinking"]
+            refuse_unused(self.rollout, decoding, prefix="pairs.rollout.", **why)
+
+
+@dataclasses.dataclass
+class RMLoopConfig(LoopConfig):
+    """`agentic-rl rm`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 30
+    output_dir: str = "runs/rm"
+
+
+@dataclasses.dataclass
+class RMOptimConfig(OptimConfig):
+    """`agentic-rl rm`'s optimizer: OptimConfig with this command's own learning rate."""
+
+    lr: PositiveFloat = 1e-4
+
 
 @dataclasses.dataclass
 class RMConfig(PluginsConfig):
@@ -78,9 +100,9 @@ class RMConfig(PluginsConfig):
     """Pair source."""
     batch_size: PositiveInt = 8
     """Pairs per optimizer step (over all processes)."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=1e-4))
+    optim: RMOptimConfig = dataclasses.field(default_factory=RMOptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=30, output_dir="runs/rm"))
+    train: RMLoopConfig = dataclasses.field(default_factory=RMLoopConfig)
     """Loop, output and checkpoints."""
 
 

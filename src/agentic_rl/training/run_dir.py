@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from agentic_rl.config import settings
 from agentic_rl.strict_json import dumps, loads_strict, write_json
 from agentic_rl.training.metric_keys import glossary_key
 
@@ -49,7 +50,7 @@ class RunDir:
         if record is not None:
             write_json(self.path / RECORD, {**record, "finished": None})  # before config.yaml: it is what a rerun checks
         if config is not None:
-            data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
+            data = settings(config) if dataclasses.is_dataclass(config) else config  # derived values left out: it loads back
             (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

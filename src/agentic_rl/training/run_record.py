@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from agentic_rl.config import ConfigError
+from agentic_rl.config import ConfigError, settings
 from agentic_rl.strict_json import dumps, loads_strict
 from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, step_of
 from agentic_rl.training.run_dir import RECORD, RunDir
@@ -189,7 +189,7 @@ def _restore_history(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_ready(cfg: Any) -> dict[str, Any]:
-    data = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    data = settings(cfg) if dataclasses.is_dataclass(cfg) else cfg
     return loads_strict(dumps(data))
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
@@ -33,7 +34,7 @@ from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unw
 
 
 @dataclasses.dataclass
-class DemoSource:
+class DemoSource(Config):
     """Where demonstrations come from."""
 
     kind: Literal["oracle", "jsonl"] = "oracle"
@@ -43,7 +44,7 @@ class DemoSource:
     """Environment for kind=oracle, with its options (e.g. {name: arith, options: {difficulty: [1, 2]}})."""
     split: Literal["train", "test"] = "train"
     """Task split for kind=oracle (keep test for evaluation)."""
-    n: int = 64
+    n: PositiveInt = 64
     """Number of oracle episodes for kind=oracle. An episode whose env changes the context (memory's
     window) gives one demonstration per token sequence, each with the context the policy saw."""
     path: str = ""
@@ -60,8 +61,11 @@ class DemoSource:
     def __post_init__(self) -> None:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("sft.sources[].path is required when kind is jsonl")
-        if self.n <= 0:
-            raise ValueError(f"sft.sources[].n must be > 0, got {self.n}")
+        if self.kind == "jsonl":
+            unused, used_with = ["env", "split", "n"], "sft.sources[].kind: oracle"
+        else:
+            unused, used_with = ["path"], "sft.sources[].kind: jsonl"
+        refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}")
         if self.max_repeats is not None and self.max_repeats < 1:
@@ -69,12 +73,12 @@ class DemoSource:
 
 
 @dataclasses.dataclass
-class SFTBatchConfig:
+class SFTBatchConfig(Config):
     """Batching."""
 
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Demonstrations per optimizer step (over all processes)."""
-    micro_batch_size: int = 8
+    micro_batch_size: PositiveInt = 8
     """Demonstrations per forward/backward; gradients accumulate up to batch_size."""
     normaliser: Literal["step", "dataset"] = "step"
     """What the summed token loss of a step is divided by. step: the step's trained tokens, so each
@@ -83,11 +87,20 @@ class SFTBatchConfig:
     weighs ~5x a long one's). dataset: batch_size x the mean trained tokens per demonstration, one
     constant, so every trained token weighs the same in whichever step it lands."""
 
-    def __post_init__(self) -> None:
-        if self.batch_size <= 0 or self.micro_batch_size <= 0:
-            raise ValueError("batch.batch_size and batch.micro_batch_size must be > 0")
-        if self.normaliser not in ("step", "dataset"):
-            raise ValueError(f"batch.normaliser must be step or dataset, got {self.normaliser!r}")
+
+@dataclasses.dataclass
+class SFTLoopConfig(LoopConfig):
+    """`agentic-rl sft`'s loop: LoopConfig with this command's own defaults."""
+
+    steps: NonNegativeInt = 25
+    output_dir: str = "runs/sft"
+
+
+@dataclasses.dataclass
+class SFTOptimConfig(OptimConfig):
+    """`agentic-rl sft`'s optimizer: OptimConfig with this command's own learning rate."""
+
+    lr: PositiveFloat = 3e-4
 
 
 @dataclasses.dataclass
@@ -100,9 +113,9 @@ class SFTConfig(PluginsConfig, TemplateOptions):
     """Demonstration sources, concatenated."""
     batch: SFTBatchConfig = dataclasses.field(default_factory=SFTBatchConfig)
     """Batching."""
-    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(lr=3e-4))
+    optim: SFTOptimConfig = dataclasses.field(default_factory=SFTOptimConfig)
     """Optimizer."""
-    train: LoopConfig = dataclasses.field(default_factory=lambda: LoopConfig(steps=25, output_dir="runs/sft"))
+    train: SFTLoopConfig = dataclasses.field(default_factory=SFTLoopConfig)
     """Loop, output and checkpoints."""
 
 

@@ -1,0 +1,91 @@
+"""Config documentation: the docstring under each field, and `agentic-rl config <command>`'s
+listing of every key with its type and the default a run gets (config.py loads and checks;
+this reads the same dataclasses).
+
+    for line in describe(GRPOConfig): print(line)
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from agentic_rl.config import _derived
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (string literal after the annotation),
+    inherited fields included (a subclass's own docs win)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def field_help(cls: type, key: str) -> str:
+    """'doc (default D)' of the dotted `key` of dataclass `cls` (for CLI flags)."""
+    *sections, leaf = key.split(".")
+    for section in sections:
+        field = next(f for f in dataclasses.fields(cls) if f.name == section)
+        cls = get_type_hints(cls)[section]
+        if get_origin(cls) in (Union, types.UnionType):  # an optional section, e.g. serve's `env: EnvSpec | None`
+            cls = next(arg for arg in get_args(cls) if arg is not type(None))
+            if field.default is None:  # off by default: its keys' defaults apply once it is set
+                return f"{field_docs(cls).get(leaf, '')} (default: none, {section} is unset)"
+    return f"{field_docs(cls).get(leaf, '')} (default {_leaf_default(next(f for f in dataclasses.fields(cls) if f.name == leaf))!r})"
+
+
+def describe(cls: type, prefix: str = "") -> list[str]:
+    """One line per leaf key: `key (type, default): doc`, recursing into nested configs.
+
+    A default is read where it is declared, on the field of its class: a section whose command
+    has other defaults is a subclass that redeclares them (GRPOLoopConfig's steps 50), never a
+    factory that builds the class with other values (then `describe` would have to build it to
+    know them); `check_section_default` refuses such a factory."""
+    lines = []
+    docs = field_docs(cls)
+    hints = get_type_hints(cls)
+    marked = get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if _derived(marked[f.name]) is not None:
+            continue  # not a key
+        if dataclasses.is_dataclass(hint):
+            check_section_default(cls, f, hint)
+            lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
+            continue
+        type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f)!r}): {docs.get(f.name, '')}")
+    return lines
+
+
+def check_section_default(cls: type, field: dataclasses.Field, section: type) -> None:
+    """TypeError unless the nested section `field` of `cls` defaults to its class's own defaults
+    (default_factory is the class itself): each default is declared once, where it is read."""
+    if field.default_factory is not section:  # type: ignore[misc]
+        raise TypeError(f"{cls.__name__}.{field.name}: a section's default must be default_factory={section.__name__}, its "
+                        "class's own defaults; declare a subclass that redeclares the fields whose default differs")
+
+
+def _leaf_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"  # type: ignore[misc]
