@@ -153,7 +153,7 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_
 
     cfg = grpo_cfg(tmp_path, "loss.beta=0.04")
     _, objective, batch = first_batch(cfg)  # non-zero LoRA B: the adapters change the log-probs
-    assert objective.reference is None
+    assert objective.episodes.reference is None
     t = batch.tensors
     with torch.no_grad():
         base, _ = sequence_logprobs(tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask,
