@@ -379,3 +379,6 @@ def test_a_runs_config_yaml_loads_back_without_its_derived_values(tmp_path):
     assert "max_completion_length" not in path.read_text()
     again = load_config(GRPOConfig, path)
     assert again == cfg
+    old = tmp_path / "old.yaml"  # written before the field was derived: it holds the key, unset
+    old.write_text("model: {name: tiny-qwen3}\nloss: {loss_type: dr_grpo, max_completion_length: null}\n")
+    assert load_config(GRPOConfig, old) == cfg

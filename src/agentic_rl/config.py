@@ -276,6 +276,8 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
     kwargs = {}
     for name, value in data.items():
         derived = _derived(hints[name])
+        if derived is not None and value is None:
+            continue  # unset, as config files written before the field was derived spell it: nothing to refuse or use
         if derived is not None:
             raise ConfigError(f"{source}: '{prefix}{name}' is not a setting: it is derived ({derived.why}); remove it")
         field_default = _nested_default(fields[name], hints[name])
