@@ -202,7 +202,7 @@ def _baseline_and_divisor(
     baseline = mean.repeat_interleave(group_size)  # (B,)
     # One sample has no std (torch.std would be NaN): leave it unscaled, as TRL does in eval.
     # Nor do equal rewards: their std is 0, and they are left unscaled too. Their own centred values
-    # are exactly 0, so this changes nothing for them; it matters for `turn_advantages`, whose
+    # are exactly 0, so this changes nothing for them; it matters for `turn_credit.turn_advantages`, whose
     # per-turn returns differ from the episode returns, and which must not divide those differences
     # by eps alone (a group of eight equal failures gave advantages of ~6000 that way).
     if scale == "group" and group_size > 1:
