@@ -17,33 +17,9 @@ import time
 from pathlib import Path
 
 from agentic_rl.config import load_config
-from agentic_rl.envs.arith import ArithEnv
-from agentic_rl.envs.base import StepResult, register_env
-from agentic_rl.rewards.base import register_reward
 
-
-@register_reward("token_parity")
-def token_parity(traj) -> float:
-    """Share of the episode's policy tokens with an even id: varies per sample, so groups carry variance."""
-    ids = [i for i, m in zip(traj.input_ids, traj.loss_mask) if m]
-    return sum(i % 2 == 0 for i in ids) / max(1, len(ids))
-
-
-@register_env("ragged_arith")
-class RaggedArith(ArithEnv):
-    """arith whose first turn, when its text has an odd length, earns 0.2 and asks for another turn."""
-
-    name = "ragged_arith"
-
-    def reset(self, task):
-        self._turn = 0
-        return super().reset(task)
-
-    def step(self, action_text):
-        self._turn += 1
-        if self._turn == 1 and len(action_text) % 2:
-            return StepResult(observation=[{"role": "user", "content": "Go on."}], reward=0.2, done=False)
-        return super().step(action_text)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import helpers_training  # noqa: E402,F401  (registers the token_parity reward and the ragged_arith env the runs use)
 
 
 TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "rollout.batch_size=4", "rollout.group_size=2",

@@ -48,6 +48,7 @@ from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.rewards.base import RewardComposer, RewardSpec
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
+from agentic_rl.training.gather import combine_drift, gather_in_global_order, gather_objects, sum_over_processes
 from agentic_rl.training.groups import Group, PromptSelector
 from agentic_rl.training.scoring import unwrap_policy
 from agentic_rl.training.start_audit import AuditFailed, StartAudit
@@ -303,6 +304,15 @@ class Episodes:
                 print(f"{rank}episode failed (task {traj.task_id}): {traj.info.get('error')}", flush=True)
         return metrics
 
+    def batch_for(self, step: int, batch: Any, roll_out: Callable[[int], Any]) -> Any:
+        """The rollout batch step `step` trains on: `roll_out(step)` every μ = updates_per_batch
+        steps (or when there is none yet), else `batch` again; its staleness (updates since it was
+        sampled) set."""
+        if step % self.cfg.updates_per_batch == 0 or batch is None:
+            batch = roll_out(step)
+        batch.staleness = self.engine.weights_version - batch.weights_version
+        return batch
+
     # ---------------------------------------------------------------- after each optimizer step
 
     def after_update(self, batch: Any) -> dict[str, float]:
@@ -328,49 +338,6 @@ class Episodes:
         self.selector.outcomes = {task: tuple(counts) for task, counts in state.get("outcomes", {}).items()}
         self.engine.sync_weights(int(state.get("weights_version", 0)))  # the backend reads the restored weights
         return state.get("cached")
-
-
-# ---------------------------------------------------------------- gathering across processes
-
-def gather_in_global_order(acc: Any, local: torch.Tensor) -> torch.Tensor:
-    """(B, ...) every process's rows of `local` (B_local, ...), put back in global row order (the stride split)."""
-    if acc.num_processes == 1:
-        return local
-    gathered = acc.gather(local.to(acc.device)).cpu()  # (B,) as [rank0 rows..., rank1 rows...]
-    world, per_rank = acc.num_processes, local.shape[0]
-    order = torch.empty_like(gathered)
-    for rank in range(world):
-        order[rank::world] = gathered[rank * per_rank : (rank + 1) * per_rank]
-    return order  # (B,) in global row order
-
-
-def gather_objects(acc: Any, local: list) -> list:
-    """Every process's list entries, in global row order (the stride split)."""
-    if acc.num_processes == 1:
-        return local
-    from accelerate.utils import gather_object
-
-    flat = gather_object([local])
-    world = acc.num_processes
-    out = [None] * sum(len(part) for part in flat)
-    for rank, part in enumerate(flat):
-        out[rank::world] = part
-    return out
-
-
-def combine_drift(acc: Any, total: float, count: int, largest: float) -> tuple[float, int, float]:
-    """(sum, count, max) of the audit's log-prob drift over all processes."""
-    if acc.num_processes == 1:
-        return total, count, largest
-    sums = acc.reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum").cpu()
-    largest = float(acc.gather(torch.tensor([largest], dtype=torch.float64, device=acc.device)).max().cpu())
-    return float(sums[0]), int(sums[1]), largest
-
-
-def sum_over_processes(acc: Any, value: float) -> float:
-    if acc.num_processes == 1:
-        return value
-    return float(acc.reduce(torch.tensor([value], dtype=torch.float64, device=acc.device), reduction="sum").cpu()[0])
 
 
 def rewards_per_turn(trajs: list[Trajectory], totals: list[float], specs: list[RewardSpec]) -> list[list[float]]:

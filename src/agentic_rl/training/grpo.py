@@ -48,12 +48,12 @@ from agentic_rl.training.episodes import (
     Collected,
     Episodes,
     episode_token_shares,
-    gather_objects,
     pad_micro_batches,
     rewards_per_turn,
     train_on_policy,
 )
 from agentic_rl.training.batches import MicroBatch, RolloutBatch
+from agentic_rl.training.gather import gather_objects
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import guide
 from agentic_rl.training.loop import Trainer
@@ -90,11 +90,8 @@ class GRPO:
                           "time/optimizer": time.perf_counter() - started}
 
     def batch_for(self, step: int) -> RolloutBatch:
-        """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps,
-        the cached one in between; its staleness (updates since it was sampled) set."""
-        if step % self.cfg.updates_per_batch == 0 or self.batch is None:
-            self.batch = self.rollout_batch(step)
-        self.batch.staleness = self.episodes.engine.weights_version - self.batch.weights_version
+        """The rollout batch step `step` trains on (Episodes.batch_for: fresh every μ steps)."""
+        self.batch = self.episodes.batch_for(step, self.batch, self.rollout_batch)
         return self.batch
 
     def rollout_batch(self, step: int) -> RolloutBatch:
