@@ -118,6 +118,35 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
 
 
+def test_a_lora_reward_model_loads_back_from_its_folder_and_scores_as_trained(tmp_path):
+    """The folder `agentic-rl rm` leaves is the reward term's and the critic's input: loaded back,
+    it scores exactly as the model that was saved. Its base comes from the folder's own record,
+    through our loader: PEFT's adapter config names no usable base for tiny-qwen3 (null) and, for
+    SmolLM2, a cache directory of the machine that trained, so loading through it fails elsewhere."""
+    from agentic_rl.models.policy import ModelConfig
+    from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, load_trained_reward_model, save_reward_model
+
+    classifier, tokenizer, base = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # as if trained: adapters off zero, the score head moved
+        for name, param in classifier.named_parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    input_ids = torch.randint(1, 1000, (3, 17), generator=generator)  # (B, T)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 12:] = 0
+    input_ids[1, 12:] = tokenizer.pad_token_id
+    with torch.no_grad():
+        expected = RewardScorer(classifier.eval())(input_ids, attention_mask)  # (B,)
+    save_reward_model(classifier, tokenizer, tmp_path / "final", base)
+
+    scorer, _ = load_trained_reward_model(tmp_path / "final")
+    with torch.no_grad():
+        scores = scorer(input_ids, attention_mask)
+    assert float(expected.std()) > 1e-3, "the scores must differ between rows for the comparison to mean anything"
+    torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_corrupted_pairs_refuse_an_env_that_drops_turns():
     """memory's episodes are several token sequences: a corrupted re-render of the whole
     conversation would differ from the chosen side in shape, not only in its answer."""

@@ -49,32 +49,39 @@ class RewardScorer(torch.nn.Module):
 
 def load_reward_model(cfg: ModelConfig, device: Any = "cpu", log=print):
     """(classifier with LoRA per cfg, tokenizer, base name)."""
+    classifier, tokenizer = base_classifier(cfg.name, cfg.dtype, device)
+    classifier = apply_lora(classifier, cfg.lora, task_type="SEQ_CLS").to(device)
+    if not cfg.lora.enabled:
+        classifier.requires_grad_(True)
+    log(describe_trainable(classifier))
+    return classifier, tokenizer, cfg.name
+
+
+def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
+    """(a sequence classifier with a fresh Linear(H, 1) score head and no adapters, tokenizer) on the
+    model `name`: a built-in name, a model directory, a hub id, or a previous stage's LoRA folder
+    (merged first)."""
     from transformers import AutoModelForSequenceClassification
 
     from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
 
-    if cfg.name == TINY_QWEN3:
+    if name == TINY_QWEN3:
         from transformers import Qwen3ForSequenceClassification
 
         config = build_tiny_qwen3().config
         config.num_labels = 1
         torch.manual_seed(0)
-        classifier, tokenizer, base = Qwen3ForSequenceClassification(config), load_tokenizer(TINY_QWEN3), TINY_QWEN3
-    elif (Path(cfg.name) / "config.json").exists() or cfg.name in BUILTIN_MODELS or "/" in cfg.name and not Path(cfg.name).exists():
-        path = resolve_model_path(cfg.name)
-        tokenizer, base = load_tokenizer(cfg.name), cfg.name
-        classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=DTYPES[cfg.dtype])
+        classifier, tokenizer = Qwen3ForSequenceClassification(config).to(DTYPES[dtype]), load_tokenizer(TINY_QWEN3)
+    elif (Path(name) / "config.json").exists() or name in BUILTIN_MODELS or "/" in name and not Path(name).exists():
+        tokenizer = load_tokenizer(name)
+        classifier = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(name), num_labels=1, dtype=DTYPES[dtype])
     else:  # a previous stage's LoRA folder: merge it, then add a score head
-        base_model, tokenizer, base = load_base_and_tokenizer(cfg.name, cfg.dtype, device)
+        base_model, tokenizer, _ = load_base_and_tokenizer(name, dtype, device)
         with tempfile.TemporaryDirectory() as staging:
             base_model.save_pretrained(staging)
-            classifier = AutoModelForSequenceClassification.from_pretrained(staging, num_labels=1, dtype=DTYPES[cfg.dtype])
+            classifier = AutoModelForSequenceClassification.from_pretrained(staging, num_labels=1, dtype=DTYPES[dtype])
     classifier.config.pad_token_id = tokenizer.pad_token_id
-    classifier = apply_lora(classifier, cfg.lora, task_type="SEQ_CLS").to(device)
-    if not cfg.lora.enabled:
-        classifier.requires_grad_(True)
-    log(describe_trainable(classifier))
-    return classifier, tokenizer, base
+    return classifier.to(device), tokenizer
 
 
 def save_reward_model(classifier: torch.nn.Module, tokenizer: Any, folder: str | Path, base: str) -> None:
@@ -93,10 +100,13 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
         raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
     meta = read_json(folder / RM_RECORD, "restore it, or train the reward model again with `agentic-rl rm`")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if meta.get("lora"):
-        from peft import AutoPeftModelForSequenceClassification
+    if meta.get("lora"):  # the base from the record, through our loader: the adapters' own base path is
+        from peft import PeftModel  # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
 
-        classifier = AutoPeftModelForSequenceClassification.from_pretrained(folder, num_labels=1).merge_and_unload()
+        if not meta.get("base"):
+            raise ValueError(f"{folder / RM_RECORD} has no 'base' (the model its adapters sit on); train it again with `agentic-rl rm`")
+        classifier, _ = base_classifier(meta["base"], "float32", device)
+        classifier = PeftModel.from_pretrained(classifier, folder).merge_and_unload()
     else:
         classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
     return RewardScorer(classifier.eval().to(device)), tokenizer
