@@ -233,7 +233,7 @@ def check_evaluation(model, tokenizer, args) -> dict:
     policy, policy_tokenizer, _ = load_for_decoding("tiny-qwen3", "auto")
     device = next(policy.parameters()).device
     loaded_s = time.perf_counter() - begun
-    cfg = EvalConfig(n=16, batch_size=16,
+    cfg = EvalConfig(n=16, max_concurrent=16,
                      rollout=RolloutConfig(max_turn_tokens=32, max_turns=2, device="auto", dtype="auto"))
     begun = time.perf_counter()
     result = evaluate(policy, policy_tokenizer, cfg, progress=False)

@@ -46,7 +46,7 @@ def main() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "agentic_rl.cli", "serve", "--model", args.model, "--port", str(port), "--dtype", args.dtype,
-               "--max-batch", str(max(args.concurrent, 1)), "--max-turn-tokens", str(args.max_tokens)]
+               "--max-concurrent", str(max(args.concurrent, 1)), "--max-turn-tokens", str(args.max_tokens)]
     command += ["--env", args.env] if args.env else []
     server = subprocess.Popen(command, env=os.environ.copy())
     try:

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from agentic_rl.cli import parse_options
+from agentic_rl.cli_flags import parse_options
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.stage_output import load_base_and_tokenizer

@@ -88,7 +88,7 @@ for name in names:
         else:
             from agentic_rl.training.sft import SFTConfig, train_sft
             r = train_sft(load_config(SFTConfig, None, overrides=["model.name=tiny-qwen3", "model.lora.r=4", "train.steps=3", "train.progress=false",
-                f"train.output_dir={out}", "train.resume=false", "sources=[{env: {name: arith}, n: 16}]", "batch.batch_size=4"]))
+                f"train.output_dir={out}", "train.resume=false", "sources=[{env: {name: arith}, n: 16}]", "batch_size=4"]))
         hist = [{k: v for k, v in row.items() if not k.startswith("time/") and "per_second" not in k} for row in r["history"]]
         result[name] = {"history": hist, "final": digest(Path(r["final"]))}
     except Exception as exc:  # record and go on

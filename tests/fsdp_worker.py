@@ -31,7 +31,7 @@ def sft_cfg(output_dir: Path, mode: str) -> SFTConfig:
     two sides' weights differ by about their gradients' rounding, times lr/eps."""
     return load_config(SFTConfig, None, overrides=[
         "model.name=tiny-qwen3", "model.lora.r=4", f"model.lora.enabled={'true' if mode == 'lora' else 'false'}",
-        "optim.lr=1e-2", "optim.eps=1e-3", "batch.batch_size=4", "batch.micro_batch_size=1",
+        "optim.lr=1e-2", "optim.eps=1e-3", "batch_size=4", "micro_batch_size=1",
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
         f"train.output_dir={output_dir}", "train.progress=false", "train.steps=1", "train.resume=false",
     ])

@@ -76,7 +76,7 @@ def scripted_server(tokenizer, turns_per_request, agent_tools=None, http=HTTPLim
     runner = ScriptRunner(scripts, len(tokenizer), received=received)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, LIMITS,
                            SamplingParams(temperature=1.0))
-    worker = EngineWorker(engine, max_batch=16, batch_window_s=0.01)
+    worker = EngineWorker(engine, max_concurrent=16, batch_window_s=0.01)
     port = free_port()
     app = build_app(ServedModel("scripted", LIMITS, worker, agent_tools, http=http))
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", **uvicorn_options(http)))

@@ -1,6 +1,7 @@
 """The config loader is strict: every key is used or rejected (DESIGN.md invariant 6)."""
 
 import dataclasses
+import re
 from typing import Literal
 
 import pytest
@@ -231,7 +232,7 @@ _BAD_VALUES = [  # (command, dotted key, bad value as --set writes it, the same 
     ("grpo", "rollout_correction.mode", "weird", "weird"),
     ("ppo", "loss.kl_mode", "both", "both"),
     ("ppo", "value.lr_multiplier", ".nan", float("nan")),
-    ("sft", "batch.micro_batch_size", "0", 0),
+    ("sft", "micro_batch_size", "0", 0),
     ("sft", "train.steps", "-1", -1),
     ("rm", "optim.lr", "0", 0),
     ("serve", "http.max_body_bytes", "0", 0),
@@ -382,3 +383,63 @@ def test_a_runs_config_yaml_loads_back_without_its_derived_values(tmp_path):
     old = tmp_path / "old.yaml"  # written before the field was derived: it holds the key, unset
     old.write_text("model: {name: tiny-qwen3}\nloss: {loss_type: dr_grpo, max_completion_length: null}\n")
     assert load_config(GRPOConfig, old) == cfg
+
+
+# ------------------------------------------------------------------ one name per concept
+
+_SIZE_NAMES = {  # the last part of every key that names a size of a batch, in every command
+    "batch_size": "examples per optimizer step (SFT demonstrations, RM pairs); in GRPO/PPO, rollout.batch_size: "
+                  "episodes per rollout batch, which feeds updates_per_batch optimizer steps",
+    "micro_batch_size": "examples per forward/backward on each process (SFT, GRPO, PPO)",
+    "max_concurrent": "episodes decoded at once (eval, serve)",
+    "updates_per_batch": "μ, optimizer steps per rollout batch",
+    "batch_window_ms": "serve: how long a batch waits for more requests (a time, not a size)",
+    "max_concurrent_requests": "serve's http: requests admitted at once, decoding or waiting for a slot",
+}
+
+
+@pytest.mark.parametrize("command", ["sft", "rm", "grpo", "ppo", "pipeline", "eval", "serve", "audit", "chat"])
+def test_every_command_names_each_batch_size_with_one_of_the_same_few_names(command):
+    """Guards against a fourth name for a size that already has one (eval's batch_size meaning
+    episodes decoded at once beside GRPO's meaning episodes per step; serve's max_batch; SFT's
+    nested batch.micro_batch_size beside GRPO's top-level micro_batch_size)."""
+    from agentic_rl.cli import _config_class
+
+    required = [] if command in ("sft", "rm", "grpo", "ppo", "pipeline") else ["model=tiny-qwen3"]
+    keys = _leaves(load_config(_config_class(command), None, required))
+    for key in keys:
+        leaf = key.split(".")[-1]
+        if "batch" in leaf or "concurrent" in leaf:
+            assert leaf in _SIZE_NAMES, key
+        if leaf == "micro_batch_size":  # next to the step's own size: no nested section of its own
+            assert key in ("micro_batch_size", "sft.micro_batch_size", "grpo.micro_batch_size", "ppo.micro_batch_size"), key
+
+
+@pytest.mark.parametrize("command, override, message", [
+    ("eval", "batch_size=8", "unknown key 'batch_size' ('batch_size' is now max_concurrent (episodes decoded at once))"),
+    ("serve", "max_batch=8", "unknown key 'max_batch' ('max_batch' is now max_concurrent (requests decoded at once))"),
+    ("sft", "batch.batch_size=8", "unknown key 'batch' ('batch' is now the top-level keys batch_size, micro_batch_size and normaliser)"),
+    ("pipeline", "evals=[{batch_size: 8}]", "unknown key 'evals[0].batch_size' ('batch_size' is now max_concurrent"),
+    ("pipeline", "sft.batch={batch_size: 8}", "unknown key 'sft.batch' ('batch' is now the top-level keys"),
+])
+def test_an_old_name_is_refused_with_the_new_one(command, override, message):
+    """Guards against a config written before a rename failing with a bare "unknown key", or, worse,
+    the old name still read: the message names where the key went."""
+    from agentic_rl.cli import _config_class
+
+    required = [] if command in ("sft", "pipeline") else ["model=tiny-qwen3"]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(_config_class(command), None, required + [override])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--model", "tiny-qwen3", "--batch-size", "8"], "--batch-size is now --max-concurrent"),
+    (["serve", "--model", "tiny-qwen3", "--max-batch", "8"], "--max-batch is now --max-concurrent"),
+])
+def test_an_old_flag_is_refused_with_the_new_one(argv, message, capsys):
+    """Guards against argparse's bare "unrecognized arguments" for a flag that was renamed."""
+    from agentic_rl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

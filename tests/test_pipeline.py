@@ -149,7 +149,7 @@ def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
     from agentic_rl.evaluation.config import EvalConfig
     from agentic_rl.pipeline import _evaluate
 
-    cfg = load_config(EvalConfig, None, ["env.options={difficulty: 1}", "n=3", "batch_size=3", "rollout.max_turn_tokens=4"])
+    cfg = load_config(EvalConfig, None, ["env.options={difficulty: 1}", "n=3", "max_concurrent=3", "rollout.max_turn_tokens=4"])
     lines: list[str] = []
     result = _evaluate("tiny-qwen3", [cfg], lines.append)
     assert result["evals"][cfg.name]["finish_reasons"] == {"max_turn_tokens": 1.0}

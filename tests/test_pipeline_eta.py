@@ -21,12 +21,12 @@ def _cfg(*overrides: str) -> PipelineConfig:
 
 def test_an_rl_stage_is_estimated_from_the_sft_step_and_the_evaluation_episode():
     """Guards against an estimate that ignores the RL stage's batch, rounds or updates."""
-    cfg = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch.batch_size=8",
+    cfg = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch_size=8",
                "grpo.selection.dynamic_sampling=true", "grpo.updates_per_batch=1", "grpo.old_logprobs=detach")
     rollout = 32 * (120.0 / 356) * 1.5  # episodes x seconds per evaluated episode x the dynamic-sampling round
     training = 1 * 32 * (280.0 / 28) / 8  # updates x episodes x SFT seconds per demonstration
     assert estimate_seconds(cfg, "grpo", DONE) == pytest.approx(12 * (rollout + training) + 20.0)
-    mu2 = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch.batch_size=8",
+    mu2 = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch_size=8",
                "grpo.selection.dynamic_sampling=false", "grpo.selection.max_rounds=2", "grpo.updates_per_batch=2",
                "grpo.old_logprobs=recompute")  # max_rounds back to its default: without dynamic sampling it is unused
     # train.steps counts updates: 12 steps at μ = 2 are 6 rollout batches, each rescored once (a

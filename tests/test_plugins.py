@@ -286,7 +286,7 @@ def test_a_spawned_pipeline_stage_imports_the_configs_plugins(tmp_path):
                       .replace('"few_tokens"', '"stage_few_tokens"'))
     cfg = load_config(PipelineConfig, None, [
         "model=tiny-qwen3", f"output_dir={tmp_path / 'run'}",
-        "evals=[{label: cubes, env: {name: stage_cubes}, n: 2, batch_size: 2, rollout: {max_turn_tokens: 4, max_turns: 1}}]",
+        "evals=[{label: cubes, env: {name: stage_cubes}, n: 2, max_concurrent: 2, rollout: {max_turn_tokens: 4, max_turns: 1}}]",
     ], plugins=[str(plugin)])
     worker = multiprocessing.get_context("spawn").Process(target=_run_stage, args=(cfg, "eval_base"))
     worker.start()
@@ -301,10 +301,11 @@ model: tiny-qwen3
 plugins: [{plugin}]
 output_dir: {out}
 evals:
-  - {{label: cubes, env: {{name: cubes, options: {{max_base: 5}}}}, n: 2, batch_size: 2, rollout: {{max_turn_tokens: 8, max_turns: 2}}}}
+  - {{label: cubes, env: {{name: cubes, options: {{max_base: 5}}}}, n: 2, max_concurrent: 2, rollout: {{max_turn_tokens: 8, max_turns: 2}}}}
 sft:
   sources: [{{kind: oracle, env: {{name: cubes}}, n: 4}}]
-  batch: {{batch_size: 4, micro_batch_size: 4}}
+  batch_size: 4
+  micro_batch_size: 4
   train: {{steps: 1, progress: false}}
 rm:
   pairs: {{source: corrupted, env: {{name: cubes}}, tasks: 4, heldout_tasks: 2}}

@@ -93,7 +93,7 @@ for line in json.loads(sys.argv[1]):
     if args.command in cli.TRAIN_COMMANDS:
         load_config(cli._config_class(args.command), args.config, args.set, plugins=args.plugin)
     elif args.command in FLAGS:
-        cli._load_flagged(args, FLAGS[args.command], cli._config_class(args.command))
+        cli.load_flagged(args, FLAGS[args.command], cli._config_class(args.command))
     elif args.command in ("envs", "tools", "rewards"):
         assert cli.main(argv) == 0, line
     checked.append(args.command)

@@ -78,9 +78,9 @@ def test_zero_or_negative_where_a_positive_number_is_needed_is_rejected(config, 
 
 
 def test_eval_flags_go_through_the_same_checks(capsys):
-    """Guards against `agentic-rl eval --batch-size 0` building a config the loader would reject."""
-    assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--batch-size", "0"]) == 2
-    assert "'batch_size' must be > 0" in capsys.readouterr().err
+    """Guards against `agentic-rl eval --max-concurrent 0` building a config the loader would reject."""
+    assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--max-concurrent", "0"]) == 2
+    assert "'max_concurrent' must be > 0" in capsys.readouterr().err
 
 
 def test_duplicate_yaml_keys_are_rejected_with_the_key_and_lines(tmp_path):

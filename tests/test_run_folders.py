@@ -18,7 +18,7 @@ from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.run_dir import read_metrics
 from agentic_rl.training.sft import SFTConfig, train_sft
 
-TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "batch.batch_size=4", "batch.micro_batch_size=4",
+TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "batch_size=4", "micro_batch_size=4",
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]", "train.progress=false"]
 
 

@@ -31,7 +31,7 @@ def _demos(tokenizer, n: int = 2, difficulty: int = 2):
 def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
     return load_config(SFTConfig, None, overrides=[
         "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
-        "batch.batch_size=4", "batch.micro_batch_size=2",
+        "batch_size=4", "micro_batch_size=2",
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
         f"train.output_dir={output_dir}", "train.progress=false", *extra,
     ])
@@ -252,7 +252,7 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
 
 @pytest.mark.parametrize("normaliser", ["step", "dataset"])
 def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokenizer, normaliser):
-    """batch.normaliser on memory's demonstrations, where `Next.` (3 trained tokens with the end of
+    """normaliser on memory's demonstrations, where `Next.` (3 trained tokens with the end of
     turn) sits beside tool calls of ~25 and length bucketing puts the `Next.` ones in steps of
     their own. dataset: every trained token of an epoch weighs exactly 1 / (batch_size x mean
     trained tokens). step: a step is its own token mean, so a `Next.` token weighs more than a
@@ -261,11 +261,11 @@ def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokeniz
     from types import SimpleNamespace
 
     from agentic_rl.envs.base import EnvSpec
-    from agentic_rl.training.sft import DemoSource, SFTBatchConfig, SFTObjective, build_demos
+    from agentic_rl.training.sft import DemoSource, SFTObjective, build_demos
 
     demos = build_demos([DemoSource(env=EnvSpec("memory", {"facts": 1, "distractors": 4, "gap": 2, "window": 2}), n=8)],
                         qwen3_tokenizer, 0)
-    cfg = SFTConfig(batch=SFTBatchConfig(batch_size=4, micro_batch_size=4, normaliser=normaliser))
+    cfg = SFTConfig(batch_size=4, micro_batch_size=4, normaliser=normaliser)
     objective = SFTObjective(demos, cfg, pad_id=0)
     objective.bind(None, SimpleNamespace(num_processes=1, process_index=0))
     mean_tokens = sum(d.num_policy_tokens for d in demos) / len(demos)
@@ -283,5 +283,5 @@ def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokeniz
         assert set(weight.values()) == {1 / (4 * mean_tokens)}
     else:
         assert sum(short) / len(short) > 3 * sum(long) / len(long)
-    with pytest.raises(ValueError, match=r"SFTBatchConfig: 'normaliser' must be one of \['step', 'dataset'\], got 'tokens'"):
-        SFTBatchConfig(normaliser="tokens")
+    with pytest.raises(ValueError, match=r"SFTConfig: 'normaliser' must be one of \['step', 'dataset'\], got 'tokens'"):
+        SFTConfig(normaliser="tokens")

@@ -39,7 +39,7 @@ def test_sft_on_oracle_demos_lifts_heldout_one_step_accuracy(tmp_path):
     cfg = load_config(SFTConfig, None, overrides=[
         f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=2e-3",
         "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 32}]",
-        "batch.batch_size=4", "batch.micro_batch_size=4", "train.steps=8", "train.mixed_precision=auto",
+        "batch_size=4", "micro_batch_size=4", "train.steps=8", "train.mixed_precision=auto",
         f"train.output_dir={tmp_path / 'sft'}", "train.progress=false",
     ])
     tasks = make_env("arith", difficulty=1).tasks("test", n=16, seed=0)

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from agentic_rl.cli_flags import add_flagged, add_plugin_flag, load_flagged, load_plugin_flags, parse_options
 from agentic_rl.train_commands import TRAIN_COMMANDS
 
 
@@ -43,7 +44,7 @@ def _print_json(payload: Any) -> None:
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
-    _load_plugin_flags(args)
+    load_plugin_flags(args)
     from agentic_rl.envs.base import env_options_class, list_envs
     from agentic_rl.config_docs import describe
 
@@ -57,7 +58,7 @@ def _cmd_envs_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_envs_oracle(args: argparse.Namespace) -> int:
-    _load_plugin_flags(args)
+    load_plugin_flags(args)
     from agentic_rl.envs.oracle import run_oracle
 
     options = parse_options(args.option)
@@ -67,7 +68,7 @@ def _cmd_envs_oracle(args: argparse.Namespace) -> int:
 
 
 def _cmd_tools_run(args: argparse.Namespace) -> int:
-    _load_plugin_flags(args)
+    load_plugin_flags(args)
     from agentic_rl.tools.base import ToolError, get_tool
 
     tool = get_tool(args.tool)
@@ -85,7 +86,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_rewards_list(args: argparse.Namespace) -> int:
-    _load_plugin_flags(args)
+    load_plugin_flags(args)
     from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters
 
     for name in list_rewards():
@@ -95,58 +96,9 @@ def _cmd_rewards_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    import yaml
-
-    options: dict[str, Any] = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SystemExit(f"error: option '{pair}' must look like key=value")
-        key, raw = pair.split("=", 1)
-        options[key] = yaml.safe_load(raw)
-    return options
-
-
-def _load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
-    """A command's config: --config, then its flags (each overrides one key; `--option K=V` is
-    env.options.K), then --set, all through the one loader, so a bad flag fails as a bad key would."""
-    from agentic_rl.config import load_config
-
-    overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
-    overrides += [f"env.options.{pair}" for pair in args.option or []]
-    return load_config(cls, args.config, overrides + args.set, plugins=args.plugin)
-
-
-def _add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
-    """--config, one flag per key of `flags` (help and default read from the config class `cls`,
-    so no default is written twice), --option and --set."""
-    from agentic_rl.config_docs import field_help
-
-    p.add_argument("--config", help="YAML config; flags and --set override it")
-    for flag, key in flags.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help(cls, key)}".replace("%", "%%"))
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=f"override any key, e.g. {set_example} (repeatable)")
-    _add_plugin_flag(p)
-
-
-def _add_plugin_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
-                   help="import a module (on PYTHONPATH) or a .py file that registers envs, tools or rewards, "
-                   "before the config is read; appended to the config's `plugins` (repeatable)")
-
-
-def _load_plugin_flags(args: argparse.Namespace) -> None:
-    """--plugin on a command without a config (envs, tools, rewards)."""
-    from agentic_rl.plugins import load_plugins
-
-    load_plugins(args.plugin)
-
-
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
     "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.temperature",
-    "split": "split", "seed": "seed", "batch_size": "batch_size", "max_turn_tokens": "rollout.max_turn_tokens",
+    "split": "split", "seed": "seed", "max_concurrent": "max_concurrent", "max_turn_tokens": "rollout.max_turn_tokens",
     "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
     "label": "label", "out": "out",
 }
@@ -157,7 +109,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.runner import evaluate
     from agentic_rl.models.device import load_for_decoding
 
-    cfg = _load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
+    cfg = load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
     if cfg.out:
         _prepare_out(cfg.out)  # before the evaluation, not after minutes of it
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
@@ -209,7 +161,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from agentic_rl.models.device import load_for_decoding
     from agentic_rl.serving.chat import ChatConfig, chat_loop
 
-    cfg = _load_flagged(args, _CHAT_FLAGS, ChatConfig)
+    cfg = load_flagged(args, _CHAT_FLAGS, ChatConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     tools = [tool.name for tool in cfg.env.make().tools]
     print(f"chatting with {cfg.model}, tools: {', '.join(tools)}; end with Ctrl-D or 'exit'")
@@ -230,7 +182,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 _SERVE_FLAGS = {"model": "model", "env": "env.name", "host": "host", "port": "port", "served_name": "served_name",
                 "temperature": "rollout.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
-                "max_batch": "max_batch", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
+                "max_concurrent": "max_concurrent", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
                 "seed": "seed"}
 
 
@@ -240,7 +192,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.option and args.env is None:
         raise ValueError("--option sets an environment option, which needs --env (agent mode)")
-    serve(_load_flagged(args, _SERVE_FLAGS, ServeConfig))
+    serve(load_flagged(args, _SERVE_FLAGS, ServeConfig))
     return 0
 
 
@@ -253,7 +205,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.config import AuditConfig
     from agentic_rl.models.device import load_for_decoding
 
-    cfg = _load_flagged(args, _AUDIT_FLAGS, AuditConfig)
+    cfg = load_flagged(args, _AUDIT_FLAGS, AuditConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     results = run_audit(model, tokenizer, cfg)
     print(format_report(results))
@@ -347,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     envs = sub.add_parser("envs", help="list environments or run the scripted oracle policy").add_subparsers(dest="envs_command", required=True)
     p = envs.add_parser("list", help="list registered environments")
     p.add_argument("-v", "--verbose", action="store_true", help="also list each environment's options")
-    _add_plugin_flag(p)
+    add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_list)
     p = envs.add_parser("oracle", help="run the oracle policy through the environment API; last line is a JSON summary")
     p.add_argument("env", help="environment name (see `agentic-rl envs list`)")
@@ -355,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "test"], help="task split")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable (e.g. difficulty=3)")
-    _add_plugin_flag(p)
+    add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_oracle)
 
     tools = sub.add_parser("tools", help="run a tool by hand").add_subparsers(dest="tools_command", required=True)
@@ -364,24 +316,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expression", help="calculator: the expression")
     p.add_argument("--code", help="python: the code to run in the sandbox")
     p.add_argument("--arg", action="append", metavar="KEY=VALUE", help="any other tool argument, repeatable")
-    _add_plugin_flag(p)
+    add_plugin_flag(p)
     p.set_defaults(func=_cmd_tools_run)
 
     rewards = sub.add_parser("rewards", help="list reward terms").add_subparsers(dest="rewards_command", required=True)
     p = rewards.add_parser("list", help="list registered reward terms and their parameters")
-    _add_plugin_flag(p)
+    add_plugin_flag(p)
     p.set_defaults(func=_cmd_rewards_list)
 
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
                        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
-    _add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.top_p=0.9")
+    add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.top_p=0.9")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
                        description="A terminal conversation with an agent and its environment's tools. Every key: "
                        "`agentic-rl config chat`.")
-    _add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.top_p=0.9")
+    add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/models) on the rollout engine",
@@ -389,14 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "go into the chat template and tool calls come back to the client; with --env, the server runs the "
                        "environment's tools and answers with the final reply and its tool trace. Every key: "
                        "`agentic-rl config serve`.")
-    _add_flagged(p, _SERVE_FLAGS, ServeConfig, "batch_window_ms=50")
+    add_flagged(p, _SERVE_FLAGS, ServeConfig, "batch_window_ms=50")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
                        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
                        description="Audit a model, its template and an environment before training. Every key: "
                        "`agentic-rl config audit`.")
-    _add_flagged(p, _AUDIT_FLAGS, AuditConfig, "dtypes=[float32]")
+    add_flagged(p, _AUDIT_FLAGS, AuditConfig, "dtypes=[float32]")
     p.set_defaults(func=_cmd_audit)
 
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
@@ -412,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
         p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
-        _add_plugin_flag(p)
+        add_plugin_flag(p)
         p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("merge", help="merge LoRA adapters into a standalone HF model directory (transformers, vLLM)")

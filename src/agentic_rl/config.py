@@ -152,7 +152,14 @@ RENAMED = {
     "runner": "rollout.backend",
     "env_options": "env: {name: ..., options: {...}}",
 }
-"""Keys that older configs used, and where they went: named in the unknown-key error."""
+"""Keys that older configs used anywhere, and where they went: named in the unknown-key error. A
+key renamed in one class only is in that class's `RENAMED_KEYS` (a ClassVar), e.g. EvalConfig's
+batch_size, which names a count that is `max_concurrent` there and a step's size elsewhere."""
+
+
+def renamed_keys(cls: type) -> dict[str, str]:
+    """Old key -> where it went, for the keys of `cls`: RENAMED plus the class's own RENAMED_KEYS."""
+    return {**RENAMED, **getattr(cls, "RENAMED_KEYS", {})}
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
@@ -271,7 +278,8 @@ def from_dict(cls: type[T], data: Any, prefix: str = "", source: str = "config")
     unknown = sorted(set(data) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields))
-        hint = f" ('{unknown[0]}' is now {RENAMED[unknown[0]]})" if unknown[0] in RENAMED else ""
+        renamed = renamed_keys(cls)
+        hint = f" ('{unknown[0]}' is now {renamed[unknown[0]]})" if unknown[0] in renamed else ""
         raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}'{hint}; allowed keys in {where}: {allowed}")
     kwargs = {}
     for name, value in data.items():

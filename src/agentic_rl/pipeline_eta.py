@@ -51,7 +51,7 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         episodes = sum(e["n"] * (1 + (e["k"] if e.get("k", 1) > 1 else 0)) for e in last["evals"].values())
         per_episode = last["seconds"] / max(1, episodes)
         rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
-        update = section.rollout.batch_size * sft_step / cfg.sft.batch.batch_size  # one forward/backward over the batch
+        update = section.rollout.batch_size * sft_step / cfg.sft.batch_size  # one forward/backward over the batch
         rescore = update / 3 if section.old_logprobs == "recompute" else 0.0  # a forward alone: ~1/3 of forward+backward
         rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
         return rollout_batches * (rollout + rescore) + section.train.steps * update + overhead

@@ -5,7 +5,7 @@ Torch-free, so the CLI's help is instant."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused, require_model
 from agentic_rl.envs.base import EnvSpec
@@ -16,6 +16,8 @@ from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig, 
 @dataclasses.dataclass
 class EvalConfig(Config):
     """One evaluation: which problems, how many samples, how episodes are decoded."""
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"batch_size": "max_concurrent (episodes decoded at once)"}
 
     label: str = ""
     """Name of this evaluation in reports (default: the env name)."""
@@ -29,8 +31,8 @@ class EvalConfig(Config):
     """Samples per problem for pass@k / maj@k, at rollout.temperature (1: greedy pass@1 only)."""
     seed: int = 0
     """Task and sampling seed."""
-    batch_size: PositiveInt = 16
-    """Episodes decoded concurrently."""
+    max_concurrent: PositiveInt = 16
+    """Episodes decoded at once (the engine's slots: memory grows with it). The same name as serve's."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Limits, sampling temperature (for the k samples; pass@1 is greedy), backend and dtype."""
     failures_shown: int = 3

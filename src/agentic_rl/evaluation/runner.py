@@ -78,10 +78,10 @@ def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[fl
 def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
     from agentic_rl.rollout.factory import build_engine
 
-    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.batch_size, temperature=temperature)
+    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent, temperature=temperature)
     out: list[Trajectory] = []
-    for start in tqdm(range(0, len(tasks), cfg.batch_size), desc=desc, disable=not progress):
-        chunk = tasks[start : start + cfg.batch_size]
+    for start in tqdm(range(0, len(tasks), cfg.max_concurrent), desc=desc, disable=not progress):
+        chunk = tasks[start : start + cfg.max_concurrent]
         out.extend(engine.run([cfg.env.make() for _ in chunk], chunk, seed=cfg.seed + start))
     return out
 

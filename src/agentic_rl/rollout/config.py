@@ -4,7 +4,8 @@
 GRPO (`grpo.rollout`, which adds its batch shape), evaluation (`eval.rollout`, pipeline
 `evals[].rollout`) and sampled reward-model pairs (`rm.pairs.rollout`) embed it, and
 `build_engine(model, tokenizer, cfg, seed=...)` turns it into a RolloutEngine. How many episodes
-decode at once is the caller's (a GRPO batch, an evaluation's batch_size), not a rollout setting.
+decode at once is the caller's (a GRPO batch, an evaluation's or the server's max_concurrent), not a
+rollout setting.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """`EngineWorker`: one thread owns the model; requests that arrive together share one engine batch.
 
-    worker = EngineWorker(engine, max_batch=16, batch_window_s=0.02)
+    worker = EngineWorker(engine, max_concurrent=16, batch_window_s=0.02)
     future = worker.submit(env, task, options)      # from any thread; a concurrent.futures.Future
     trajectory = future.result()
 
 The worker waits for a first request, then `batch_window_s` for others to join it (at most
-`max_batch`), and runs them all in one `RolloutEngine.run`, where they decode with continuous
+`max_concurrent`), and runs them all in one `RolloutEngine.run`, where they decode with continuous
 batching (each forward covers every episode with a token to compute; one waiting on its tools
 costs nothing). Each request brings its own sampling, seed, token limit and stop strings as
 `EpisodeOptions`, so requests with different settings share a batch, and a request's seed gives
@@ -40,10 +40,10 @@ class _Job:
 class EngineWorker:
     """Runs queued episodes in engine batches on its own thread (see the module docstring)."""
 
-    def __init__(self, engine: RolloutEngine, max_batch: int, batch_window_s: float) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.engine, self.max_batch, self.batch_window_s = engine, max_batch, batch_window_s
+    def __init__(self, engine: RolloutEngine, max_concurrent: int, batch_window_s: float) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        self.engine, self.max_concurrent, self.batch_window_s = engine, max_concurrent, batch_window_s
         self.batch_sizes: list[int] = []
         """Episodes in each engine run so far (for /health and tests)."""
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -69,7 +69,7 @@ class EngineWorker:
         while (first := self._queue.get()) is not None:
             batch = [first]
             deadline = time.monotonic() + self.batch_window_s
-            while len(batch) < self.max_batch:
+            while len(batch) < self.max_concurrent:
                 remaining = deadline - time.monotonic()  # past the window: take only what is already queued
                 try:
                     job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from agentic_rl.config import Config, PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
@@ -36,6 +37,8 @@ class HTTPLimits(Config):
 class ServeConfig(PluginsConfig):
     """`agentic-rl serve`: an OpenAI-compatible HTTP server on the rollout engine (serving/server.py)."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"max_batch": "max_concurrent (requests decoded at once)"}
+
     model: str = ""
     """Built-in name, HF directory, hub id, or a stage's final/ folder."""
     served_name: str = ""
@@ -52,8 +55,8 @@ class ServeConfig(PluginsConfig):
     """Limits and defaults of every request: max_turn_tokens is the default `max_tokens` (a request may
     ask for more, up to max_episode_tokens), max_turns bounds agent mode's tool loop, temperature and
     top_p are the defaults a request overrides; backend and dtype as everywhere."""
-    max_batch: PositiveInt = 16
-    """Most requests decoded together in one engine batch (the backend's slots)."""
+    max_concurrent: PositiveInt = 16
+    """Most requests decoded at once, in one engine batch (the backend's slots). The same name as eval's."""
     batch_window_ms: float = 20.0
     """After a request arrives at an idle engine, wait this long for others to join its batch (>= 0)."""
     http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)

@@ -209,8 +209,8 @@ def serve(cfg: ServeConfig) -> None:
     from agentic_rl.rollout.factory import build_engine
 
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
-    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_batch)
-    worker = EngineWorker(engine, cfg.max_batch, cfg.batch_window_ms / 1000)
+    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent)
+    worker = EngineWorker(engine, cfg.max_concurrent, cfg.batch_window_ms / 1000)
     agent_tools = [tool.name for tool in cfg.env.make().tools] if cfg.env is not None else None
     app = build_app(ServedModel(cfg.model_id, cfg.rollout, worker, agent_tools, cfg.seed, http=cfg.http))
     mode = f"agent mode: env {cfg.env.name}, tools {', '.join(agent_tools)}" if cfg.env is not None and agent_tools else "model mode"

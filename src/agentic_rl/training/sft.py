@@ -3,7 +3,7 @@
     agentic-rl sft [--config F] [--set train.steps=50]      (every key: agentic-rl config sft)
 
 The loss is −Σ log P(y|x) over policy tokens only (algorithms/sft.py), divided by the number of
-trained tokens in the optimizer step (batch.normaliser: step), or by one constant, batch_size x
+trained tokens in the optimizer step (normaliser: step), or by one constant, batch_size x
 the mean trained tokens per demonstration (dataset), which weighs every token alike. Batches are
 drawn by length bucketing: demonstrations are sorted by length, cut into batches of similar
 length, and the batch order is shuffled per epoch from the seed, so padding stays small on CPU
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -73,22 +73,6 @@ class DemoSource(Config):
 
 
 @dataclasses.dataclass
-class SFTBatchConfig(Config):
-    """Batching."""
-
-    batch_size: PositiveInt = 8
-    """Demonstrations per optimizer step (over all processes)."""
-    micro_batch_size: PositiveInt = 8
-    """Demonstrations per forward/backward; gradients accumulate up to batch_size."""
-    normaliser: Literal["step", "dataset"] = "step"
-    """What the summed token loss of a step is divided by. step: the step's trained tokens, so each
-    step is its own token mean, and a token in a step of short completions weighs more (batches
-    are length-bucketed, so short completions, e.g. memory's `Next.`, share steps: there each one
-    weighs ~5x a long one's). dataset: batch_size x the mean trained tokens per demonstration, one
-    constant, so every trained token weighs the same in whichever step it lands."""
-
-
-@dataclasses.dataclass
 class SFTLoopConfig(LoopConfig):
     """`agentic-rl sft`'s loop: LoopConfig with this command's own defaults."""
 
@@ -107,12 +91,22 @@ class SFTOptimConfig(OptimConfig):
 class SFTConfig(PluginsConfig, TemplateOptions):
     """`agentic-rl sft`: supervised fine-tuning on demonstrations (enable_thinking: how they render)."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"batch": "the top-level keys batch_size, micro_batch_size and normaliser"}
+
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The model and its adapters."""
     sources: list[DemoSource] = dataclasses.field(default_factory=lambda: [DemoSource()])
     """Demonstration sources, concatenated."""
-    batch: SFTBatchConfig = dataclasses.field(default_factory=SFTBatchConfig)
-    """Batching."""
+    batch_size: PositiveInt = 8
+    """Demonstrations per optimizer step (over all processes)."""
+    micro_batch_size: PositiveInt = 8
+    """Demonstrations per forward/backward on each process; gradients accumulate up to batch_size."""
+    normaliser: Literal["step", "dataset"] = "step"
+    """What the summed token loss of a step is divided by. step: the step's trained tokens, so each
+    step is its own token mean, and a token in a step of short completions weighs more (batches
+    are length-bucketed, so short completions, e.g. memory's `Next.`, share steps: there each one
+    weighs ~5x a long one's). dataset: batch_size x the mean trained tokens per demonstration, one
+    constant, so every trained token weighs the same in whichever step it lands."""
     optim: SFTOptimConfig = dataclasses.field(default_factory=SFTOptimConfig)
     """Optimizer."""
     train: SFTLoopConfig = dataclasses.field(default_factory=SFTLoopConfig)
@@ -170,7 +164,7 @@ class SFTObjective(BatchObjective):
         self.cfg = cfg
         self.pad_id = pad_id
         self.lengths = [len(d) for d in demos]
-        self.dataset_normaliser = cfg.batch.batch_size * sum(d.num_policy_tokens for d in demos) / len(demos)
+        self.dataset_normaliser = cfg.batch_size * sum(d.num_policy_tokens for d in demos) / len(demos)
         self._epoch_batches: dict[int, list[list[int]]] = {}
 
     def bind(self, model, accelerator) -> None:
@@ -179,7 +173,7 @@ class SFTObjective(BatchObjective):
 
     def _batches(self, epoch: int) -> list[list[int]]:
         if epoch not in self._epoch_batches:
-            self._epoch_batches = {epoch: length_bucketed_batches(self.lengths, self.cfg.batch.batch_size, self.cfg.train.seed, epoch)}
+            self._epoch_batches = {epoch: length_bucketed_batches(self.lengths, self.cfg.batch_size, self.cfg.train.seed, epoch)}
         return self._epoch_batches[epoch]
 
     def next_batch(self, step: int) -> dict[str, Any]:
@@ -188,7 +182,7 @@ class SFTObjective(BatchObjective):
         world = self.accelerator.num_processes
         local = indices[self.accelerator.process_index :: world]
         trajectories = [self.demos[i] for i in local]
-        if self.cfg.batch.normaliser == "dataset":
+        if self.cfg.normaliser == "dataset":
             normaliser = self.dataset_normaliser
         else:
             normaliser = sum(self.demos[i].num_policy_tokens for i in indices)
@@ -196,7 +190,7 @@ class SFTObjective(BatchObjective):
 
     def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
         trajs = sorted(batch["trajectories"], key=len)
-        size = self.cfg.batch.micro_batch_size
+        size = self.cfg.micro_batch_size
         return [{"trajectories": trajs[i : i + size], "normaliser": batch["normaliser"], "epoch": batch["epoch"]} for i in range(0, len(trajs), size)]
 
     def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -218,8 +212,8 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     if demos is None:
         demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print, context=context_length(policy),
                             enable_thinking=cfg.enable_thinking)
-    if len(demos) < cfg.batch.batch_size:
-        raise ValueError(f"{len(demos)} demonstrations cannot fill batch.batch_size={cfg.batch.batch_size}; add demonstrations or lower it")
+    if len(demos) < cfg.batch_size:
+        raise ValueError(f"{len(demos)} demonstrations cannot fill batch_size={cfg.batch_size}; add demonstrations or lower it")
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
     policy.train()
     scorer = TokenScorer(policy)
