@@ -24,9 +24,8 @@ import torch
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.reward_scorer import load_trained_reward_model
 from agentic_rl.rollout.config import RolloutConfig
-from agentic_rl.rollout.trajectory import collate
 from agentic_rl.strict_json import write_json
-from agentic_rl.training.reward_model import PairsConfig, build_pairs
+from agentic_rl.training.reward_model import PairsConfig, build_pairs, pair_scores
 
 
 def bootstrap_ci(per_task: list[tuple[int, int]], draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -45,10 +44,8 @@ def score_pairs(scorer, tokenizer, pairs, batch: int = 8) -> list[bool]:
     """For each (chosen, rejected) pair: whether the reward model scores chosen above rejected."""
     right = []
     for start in range(0, len(pairs), batch):
-        chunk = pairs[start : start + batch]
-        tensors = collate([p[0] for p in chunk] + [p[1] for p in chunk], tokenizer.pad_token_id)
-        scores = scorer(tensors.input_ids, tensors.attention_mask)
-        right.extend((scores[: len(chunk)] > scores[len(chunk):]).tolist())
+        chosen, rejected = pair_scores(scorer, pairs[start : start + batch], tokenizer.pad_token_id)
+        right.extend((chosen > rejected).tolist())
     return right
 
 
@@ -73,15 +70,15 @@ def main() -> None:
         cfg = PairsConfig(source="sampled", env=env, policy=args.policy, samples_per_task=args.k,
                           max_pairs_per_task=args.k * args.k, rollout=rollout)
         pairs = build_pairs(cfg, "test", args.n, tokenizer, args.seed)
+        if not pairs:  # every task all right or all wrong: nothing to rank
+            print(f"{label:>8}: no task of {args.n} had both a correct and an incorrect episode; raise --n or --k", flush=True)
+            rows[label] = {"pairwise_accuracy": None, "ci95": None, "pairs": 0, "tasks_with_both": 0, "tasks": args.n, "k": args.k}
+            continue
         right = score_pairs(scorer, tokenizer, pairs)
         by_task: dict[str, list[bool]] = collections.defaultdict(list)
         for (chosen, _), ok in zip(pairs, right):
             by_task[chosen.task_id].append(ok)
         per_task = [(sum(v), len(v)) for v in by_task.values()]
-        if not pairs:  # every task all right or all wrong: nothing to rank
-            print(f"{label:>8}: no task of {args.n} had both a correct and an incorrect episode; raise --n or --k", flush=True)
-            rows[label] = {"pairwise_accuracy": None, "ci95": None, "pairs": 0, "tasks_with_both": 0, "tasks": args.n, "k": args.k}
-            continue
         accuracy = sum(right) / len(right)
         low, high = bootstrap_ci(per_task)
         rows[label] = {"pairwise_accuracy": accuracy, "ci95": [low, high], "pairs": len(pairs),

@@ -34,10 +34,9 @@ whose G rewards are all equal: 20.3 of 32 episodes a step in the demo's GRPO sta
 
 
 def trained_share(section: Any) -> float:
-    """TRAINED_SHARE where the RL section skips zero-advantage episodes (GRPO's skip_zero_advantage
-    with beta = 0, no entropy bonus, and a loss other than bnpo), else 1."""
-    loss = section.loss
-    skips = getattr(section, "skip_zero_advantage", False) and loss.beta == 0 and loss.entropy_coef == 0 and loss.loss_type != "bnpo"
+    """TRAINED_SHARE where the RL section skips zero-advantage episodes as GRPO's step does
+    (skip_zero_advantage, on a loss where such rows are inert), else 1 (PPO trains every episode)."""
+    skips = getattr(section, "skip_zero_advantage", False) and section.loss.zero_advantage_rows_are_inert
     return TRAINED_SHARE if skips else 1.0
 
 

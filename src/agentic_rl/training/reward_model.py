@@ -172,6 +172,14 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     return pairs
 
 
+def pair_scores(scorer, pairs: list[tuple[Trajectory, Trajectory]], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen scores (N,), rejected scores (N,)) of N pairs, both sides in one forward."""
+    sides = [p[0] for p in pairs] + [p[1] for p in pairs]
+    tensors = collate(sides, pad_id).to(device)
+    scores = scorer(tensors.input_ids, tensors.attention_mask)  # (2N,)
+    return scores[: len(pairs)], scores[len(pairs):]
+
+
 class RMObjective(BatchObjective):
     """Bradley-Terry loss over pair batches; chosen and rejected are scored in one forward."""
 
@@ -193,10 +201,7 @@ class RMObjective(BatchObjective):
         return [batch]
 
     def scores(self, model, pairs) -> tuple[torch.Tensor, torch.Tensor]:
-        sides = [p[0] for p in pairs] + [p[1] for p in pairs]
-        tensors = collate(sides, self.pad_id).to(self.accelerator.device)
-        scores = model(tensors.input_ids, tensors.attention_mask)  # (2N,)
-        return scores[: len(pairs)], scores[len(pairs):]
+        return pair_scores(model, pairs, self.pad_id, self.accelerator.device)
 
     def loss(self, model, batch) -> tuple[torch.Tensor, dict[str, float]]:
         chosen, rejected = self.scores(model, batch)
