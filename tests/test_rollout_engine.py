@@ -435,6 +435,19 @@ def test_sampling_follows_the_distribution():
     assert torch.allclose(frequencies, torch.tensor([0.1, 0.2, 0.7]), atol=0.03)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=5)])
+def test_sampling_runs_on_the_logits_device_with_cpu_generators(params):
+    """Guards against the H200 failure of 2026-12-04: every sampled GRPO rollout on CUDA stopped at
+    "found at least two devices, cuda:0 and cpu" because the per-episode CPU generators' uniforms
+    met CUDA logits. The meta device stands in for CUDA (no GPU here): it mixes with CPU tensors
+    exactly as badly."""
+    logits = torch.randn(3, 50, device="meta")
+    for generators in ([make_generator(0, i) for i in range(3)], torch.Generator().manual_seed(0)):
+        tokens, logprobs = sample(logits, params, generators)
+        assert tokens.device == logits.device and tokens.shape == (3,)
+        assert logprobs.device == logits.device and logprobs.shape == (3,)
+
+
 def test_sampling_params_reject_bad_values():
     """Guards against silently accepted nonsense settings."""
     with pytest.raises(ValueError, match="top_p"):

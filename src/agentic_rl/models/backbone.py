@@ -12,8 +12,25 @@ Shapes: B rows, T tokens per (right-padded) row, H hidden size, P shared prefix 
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from torch import nn
+
+
+@functools.cache
+def _cache_name(forward_owner: type) -> str:
+    parameters = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_name(backbone: nn.Module) -> str:
+    """The name of the key/value cache, as the backbone's `forward` argument and as its output's
+    field: `cache` in recent transformers 5 releases, `past_key_values` in earlier ones (5.17, which
+    pyproject admits, and which a GPU machine had; passing `cache=` there falls into **kwargs and is
+    ignored, so the model silently decodes without its cache)."""
+    return _cache_name(type(backbone))
 
 
 def unwrap_causal_lm(model: nn.Module) -> nn.Module:
@@ -91,6 +108,7 @@ def backbone_hidden(backbone: nn.Module, input_ids: torch.Tensor, attention_mask
     """
     if prefix <= 0 or getattr(backbone, "gradient_checkpointing", False):
         return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, prefix:]
-    cache = backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True).cache
+    name = cache_name(backbone)
+    cache = getattr(backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True), name)
     cache.batch_repeat_interleave(input_ids.shape[0])  # (1, heads, P, d) -> (B, heads, P, d) per layer
-    return backbone(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, cache=cache, use_cache=True).last_hidden_state
+    return backbone(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True, **{name: cache}).last_hidden_state

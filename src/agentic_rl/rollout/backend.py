@@ -308,10 +308,10 @@ def _sample_rows(logits: torch.Tensor, rows: list[_RowState]) -> tuple[torch.Ten
         groups.setdefault(row.sampling, []).append(index)
     if len(groups) == 1:
         return sample(logits, rows[0].sampling, [row.generator for row in rows])
-    tokens = torch.empty(len(rows), dtype=torch.long)  # (B,)
-    logprobs = torch.empty(len(rows), dtype=torch.float32)  # (B,)
+    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (B,)
+    logprobs = torch.empty(len(rows), dtype=torch.float32, device=logits.device)  # (B,)
     for params, indices in groups.items():
-        where = torch.tensor(indices)
+        where = torch.tensor(indices, device=logits.device)
         group_tokens, group_logprobs = sample(logits[where], params, [rows[i].generator for i in indices])
         tokens[where], logprobs[where] = group_tokens, group_logprobs.float()
     return tokens, logprobs

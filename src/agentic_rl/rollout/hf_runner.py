@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from agentic_rl.models.backbone import cache_name
 from agentic_rl.rollout.runner import Runner
 
 _LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (1, h, n, d)
@@ -136,8 +137,8 @@ class HFRunner(Runner):
             input_ids=input_ids,
             attention_mask=mask[:, None, :, :],  # (B, 1, c, L + c)
             position_ids=position_ids,
-            cache=self._cache,
             use_cache=True,
+            **{cache_name(self.model.model): self._cache},
         )
         last = torch.tensor([len(c) - 1 for c in chunks], device=self.device)  # (B,)
         hidden = out.last_hidden_state[torch.arange(batch, device=self.device), last]  # (B, H)

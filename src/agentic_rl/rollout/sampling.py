@@ -11,8 +11,8 @@ slightly off-policy with respect to the recorded distribution; with top_p = 1 an
 (the defaults) the two are identical. Greedy decoding (greedy=True or temperature == 0)
 records the T = 1 log-probabilities.
 
-Randomness: one `torch.Generator` per row (one per episode in the engine), each drawing one
-uniform number per sampled token, then inverse-CDF sampling. An episode's random stream
+Randomness: one CPU `torch.Generator` per row (one per episode in the engine), each drawing one
+uniform number per sampled token, moved to the logits' device, then inverse-CDF sampling. An episode's random stream
 therefore does not depend on which other episodes share the batch, and the same seed gives
 the same tokens. Shapes: B rows, V vocabulary.
 """
@@ -51,6 +51,7 @@ def sample(
     else:
         assert len(generators) == batch, f"{len(generators)} generators for {batch} rows"
         uniforms = torch.cat([torch.rand(1, generator=g) for g in generators])  # (B,)
+    uniforms = uniforms.to(logits.device)  # drawn on the CPU generators, so a seed gives the same draws on any device
     probs = logprobs_full.exp()  # (B, V)
     if params.top_k > 0 or params.top_p < 1.0:
         tokens = _sample_truncated(probs, params, uniforms)
