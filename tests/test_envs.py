@@ -124,6 +124,19 @@ def test_gsm8k_task_meta_and_subset_options() -> None:
     assert [t.id for t in shuffled] != ["gsm8k/test/0", "gsm8k/test/1", "gsm8k/test/2"]
 
 
+def test_gsm8k_max_steps_keeps_the_short_problems_before_offset_and_n() -> None:
+    """Guards against a curriculum option that is ignored, filters after n (fewer problems than asked)
+    or counts steps differently from the task meta."""
+    env = make_env("gsm8k", max_steps=2, n=4, offset=1)
+    tasks = env.tasks("train")
+    # train problems 0..11 take 2, 2, 3, 4, 3, 5, 3, 3, 2, 7, 2, 5 steps: those of <= 2 are 0, 1, 8, 10, ...
+    assert [t.id for t in tasks[:3]] == ["gsm8k/train/1", "gsm8k/train/8", "gsm8k/train/10"]
+    assert len(tasks) == 4 and all(t.meta["n_steps"] <= 2 for t in tasks)
+    assert len(make_env("gsm8k", max_steps=2).tasks("train")) == 404 + 2198  # 1- and 2-step problems
+    with pytest.raises(ValueError, match="max_steps"):
+        make_env("gsm8k", max_steps=0)
+
+
 def test_gsm8k_oracle_packs_long_solutions_into_max_turns() -> None:
     """Guards against the oracle running out of turns on the longest (9-line) solutions."""
     env = make_env("gsm8k", max_turns=3)

@@ -45,6 +45,11 @@ class GSM8KOptions:
     """Keep at most this many problems of each split (after `offset`); None keeps all."""
     offset: int = 0
     """Skip this many problems at the start of each split."""
+    max_steps: int | None = None
+    """Keep only the problems whose reference solution takes at most this many steps (calculations,
+    as `<<...>>` annotations; solution lines where none is annotated), before `offset` and `n`: a
+    curriculum of shorter problems for training. None keeps all. An evaluation that should speak
+    for GSM8K leaves it unset."""
 
     def __post_init__(self) -> None:
         self.tools = tuple(self.tools)
@@ -57,6 +62,8 @@ class GSM8KOptions:
             raise ValueError(f"n and offset must be >= 0, got n={self.n}, offset={self.offset}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or null (all problems), got {self.max_steps}")
 
 
 @register_env("gsm8k", GSM8KOptions)
@@ -70,10 +77,12 @@ class GSM8KEnv(ToolEnv):
         super().__init__(list(self.options.tools), self.options.max_turns, self.options.tool_success_reward)
 
     def problems(self, split: str) -> list[GSM8KProblem]:
-        """The split's problems after `offset` and `n`, in file order."""
+        """The split's problems of at most `max_steps` steps, after `offset` and `n`, in file order."""
         if split not in self.options.splits:
             raise ValueError(f"unknown split {split!r}; this env maps {sorted(self.options.splits)}")
         problems = load_gsm8k(self.options.source, self.options.splits[split])
+        if self.options.max_steps is not None:
+            problems = [p for p in problems if solution_steps(p) <= self.options.max_steps]
         end = None if self.options.n is None else self.options.offset + self.options.n
         return problems[self.options.offset:end]
 
@@ -89,12 +98,17 @@ class GSM8KEnv(ToolEnv):
         return oracle_actions(task, tool, self.max_turns)
 
 
+def solution_steps(problem: GSM8KProblem) -> int:
+    """Steps of the reference solution: its calculations, or its lines where none is annotated."""
+    return len(problem.annotations) or len(problem.solution_lines)
+
+
 def problem_to_task(problem: GSM8KProblem, split: str) -> Task:
     solution_lines = problem.answer_text.rstrip("\n").split("\n")[:-1]  # without "#### N"
     annotated_lines = [[(a.expr, a.value) for a in parse_annotations(line)] for line in solution_lines]
     meta = {
         "index": problem.index,
-        "n_steps": len(problem.annotations) or len(problem.solution_lines),
+        "n_steps": solution_steps(problem),
         "annotations": [(a.expr, a.value) for a in problem.annotations],
         "annotations_by_line": [line for line in annotated_lines if line],
         "solution": problem.answer_text,
