@@ -278,6 +278,25 @@ def test_a_float32_run_logs_no_mismatch_and_one_weight_for_all_mu_updates(tmp_pa
     assert rows[1]["rollout/staleness"] == 1.0
 
 
+def test_guided_demonstration_rows_get_weight_one_and_stay_out_of_the_mismatch(tmp_path):
+    """Guided groups (guidance.enabled) put an oracle demonstration that no sampler drew into each
+    failing group: its tokens have no sampler log-probs, so they must get w = 1 and count in none
+    of the mismatch statistics, while the sampled rows beside them in the same micro-batch are
+    corrected as usual (float32 both sides: w ~ 1, KL ~ 0). Guards against the demonstrations'
+    empty sampler record (log-prob 0) read as a mismatch: w = π_old(demo) / 1, far below 1."""
+    from helpers_training import first_batch, grpo_cfg
+
+    model, objective, batch = first_batch(grpo_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true",
+                                                   "old_logprobs=recompute", "rollout_correction.mode=tis"))
+    assert batch.off_policy.any() and not batch.off_policy.all()
+    for micro in objective.micro_batches(batch):
+        assert batch.off_policy[micro.rows].any()  # every micro-batch holds a demonstration beside sampled rows
+        _, metrics = objective.loss(model, micro)
+        assert 0.0 <= metrics["rollout/mismatch_kl"] < 1e-9
+        assert metrics["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert metrics["loss/ratio_mean"] == pytest.approx(1.0)
+
+
 def test_a_bfloat16_rollout_run_measures_the_mismatch_and_truncates_weights(tmp_path):
     """bf16 decoding against a float32 trainer (PPO, π_old = π_θ.detach()): the mismatch is
     measured (well above float32's ~1e-13) and, with a cap of 1, every weight above 1 is cut.
