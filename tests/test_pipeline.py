@@ -142,6 +142,25 @@ def test_a_control_without_what_it_is_matched_on_fails_at_load(skip, fragment):
         load_config(PipelineConfig, CONFIG, overrides=[f"skip={skip}"])
 
 
+def test_an_evaluation_runs_on_the_models_its_stages_name():
+    """Guards against a pass@k evaluation meant for the SFT model alone charged to every stage, an
+    evaluation stage left with nothing to evaluate, and a `stages` entry that names a model this
+    pipeline never evaluates (a typo, or ppo under rl.algorithm grpo) accepted silently."""
+    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.pipeline import PipelineConfig, active_stages
+
+    room = "{label: room, n: 4, k: 4, rollout: {temperature: 1.0}, stages: [sft]}"
+    cfg = load_config(PipelineConfig, CONFIG, overrides=[f"evals=[{{label: all, n: 3}}, {room}]"])
+    assert [e.name for e in cfg.evals_for("sft")] == ["all", "room"]
+    assert [e.name for e in cfg.evals_for("grpo")] == [e.name for e in cfg.evals_for("base")] == ["all"]
+    only_sft = load_config(PipelineConfig, CONFIG, overrides=[f"evals=[{room}]"])
+    assert [s for s in active_stages(only_sft) if s.startswith("eval_")] == ["eval_sft"]
+    with pytest.raises(ConfigError, match="must be a non-empty list from"):
+        load_config(PipelineConfig, CONFIG, overrides=["evals=[{n: 3, stages: [sfft]}]"])
+    with pytest.raises(ConfigError, match=r"evals\[0\].stages: \['ppo'\] names no model this pipeline evaluates"):
+        load_config(PipelineConfig, CONFIG, overrides=["evals=[{n: 3, stages: [ppo]}]"])
+
+
 def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
     """Guards against a stage's accuracy decided by a rollout limit without a word (configs/plan.yaml's
     first run): tiny-qwen3 rambles past max_turn_tokens 4 in every episode."""

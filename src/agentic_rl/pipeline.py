@@ -50,6 +50,26 @@ from agentic_rl.training.sft import SFTConfig
 
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
 RL_STAGES = {"grpo": ("grpo", "eval_grpo"), "ppo": ("ppo", "eval_ppo")}
+MODELS = ("base", "sft", "grpo", "ppo", "control")
+"""The models the pipeline evaluates: stage eval_<model> evaluates <model>."""
+
+
+@dataclasses.dataclass
+class PipelineEvalConfig(EvalConfig):
+    """One of the pipeline's evaluations: an `agentic-rl eval` section, and the models it runs on."""
+
+    stages: list[str] | None = None
+    """The models this evaluation runs on, from base, sft, grpo, ppo, control; null: every model the
+    pipeline evaluates. E.g. a sampled pass@k evaluation of the SFT model alone asks whether there is
+    room for RL (problems it solves sometimes) without paying for k samples at every stage."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stages is not None and (not self.stages or set(self.stages) - set(MODELS)):
+            raise ValueError(f"stages: {self.stages!r} must be a non-empty list from {list(MODELS)}, or null for every model")
+
+    def runs_on(self, model: str) -> bool:
+        return self.stages is None or model in self.stages
 """The stages of each RL algorithm; only rl.algorithm's run."""
 
 _REDO_STAGE = "delete the stage's folder to run that stage again (a rerun resumes from the stages before it)"
@@ -89,8 +109,8 @@ class PipelineConfig(PluginsConfig):
     """Base model for every stage (built-in name, local directory or hub id)."""
     output_dir: str = "runs/demo"
     """Run directory; each stage writes a subfolder."""
-    evals: list[EvalConfig] = dataclasses.field(default_factory=lambda: [EvalConfig()])
-    """Evaluations run at base, after SFT and after GRPO (the same set each time)."""
+    evals: list[PipelineEvalConfig] = dataclasses.field(default_factory=lambda: [PipelineEvalConfig()])
+    """Evaluations of the base model and of each trained one (each entry's `stages` says which)."""
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
     """SFT stage (model.name and train.output_dir are set by the pipeline)."""
     rm: RMConfig = dataclasses.field(default_factory=RMConfig)
@@ -138,10 +158,19 @@ class PipelineConfig(PluginsConfig):
         if len(set(thinking.values())) > 1:
             raise ValueError("enable_thinking differs between the stages of one model (" + ", ".join(f"{k}={v}" for k, v in thinking.items())
                              + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each")
+        evaluated = {stage.removeprefix("eval_") for stage in active_stages(self) if stage.startswith("eval_")}
+        for index, entry in enumerate(self.evals):
+            if entry.stages is not None and not set(entry.stages) & evaluated:
+                raise ValueError(f"evals[{index}].stages: {entry.stages} names no model this pipeline evaluates ({sorted(evaluated)}); "
+                                 "name one of those, or remove the entry")
         devices = sorted({e.rollout.device for e in self.evals})
         if len(devices) > 1:
             raise ValueError(f"evals[].rollout.device: the evaluations of a stage share one loaded model, so one device, "
                              f"got {devices}; give every entry the same device")
+
+    def evals_for(self, model: str) -> list[PipelineEvalConfig]:
+        """The evaluations stage eval_<model> runs."""
+        return [entry for entry in self.evals if entry.runs_on(model)]
 
 
 def _log(message: str) -> None:
@@ -207,11 +236,12 @@ def _check_devices(cfg: PipelineConfig) -> None:
 
 
 def active_stages(cfg: PipelineConfig) -> list[str]:
-    """The stages this config runs, in order: not skipped, rl.algorithm's RL stages only, and the
-    control only when enabled."""
+    """The stages this config runs, in order: not skipped, rl.algorithm's RL stages only, the
+    control only when enabled, and an evaluation only where one of `evals` runs on its model."""
     other_rl = {s for name, stages in RL_STAGES.items() if name != cfg.rl.algorithm for s in stages}
     return [stage for stage in STAGES if stage not in cfg.skip and stage not in other_rl
-            and (cfg.control.enabled or stage not in ("control", "eval_control"))]
+            and (cfg.control.enabled or stage not in ("control", "eval_control"))
+            and not (stage.startswith("eval_") and not cfg.evals_for(stage.removeprefix("eval_")))]
 
 
 _PRELOADED = ["torch", "transformers", "peft", "agentic_rl.training.grpo", "agentic_rl.evaluation.runner"]
@@ -247,16 +277,16 @@ def _run_stage(cfg: PipelineConfig, stage: str) -> None:
     models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final"),
               "ppo": str(root / "ppo" / "final"), "control": str(root / "control" / "final")}
     actions: dict[str, Callable[[], dict[str, Any]]] = {
-        "eval_base": lambda: _evaluate(models["base"], cfg.evals, _log),
+        "eval_base": lambda: _evaluate(models["base"], cfg.evals_for("base"), _log),
         "sft": lambda: _sft(cfg, root, _log),
-        "eval_sft": lambda: _evaluate(models["sft"], cfg.evals, _log),
+        "eval_sft": lambda: _evaluate(models["sft"], cfg.evals_for("sft"), _log),
         "rm": lambda: _rm(cfg, root, models["sft"], _log),
         "grpo": lambda: _rl(cfg, root, models["sft"], "grpo"),
-        "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals, _log),
+        "eval_grpo": lambda: _evaluate(models["grpo"], cfg.evals_for("grpo"), _log),
         "ppo": lambda: _rl(cfg, root, models["sft"], "ppo"),
-        "eval_ppo": lambda: _evaluate(models["ppo"], cfg.evals, _log),
+        "eval_ppo": lambda: _evaluate(models["ppo"], cfg.evals_for("ppo"), _log),
         "control": lambda: _control(cfg, root, models["sft"], _log),
-        "eval_control": lambda: _evaluate(models["control"], cfg.evals, _log),
+        "eval_control": lambda: _evaluate(models["control"], cfg.evals_for("control"), _log),
     }
     started = time.perf_counter()
     try:

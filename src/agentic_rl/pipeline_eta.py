@@ -5,7 +5,8 @@
 Nothing here is a benchmark: each estimate scales a measured stage of this run by the work the
 next one does, so it needs the stage it scales from.
 
-- an evaluation takes as long as the last evaluation did (every stage runs the same `evals`);
+- an evaluation decodes its episodes (n, plus n x k samples where k > 1, over the `evals` that run on
+  its model) at the last evaluation's seconds per episode;
 - SFT and the control take steps x the SFT stage's measured seconds per step, plus the SFT
   stage's time outside its steps (model loading, saving);
 - an RL step decodes its episodes at the last evaluation's seconds per episode (rollouts sample
@@ -47,7 +48,10 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
     sft_step = sft["train_seconds"] / max(1, sft["steps"]) if sft and sft.get("train_seconds") else None
     overhead = max(0.0, sft["seconds"] - sft["train_seconds"]) if sft_step else 0.0
     if stage.startswith("eval_"):
-        return evals[-1]["seconds"] if evals else None
+        if not evals:
+            return None
+        last = evals[-1]
+        return last["seconds"] / max(1, _episodes(last["evals"].values())) * _episodes(vars(e) for e in cfg.evals_for(stage.removeprefix("eval_")))
     if stage == "control":
         if sft_step is None:
             return None
@@ -60,14 +64,19 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
             return None
         section = getattr(cfg, stage)
         last = evals[-1]
-        episodes = sum(e["n"] * (1 + (e["k"] if e.get("k", 1) > 1 else 0)) for e in last["evals"].values())
-        per_episode = last["seconds"] / max(1, episodes)
+        per_episode = last["seconds"] / max(1, _episodes(last["evals"].values()))
         rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
         update = section.rollout.batch_size * sft_step / cfg.sft.batch_size  # one forward/backward over the batch
         rescore = update / 3 if section.old_logprobs == "recompute" else 0.0  # a forward alone: ~1/3 of forward+backward
         rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
         return rollout_batches * (rollout + rescore) + section.train.steps * update * trained_share(section) + overhead
     return None
+
+
+def _episodes(evals: Any) -> int:
+    """Episodes decoded by evaluations (each a result or a config, as a dict with n and k): the greedy
+    pass@1 episode of each problem, and its k samples where k > 1."""
+    return sum(e["n"] * (1 + (e["k"] if e.get("k", 1) > 1 else 0)) for e in evals)
 
 
 def minutes(seconds: float) -> str:
