@@ -95,6 +95,10 @@ def test_stage_inputs_follow_what_each_stage_reads():
     assert changed("control.steps=3") == ["control", "eval_control"]
     assert changed("control.seed=7") == ["control", "eval_control"]  # another control seed from the same SFT model
     assert changed("evals=[{env: {name: arith}, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
+    same = "{label: arith-d1, env: {name: arith, options: {difficulty: 1}}, n: 4, k: 2, max_concurrent: 8, rollout: {max_turn_tokens: 12, max_turns: 2}}"
+    assert changed(f"evals=[{same}, {{label: room, n: 2, stages: [sft]}}]") == ["eval_sft"]  # only the stage it runs at
+    assert changed(f"evals=[{same}]") == []
+    assert all("stages" not in entry for entry in stage_inputs(base, "eval_sft")["evals"])  # runs recorded before `stages` resume
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
     assert changed("ppo.optim.lr=0.123") == []  # PPO is not this config's RL stage
     assert changed("rl.algorithm=ppo") == ["control", "eval_control"]  # grpo's stages do not run; the control matches PPO

@@ -50,6 +50,7 @@ from agentic_rl.training.sft import SFTConfig
 
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
 RL_STAGES = {"grpo": ("grpo", "eval_grpo"), "ppo": ("ppo", "eval_ppo")}
+"""The stages of each RL algorithm; only rl.algorithm's run."""
 MODELS = ("base", "sft", "grpo", "ppo", "control")
 """The models the pipeline evaluates: stage eval_<model> evaluates <model>."""
 
@@ -70,7 +71,6 @@ class PipelineEvalConfig(EvalConfig):
 
     def runs_on(self, model: str) -> bool:
         return self.stages is None or model in self.stages
-"""The stages of each RL algorithm; only rl.algorithm's run."""
 
 _REDO_STAGE = "delete the stage's folder to run that stage again (a rerun resumes from the stages before it)"
 
@@ -313,6 +313,9 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     if cfg.use_reward_model and stage in ("grpo", "eval_grpo", "ppo", "eval_ppo"):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
+    if stage.startswith("eval_"):  # the evaluations this stage runs, as they were before `stages` existed
+        as_dict["evals"] = [{k: v for k, v in dataclasses.asdict(e).items() if k != "stages"}
+                            for e in cfg.evals_for(stage.removeprefix("eval_"))]
     for name in ("sft", "rm", "grpo", "ppo"):  # how a run is watched and saved does not change its result
         for key in LOOP_KEYS_WITHOUT_EFFECT:
             as_dict[name]["train"].pop(key.removeprefix("train."), None)
