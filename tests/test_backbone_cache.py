@@ -33,6 +33,7 @@ class _OldNames(nn.Module):
 
 
 def test_the_cache_name_is_the_one_the_forward_takes(tiny_qwen3):
+    """Guards against a cache name fixed to one transformers release instead of read off the decoder."""
     model, _ = tiny_qwen3
     decoder = backbone_of(model)
     assert cache_name(_OldNames(decoder)) == "past_key_values"

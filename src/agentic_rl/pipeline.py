@@ -130,6 +130,9 @@ class PipelineConfig(PluginsConfig):
     rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
 
     def __post_init__(self) -> None:
+        self.evals = [entry if isinstance(entry, PipelineEvalConfig) else  # an EvalConfig built in Python: every model
+                      PipelineEvalConfig(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(EvalConfig)})
+                      for entry in self.evals]
         if not self.output_dir.strip():
             raise ValueError("output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
                              "path would write them into the current directory")
