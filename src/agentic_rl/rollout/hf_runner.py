@@ -58,6 +58,7 @@ class HFRunner(Runner):
         self._parked: dict[int, _LayerKV | None] = {}  # slot -> compact KV while out of the batch
         self._rows: list[int] = []  # slots in the batched cache, in row order
         self._cache: DynamicCache | None = None
+        self._cache_name = cache_name(model.model)  # the backbone's name for its cache (transformers 5.17: past_key_values)
         self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)  # (B, L)
 
     # ------------------------------------------------------------------ Runner API
@@ -138,7 +139,7 @@ class HFRunner(Runner):
             attention_mask=mask[:, None, :, :],  # (B, 1, c, L + c)
             position_ids=position_ids,
             use_cache=True,
-            **{cache_name(self.model.model): self._cache},
+            **{self._cache_name: self._cache},
         )
         last = torch.tensor([len(c) - 1 for c in chunks], device=self.device)  # (B,)
         hidden = out.last_hidden_state[torch.arange(batch, device=self.device), last]  # (B, H)
