@@ -170,11 +170,23 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     assert {t.weights_version for t in fresh.trajectories} == {objective.episodes.engine.weights_version}
 
 
-def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path, fresh_accelerator_state):
-    """old_logprobs: recompute under bf16 autocast: π_old must come from the same bf16 forward the
-    loss runs, so the first update's ratio is exactly 1. Guards against π_old scored in fp32
+def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_precision(tmp_path, fresh_accelerator_state, monkeypatch):
+    """old_logprobs: recompute under bf16 autocast: π_old is the first update's own forward (the
+    weights that sampled the batch, in the precision the loss runs in), so that update's ratio is
+    exactly 1, and the rows it trained keep those log-probs for the next update, whose ratio then
+    moves with the weights. No separate re-scoring pass runs. Guards against π_old scored in fp32
     outside the loop's autocast, which put the fp32-bf16 gap (here 1.3e-3 nats per token on
-    average, 3.5e-3 at most) into every ratio before any update."""
+    average, 3.5e-3 at most) into every ratio before any update; against a second update that
+    reads π_θ again (its ratio stuck at 1: the clip never acts); and against the re-scoring pass
+    (a forward over the whole batch, a third of an update's cost) coming back."""
+    from agentic_rl.training.episodes import Episodes
+
+    def no_rescoring(self, tensors, reference):
+        assert reference, "π_old must come from the first update's forward, not a re-scoring pass"
+        return original(self, tensors, reference)
+
+    original = Episodes.score
+    monkeypatch.setattr(Episodes, "score", no_rescoring)
     cfg = grpo_cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
     model, objective, batch = first_batch(cfg, mixed_precision="bf16")
     t, mask = batch.tensors, batch.tensors.loss_mask.bool()
@@ -184,4 +196,47 @@ def test_recomputed_pi_old_runs_in_the_training_precision(tmp_path, fresh_accele
         fp32, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
     gap = float((logps.float() - fp32)[mask].abs().mean())
     assert gap > 1e-4, "the test needs bf16 and fp32 log-probs that differ"
-    assert float((logps.float() - batch.old_logprobs)[mask].abs().max()) < 1e-6 < gap
+    rows = objective.rows_to_train(batch)
+    assert rows and float(batch.old_logprobs.abs().sum()) == 0.0  # nothing recorded before the first update
+    with objective.accelerator.autocast():
+        for micro in objective.micro_batches(batch):
+            _, metrics = objective.loss(model, micro)
+            assert metrics["loss/ratio_mean"] == 1.0 and metrics["loss/clip_ratio_region"] == 0.0
+    trained = mask[rows]
+    assert trained.sum() > 0
+    assert float((logps.float()[rows] - batch.old_logprobs[rows])[trained].abs().max()) < 1e-6 < gap
+    recorded = batch.old_logprobs.clone()
+
+    with torch.no_grad():  # an optimizer step's worth of change to the weights
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    objective.episodes.after_update(batch)
+    again = objective.batch_for(1)
+    assert again is batch and again.staleness == 1
+    with objective.accelerator.autocast():
+        ratios = [objective.loss(model, micro)[1]["loss/ratio_mean"] for micro in objective.micro_batches(again)]
+    assert max(abs(r - 1.0) for r in ratios) > 1e-3, "the second update must compare π_θ with the recorded π_old"
+    assert torch.equal(batch.old_logprobs, recorded)  # the second update reads the record, never rewrites it
+
+
+def test_a_run_resumed_between_the_updates_of_one_batch_keeps_its_recorded_pi_old(tmp_path, monkeypatch):
+    """old_logprobs: recompute with μ = 2, stopped after the first update of a batch and resumed:
+    the second update must read the π_old its batch's first update recorded (saved with the
+    checkpoint), so the resumed run ends with the same adapters as an unbroken one, bit for bit.
+    Guards against a checkpoint that keeps the batch but not its record (the resumed update would
+    read 0s as π_old: ratio e^{log π_θ}, far from 1) and against a resumed update that records
+    again from the weights it resumed with (ratio 1: no clip)."""
+    from helpers_training import adapters
+    from sigkill import interrupt_then_resume
+
+    from agentic_rl.training.grpo import GRPO, train_grpo
+
+    keys = ("updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "train.steps=4", "train.checkpoint_every=1")
+    train_grpo(grpo_cfg(tmp_path / "straight", *keys))
+    resumed = interrupt_then_resume(monkeypatch, GRPO, train_grpo, grpo_cfg(tmp_path / "split", *keys), step=1)
+    assert resumed["history"][0]["rollout/staleness"] == 1.0  # the first step after the resume is a batch's second update
+    expected, got = adapters(tmp_path / "straight"), adapters(tmp_path / "split")
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key

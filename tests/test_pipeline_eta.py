@@ -29,10 +29,11 @@ def test_an_rl_stage_is_estimated_from_the_sft_step_and_the_evaluation_episode()
     mu2 = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch_size=8",
                "grpo.selection.dynamic_sampling=false", "grpo.selection.max_rounds=2", "grpo.updates_per_batch=2",
                "grpo.old_logprobs=recompute")  # max_rounds back to its default: without dynamic sampling it is unused
-    # train.steps counts updates: 12 steps at μ = 2 are 6 rollout batches, each rescored once (a
-    # forward over the whole batch, a third of its 40 s forward/backward), and 12 updates (it once
-    # counted 12 batches x 2), each on the 65% of the batch in groups with reward variance.
-    assert estimate_seconds(mu2, "grpo", DONE) == pytest.approx(6 * (32 * 120.0 / 356 + 40.0 / 3) + 12 * 40.0 * 0.65 + 20.0)
+    # train.steps counts updates: 12 steps at μ = 2 are 6 rollout batches and 12 updates (it once
+    # counted 12 batches x 2), each on the 65% of the batch in groups with reward variance. π_old
+    # (recompute) comes from the first update's forward, so nothing is charged for it (it once
+    # charged a re-scoring pass, a third of the 40 s forward/backward, per batch).
+    assert estimate_seconds(mu2, "grpo", DONE) == pytest.approx(6 * (32 * 120.0 / 356) + 12 * 40.0 * 0.65 + 20.0)
     with_beta = _cfg("grpo.rollout.batch_size=32", "grpo.rollout.group_size=8", "grpo.train.steps=12", "sft.batch_size=8",
                      "grpo.selection.dynamic_sampling=true", "grpo.updates_per_batch=1", "grpo.old_logprobs=detach", "grpo.loss.beta=0.04")
     assert estimate_seconds(with_beta, "grpo", DONE) == pytest.approx(12 * (rollout + training / 0.65) + 20.0)  # β > 0 trains every episode

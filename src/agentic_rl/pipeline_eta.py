@@ -14,8 +14,9 @@ next one does, so it needs the stage it scales from.
   replacement round redraws about half the groups on the demo: EXPERIMENTS.md), and trains them
   at the SFT stage's seconds per demonstration, once per update, on the share of the batch an update
   trains (GRPO leaves out the groups whose rewards are all equal: skip_zero_advantage). `train.steps` counts updates, so
-  with μ = updates_per_batch there are steps / μ rollout batches, each rescored once (a forward,
-  ~1/3 of a forward and backward) when old_logprobs is recompute.
+  with μ = updates_per_batch there are steps / μ rollout batches; PPO's also take one value pass
+  each (a forward, ~1/3 of a forward and backward). GRPO has no such pass: its π_old comes from
+  the first update's forward (old_logprobs: recompute) or the sampler.
 
 Before the SFT stage and an evaluation have run there is nothing to scale; those stages, and the
 reward-model stage (whose pair sampling and scoring scale with neither), are named as not estimable. The RL stage's own progress bar gives its time left once it runs.
@@ -67,7 +68,7 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         per_episode = last["seconds"] / max(1, _episodes(last["evals"].values()))
         rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
         update = section.rollout.batch_size * sft_step / cfg.sft.batch_size  # one forward/backward over the batch
-        rescore = update / 3 if section.old_logprobs == "recompute" else 0.0  # a forward alone: ~1/3 of forward+backward
+        rescore = update / 3 if stage == "ppo" else 0.0  # PPO's value pass, a forward alone: ~1/3 of forward+backward
         rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
         return rollout_batches * (rollout + rescore) + section.train.steps * update * trained_share(section) + overhead
     return None

@@ -29,7 +29,9 @@ class RolloutBatch:
     (advantage.mode episode), or the values of the turns it holds on their tokens (turn and
     turn_position; 0 between turns)."""
     old_logprobs: torch.Tensor | None
-    """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy)."""
+    """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy). With
+    old_logprobs: recompute it starts at 0 and the batch's first update writes the rows it trains
+    from its own forward pass (GRPO.loss); no other row is ever read."""
     ref_logprobs: torch.Tensor | None
     """(R_local, T) π_ref, computed only when the loss needs a reference (β > 0)."""
     off_policy: torch.Tensor

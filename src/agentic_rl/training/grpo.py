@@ -13,15 +13,17 @@ One optimizer step, `GRPO.step` (the "seed" GRPO, DESIGN.md §3), reads in the o
      mean episode return (turn) or its mean return at the same turn (turn_position), each on
      its turn's tokens;
   5. π_old as `old_logprobs` says, and π_ref only when β > 0: the base model with adapters
-     disabled (LoRA), or a frozen copy (full fine-tune);
+     disabled (LoRA), or a frozen copy (full fine-tune). With old_logprobs: recompute π_old is the
+     weights of the batch's first update, so that update's own forward records it (in `loss`)
+     for the μ − 1 after it: no separate re-scoring pass;
   6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py) per micro-batch, gradients accumulated;
      each token's clipped surrogate times the sampler/trainer mismatch weight when
      rollout_correction is on (algorithms/rollout_correction.py; its statistics every step);
   7. the optimizer step (training/loop.py: clip, finite checks, AdamW), then the rollout weights
      synced to the new ones, and the step's metrics.
 Steps 1-5 are `GRPO.rollout_batch`. With μ = `updates_per_batch` > 1 the same rollouts serve μ
-optimizer steps; π_old is the sampling log-probs recorded by the engine (or one re-scoring,
-with old_logprobs: recompute). The first batch of every run is audited before its first
+optimizer steps; π_old is the sampling log-probs recorded by the engine (or, with
+old_logprobs: recompute, the training forward of the first update, in the training precision). The first batch of every run is audited before its first
 gradient (audit.on_start, training/start_audit.py): prefixes and loss masks of its own episodes.
 Processes split each batch by stride and gather rewards in global order (training/episodes.py),
 so the advantages are exactly those of a single process.
@@ -104,8 +106,8 @@ class GRPO:
         tensors, trajs = collected.tensors, collected.trajectories
         advantages = self.advantages(collected)  # 4: (R_local, T)
         started = time.perf_counter()
-        old = {"recompute": lambda: episodes.score(tensors, reference=False), "sampling": lambda: tensors.logprobs,
-               "detach": lambda: None}[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(), exactly on-policy)
+        old = {"recompute": lambda: torch.zeros_like(tensors.logprobs), "sampling": lambda: tensors.logprobs,
+               "detach": lambda: None}[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: filled by `loss`)
         ref = episodes.score(tensors, reference=True) if cfg.loss.needs_reference else None  # π_ref, β > 0 only
         collected.metrics["time/reference"] = time.perf_counter() - started
         off_policy = torch.tensor(collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool)  # (R_local,)
@@ -181,7 +183,12 @@ class GRPO:
         advantages = rows_of(batch.advantages)  # (b, T)
         if cfg.advantage.mode == "episode":
             advantages = advantages[:, 0]  # (b,): one value per row, so GSPO's clip fractions count sequences
-        old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
+        if batch.old_logprobs is None or (cfg.old_logprobs == "recompute" and batch.staleness == 0):
+            old = logps.detach()  # π_θ before this batch's first optimizer step IS π_old: ratio exactly 1
+            if batch.old_logprobs is not None:  # recompute: the record the batch's later updates read
+                batch.old_logprobs[index, :length] = old.float().cpu()
+        else:
+            old = rows_of(batch.old_logprobs)
         off_policy = batch.off_policy[index].to(device)  # (b,): oracle demonstrations (guidance)
         if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
             old = torch.where(off_policy[:, None], logps.detach(), old)

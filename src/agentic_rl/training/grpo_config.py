@@ -100,7 +100,9 @@ class GRPOConfig(PluginsConfig):
     """μ: optimizer steps per rollout batch."""
     old_logprobs: OldLogprobs = "sampling"
     """π_old: "sampling" uses the engine's log-probs (free, exact when rollout and training share
-    precision); "recompute" re-scores the batch once before the first update; "detach" uses
+    precision); "recompute" takes π_old in the training precision from the first update's own
+    forward pass (the weights that sampled the batch, so that update's ratio is exactly 1) and
+    keeps it for the μ − 1 updates after it, with no extra pass; "detach" uses
     π_θ.detach() (exact on-policy, μ = 1 only: the ratio is 1 and the gradient is the policy gradient)."""
     rollout_correction: RolloutCorrectionConfig = dataclasses.field(default_factory=RolloutCorrectionConfig)
     """Importance weights π_old/π_sampler on the policy loss, for rollouts decoded by other numerics
