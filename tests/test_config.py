@@ -313,6 +313,7 @@ _UNUSED = [  # (command, overrides, the start of the error after "invalid value 
     ("rm", ["pairs.policy=runs/sft/final"], "pairs.policy='runs/sft/final' is only used with pairs.source: sampled"),
     ("rm", ["pairs.samples_per_task=8"], "pairs.samples_per_task=8 is only used with pairs.source: sampled"),
     ("rm", ["pairs.max_pairs_per_task=2"], "pairs.max_pairs_per_task=2 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.max_concurrent=8"], "pairs.max_concurrent=8 is only used with pairs.source: sampled"),
     ("rm", ["pairs.rollout.temperature=0.5"], "pairs.rollout.temperature=0.5 is only used with pairs.source: sampled"),
     ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
     ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),

@@ -156,3 +156,37 @@ def test_corrupted_pairs_refuse_an_env_that_drops_turns():
     cfg = load_config(PairsConfig, None, overrides=["source=corrupted", "env.name=memory", "env.options={facts: 2, gap: 2, window: 2}"])
     with pytest.raises(ValueError, match="env 'memory' drops turns.*use pairs.source=sampled"):
         build_pairs(cfg, "train", 2, load_tokenizer(TINY_QWEN3), 0)
+
+
+def test_sampled_pairs_decode_in_bounded_slots_and_get_the_same_episodes(monkeypatch):
+    """pairs.source=sampled decodes tasks x samples_per_task episodes through at most
+    pairs.max_concurrent engine slots (the others wait for a free one), and the episodes are the
+    ones an engine with a slot for every episode samples, token for token (each episode has its
+    own random stream). Guards against an engine sized to every episode at once: 96 tasks x 8
+    samples were 768 slots, each with a KV cache of max_episode_tokens (~18 GB for SmolLM2 in
+    bf16 at 1,024 tokens), on a 24 GB machine."""
+    from agentic_rl.rollout import factory
+    from agentic_rl.training import reward_model
+    from agentic_rl.training.reward_model import PairsConfig
+
+    slots, episodes = [], []
+    build = factory.build_engine
+
+    def recording_build(*args, **kwargs):
+        slots.append(kwargs["max_concurrent"])
+        engine = build(*args, **kwargs)
+        run = engine.run
+        engine.run = lambda envs, tasks, **kw: episodes.append(run(envs, tasks, **kw)) or episodes[-1]
+        return engine
+
+    monkeypatch.setattr(factory, "build_engine", recording_build)
+    keys = ["source=sampled", "policy=tiny-qwen3", "samples_per_task=4", "rollout.max_turn_tokens=12", "rollout.max_turns=2",
+            "env.options={difficulty: 1}"]
+    tasks = PairsConfig().env.make().tasks("train", n=3, seed=0)
+    for limit in (5, 64):
+        reward_model._sampled_pairs(load_config(PairsConfig, None, overrides=[*keys, f"max_concurrent={limit}"]), tasks, 0)
+    assert slots == [5, 12]  # 3 tasks x 4 samples = 12 episodes: 5 slots, then one for each
+    bounded, unbounded = episodes
+    assert len(bounded) == len(unbounded) == 12
+    assert [t.input_ids for t in bounded] == [t.input_ids for t in unbounded]
+    assert len({tuple(t.input_ids) for t in bounded}) > 1  # sampled: the samples of a task differ

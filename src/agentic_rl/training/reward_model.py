@@ -63,6 +63,10 @@ class PairsConfig(Config):
     """For source=sampled: attempts per task."""
     max_pairs_per_task: int = 4
     """Most pairs taken from one task."""
+    max_concurrent: PositiveInt = 64
+    """For source=sampled: episodes decoded at once (the engine's slots; the rest wait for a free
+    one). Memory grows with it: each slot holds a KV cache of rollout.max_episode_tokens. The
+    episodes do not depend on it (each has its own random stream). The same name as eval's."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """For source=sampled: how attempts are decoded (limits, temperature, backend, device); for
     both sources, enable_thinking renders the pairs."""
@@ -70,7 +74,7 @@ class PairsConfig(Config):
     def __post_init__(self) -> None:
         if self.source != "sampled":  # corrupted pairs: one per oracle demonstration, nothing decoded
             why = dict(used_with="pairs.source: sampled", now=f"pairs.source is {self.source!r}")
-            refuse_unused(self, ["policy", "samples_per_task", "max_pairs_per_task"], prefix="pairs.", **why)
+            refuse_unused(self, ["policy", "samples_per_task", "max_pairs_per_task", "max_concurrent"], prefix="pairs.", **why)
             decoding = [f.name for f in dataclasses.fields(self.rollout) if f.name != "enable_thinking"]
             refuse_unused(self.rollout, decoding, prefix="pairs.rollout.", **why)
 
@@ -160,7 +164,7 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
     policy, tokenizer, _ = load_for_decoding(cfg.policy, cfg.rollout.device, key="pairs.rollout.device")
-    engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=len(tasks) * cfg.samples_per_task)
+    engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=min(cfg.max_concurrent, len(tasks) * cfg.samples_per_task))
     envs = [cfg.env.make() for _ in range(len(tasks) * cfg.samples_per_task)]
     episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])
     pairs = []
