@@ -23,8 +23,9 @@ One optimizer step, `GRPO.step` (the "seed" GRPO, DESIGN.md §3), reads in the o
      synced to the new ones, and the step's metrics.
 Steps 1-5 are `GRPO.rollout_batch`. With μ = `updates_per_batch` > 1 the same rollouts serve μ
 optimizer steps; π_old is the sampling log-probs recorded by the engine (or, with
-old_logprobs: recompute, the training forward of the first update, in the training precision). The first batch of every run is audited before its first
-gradient (audit.on_start, training/start_audit.py): prefixes and loss masks of its own episodes.
+old_logprobs: recompute, the first update's training forward, in the training precision). The
+first batch of every run is audited before its first gradient (audit.on_start,
+training/start_audit.py): prefixes and loss masks of its own episodes.
 Processes split each batch by stride and gather rewards in global order (training/episodes.py),
 so the advantages are exactly those of a single process.
 
@@ -185,7 +186,7 @@ class GRPO:
             advantages = advantages[:, 0]  # (b,): one value per row, so GSPO's clip fractions count sequences
         if batch.old_logprobs is None or (cfg.old_logprobs == "recompute" and batch.staleness == 0):
             old = logps.detach()  # π_θ before this batch's first optimizer step IS π_old: ratio exactly 1
-            if batch.old_logprobs is not None:  # recompute: the record the batch's later updates read
+            if batch.old_logprobs is not None and not micro.dummy:  # recompute: the record the later updates read
                 batch.old_logprobs[index, :length] = old.float().cpu()
         else:
             old = rows_of(batch.old_logprobs)

@@ -69,7 +69,7 @@ GLOSSARY: dict[str, str] = {
     "rollout/logprob_drift_max": "Audit on start: largest |log π_sampler − log π_θ| over the first trained batch's trained tokens, π_θ the weights that sampled it (float32 on both sides: within 1e-3).",
     "rollout/logprob_drift_mean": "Audit on start: mean |log π_sampler − log π_θ| over the first trained batch's trained tokens, π_θ the weights that sampled it.",
     "time/audit": "Audit on start: seconds of its prefix and mask checks and its log-prob drift (logged once, at the step that first trains).",
-    "time/reference": "Seconds spent on π_old re-scoring and π_ref passes (0 when neither runs).",
+    "time/reference": "Seconds spent on the passes a rollout batch needs before its first update: π_ref (β > 0) and PPO's value pass, which also re-scores π_old (GRPO takes π_old from its first update's forward); 0 when none runs.",
     # what a GRPO step trained on
     "train/groups_with_variance": "Share of the trained batch's groups whose rewards differ, after dynamic sampling and guidance.",
     "train/guided_groups": "Groups in which an oracle demonstration replaced an episode (guidance).",
