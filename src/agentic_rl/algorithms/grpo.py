@@ -25,7 +25,8 @@ The loss, per trained token t of sequence i (A_i: advantage, r: importance ratio
 then aggregated by `GRPOLossConfig.loss_type`.
 
 Old log-probs and mu (updates per batch). `old_logps` must be the log-probs of the weights that
-SAMPLED the batch: the rollout engine's logprobs, or one no-grad re-scoring before the first update.
+SAMPLED the batch: the rollout engine's logprobs, or those weights' forward (the trainer records the
+first update's, before its optimizer step changes them).
 With mu = 1 and the loss computed from those same weights, ratio == 1 everywhere, so
 `old_logps = logps.detach()` gives the identical loss and gradient (TRL does exactly this; see
 tests/test_grpo_loss.py::test_detached_old_logps_equal_sampling_logps_when_on_policy). With mu > 1

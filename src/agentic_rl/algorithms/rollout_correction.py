@@ -42,8 +42,8 @@ How it composes with the rest of the loss (GRPO and PPO alike):
   * PPO clip: the weight multiplies the CLIPPED surrogate, −w · min(r A, clip(r, 1−ε, 1+ε) A),
     where r = π_θ/π_old. The clip bounds how far θ moves from π_old; w says how much the sample
     counts. They multiply: w never enters the clip, and the clip fractions are r's.
-  * μ > 1 updates per batch: π_old is fixed for the batch (recorded or re-scored once before its
-    first update) and the sampler's log-probs are the engine's record, so w is the same at every
+  * μ > 1 updates per batch: π_old is fixed for the batch (the sampler's record, or, recomputed,
+    the first update's own forward) and the sampler's log-probs are the engine's record, so w is the same at every
     one of the μ updates; only r moves.
   * GSPO (importance_sampling_level: sequence) and loss types: the weight multiplies the per-token
     surrogate before aggregation, whatever r's level or the normaliser.
