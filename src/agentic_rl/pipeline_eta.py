@@ -68,9 +68,9 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         per_episode = last["seconds"] / max(1, _episodes(last["evals"].values()))
         rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
         update = section.rollout.batch_size * sft_step / cfg.sft.batch_size  # one forward/backward over the batch
-        rescore = update / 3 if stage == "ppo" else 0.0  # PPO's value pass, a forward alone: ~1/3 of forward+backward
+        value_pass = update / 3 if stage == "ppo" else 0.0  # PPO's value pass, a forward alone: ~1/3 of forward+backward
         rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
-        return rollout_batches * (rollout + rescore) + section.train.steps * update * trained_share(section) + overhead
+        return rollout_batches * (rollout + value_pass) + section.train.steps * update * trained_share(section) + overhead
     return None
 
 
