@@ -4,12 +4,14 @@
         [--batch-sizes 8,32] [--max-new-tokens 64] [--multi-turn-episodes 32]
         [--a shared_prefix=0] [--b ""]               # the default A/B: shared-prefix attention off / on
     .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a linear=mm --b linear=mkldnn
+    .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a dtype=bfloat16 --b linear=int8
+                                                     # rollout.dtype bfloat16 against int8, fp32 model
 
 Model: the embedded SmolLM2-135M-Instruct. Prompts are real `arith` prompts (system prompt and
 the calculator's tool schema, then the problem), so the episodes share a long prompt prefix that
 the engine prefills once and forks into every slot. Both sides are the same engine on a
 FastRunner built with the keyword arguments of `--a` and `--b` (comma-separated KEY=VALUE; empty
-means FastRunner's defaults). The default A/B is shared-prefix attention: A is built with
+means FastRunner's defaults; `dtype=bfloat16` gives a side bf16 copies of the model). The default A/B is shared-prefix attention: A is built with
 `shared_prefix=0` (every row attends its whole cache), B with the defaults (rows that share the
 forked prefix attend it once per call, see fast_runner.py).
 Episodes are identical on both sides: stop tokens are disabled (turns end at the token limit)
@@ -21,8 +23,9 @@ Rows:
                     of a GRPO rollout batch).
 Repeats are interleaved (A, B, A, B, ...) so the noise of a shared machine hits both alike.
 Each row reports median / min / max generated tokens per second, the ratio of the medians B / A,
-and how many forward calls of B's last run attended a shared prefix once; the last line is JSON
-with the ratios.
+and how many forward calls of B's last run attended a shared prefix once; a line per side gives
+the median seconds of `sync_weights()` (rebuilding the copies, which a trainer does after every
+update); the last line is JSON with the ratios.
 """
 
 from __future__ import annotations
@@ -45,16 +48,19 @@ from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.sampling import SamplingParams
 
 
-def runner_kwargs(text: str) -> dict[str, bool | int | str]:
+def runner_kwargs(text: str) -> dict[str, bool | int | str | torch.dtype]:
     """"linear=mkldnn,shared_prefix=0" -> {"linear": "mkldnn", "shared_prefix": 0}; "" -> {}.
 
-    Values are ints ("0"), booleans ("true"/"false", any case) or strings."""
-    kwargs: dict[str, bool | int | str] = {}
+    Values are ints ("0"), booleans ("true"/"false", any case), torch dtypes for `dtype`
+    ("bfloat16", "float32") or strings."""
+    kwargs: dict[str, bool | int | str | torch.dtype] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise SystemExit(f"FastRunner setting {item!r}: expected KEY=VALUE, e.g. linear=mkldnn")
-        if value.lstrip("-").isdigit():
+        if key == "dtype":
+            kwargs[key] = getattr(torch, value)
+        elif value.lstrip("-").isdigit():
             kwargs[key] = int(value)
         elif value.lower() in ("true", "false"):
             kwargs[key] = value.lower() == "true"
@@ -106,8 +112,14 @@ def main() -> None:
     if args.multi_turn_episodes:
         shapes.append((f"multi-turn {args.multi_turn_episodes}x{args.turns}x{args.turn_tokens}",
                        args.multi_turn_episodes, args.turns, args.turn_tokens))
-    for kwargs in sides.values():  # warm-up
-        engine_rate(model, tokenizer, kwargs, 2, 1, 4, args.max_len, seed=0)
+    for side, runner in built.items():  # warm-up, and the cost of one refresh of the copies
+        engine_rate(model, tokenizer, sides[side], 2, 1, 4, args.max_len, seed=0)
+        refresh = []
+        for _ in range(3):
+            started = time.perf_counter()
+            runner.sync_weights()
+            refresh.append(time.perf_counter() - started)
+        print(f"# {side}: sync_weights {statistics.median(refresh):.3f} s (median of 3)", flush=True)
     ratios, lines = {}, []
     for name, episodes, turns, turn_tokens in shapes:
         rates: dict[str, list[float]] = {"A": [], "B": []}
