@@ -176,6 +176,7 @@ def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
     lines: list[str] = []
     result = _evaluate("tiny-qwen3", [cfg], lines.append)
     assert result["evals"][cfg.name]["finish_reasons"] == {"max_turn_tokens": 1.0}
+    assert result["evals"][cfg.name]["decoded_in"] == "float32"  # the report says which precision decoded what
     assert any("WARNING 100% of the episodes were cut off by a rollout limit (100% at max_turn_tokens 4)" in line for line in lines), lines
 
 

@@ -231,3 +231,15 @@ def test_an_untimed_run_gets_no_minutes_plot(tmp_path):
     assert minutes_series(_results()) == {}
     assert "accuracy_by_minutes" not in report
     assert not (tmp_path / "plots" / "accuracy_by_minutes.png").exists()
+
+
+def test_each_evaluation_says_which_precision_decoded_it(tmp_path):
+    """Guards against an evaluation whose decode precision (bf16 or int8 copies, issue 35) is
+    known to the run but shown nowhere: the table row and summary.json both carry it."""
+    results = _results()
+    results["eval_grpo"]["evals"]["new"]["decoded_in"] = "int8"
+    lines = write_report(tmp_path, results, _Cfg()).read_text().splitlines()
+    assert "decoded in int8 |" in next(line for line in lines if line.startswith("| new | after GRPO |"))
+    assert "decoded in" not in next(line for line in lines if line.startswith("| new | after SFT |"))  # not recorded
+    summary = loads_strict((tmp_path / "summary.json").read_text())
+    assert summary["stages"]["eval_grpo"]["new"]["decoded_in"] == "int8"

@@ -84,8 +84,8 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """The machine-readable summary: accuracies with 95% intervals per stage and evaluation, and
-    the paired comparisons of COMPARISONS on every evaluation both stages ran."""
+    """The machine-readable summary: accuracies with 95% intervals per stage and evaluation (and
+    the precision that decoded it, where recorded), and the paired comparisons of COMPARISONS on every evaluation both stages ran."""
     from agentic_rl.evaluation.compare import compare_evaluations
     from agentic_rl.evaluation.runner import compared_metrics
 
@@ -95,7 +95,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             entry: dict[str, Any] = {"n": metrics.get("n"), "k": metrics.get("k", 1)}
             for metric in compared_metrics(metrics) if "per_task" in metrics else ["pass@1"]:
                 entry[metric] = {"value": metrics.get(metric), "ci95": (metrics.get("ci95") or {}).get(metric)}
-            entry.update({key: metrics[key] for key in ("solved/never", "solved/sometimes", "solved/always") if key in metrics})
+            entry.update({key: metrics[key] for key in ("solved/never", "solved/sometimes", "solved/always", "decoded_in") if key in metrics})
             stages.setdefault(stage, {})[label] = entry
     comparisons = []
     for a, b in COMPARISONS:
@@ -122,7 +122,8 @@ def _eval_table(results: dict[str, Any]) -> list[str]:
         if sampled:
             accuracies.append(" / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always")) if "solved/never" in metrics else "")
         cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
-        extra = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps")))
+        extra = ", ".join([f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps"))]
+                          + ([f"decoded in {metrics['decoded_in']}"] if "decoded_in" in metrics else []))
         lines.append(f"| {label} | {name} | {metrics.get('n', '')} | " + " | ".join(accuracies) + " | " + " | ".join(cells) + f" | {extra} |")
     return lines
 
