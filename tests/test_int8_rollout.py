@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from test_fast_runner import _peft_llama, reference_logits, run_schedule, tiny_llama
+from helpers_fast_runner import peft_llama, reference_logits, run_schedule, tiny_llama
 
 from agentic_rl.models.precision import int8_linear_works, resolve_rollout_dtype
 from agentic_rl.rollout.factory import build_runner
@@ -23,7 +23,7 @@ from agentic_rl.rollout.fast_weights import choose_linear, int8_operand, int8_pr
 pytestmark = pytest.mark.skipif(not int8_linear_works(), reason="this torch has no dynamic int8 linear")
 
 INT8_TOL = 0.5
-"""Largest |logit − float32 logit| allowed on the tiny Llamas of test_fast_runner (random weights
+"""Largest |logit − float32 logit| allowed on the tiny Llamas of helpers_fast_runner (random weights
 of std 0.1, logits up to ~4): int8 measured 0.16-0.38 there (7-bit activations on heavy-tailed
 random features); a wrong row order in a fused copy measured 5.0. A wrong scale or a dropped bias
 is caught exactly by the two tests of the operand and the projection below."""
@@ -94,7 +94,7 @@ def test_qwen3_int8_sampling_distribution_is_close(tiny_qwen3):
 def test_int8_copies_are_rebuilt_after_an_update():
     """Guards against int8 copies that miss the update (invariant 3): an in-place LoRA step makes
     the runner stale, and after sync_weights its logits follow the updated model."""
-    pmodel = _peft_llama()
+    pmodel = peft_llama()
     runner = FastRunner(pmodel, max_slots=2, max_len=64, linear="int8")
     prompt = [3, 14, 15, 92, 65, 35, 89, 79]
     before = runner.forward([runner.alloc()], [prompt])[0]
