@@ -6,7 +6,6 @@ import dataclasses
 from typing import Any, Literal
 
 from agentic_rl.config import Config
-from agentic_rl.models.attention import attend_in_float32_on_cpu
 from agentic_rl.models.lora import LoraConfig, apply_lora, describe_trainable
 from agentic_rl.models.stage_output import load_base_and_tokenizer
 
@@ -47,10 +46,8 @@ def context_length(model: Any) -> int | None:
 
 
 def make_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", log=print):
-    """`model` ready to train per cfg: attention in float32 on CPU (models/attention.py), gradient
-    checkpointing if asked, then LoRA adapters (or every weight trainable when cfg.lora.enabled is
-    false); logs what trains."""
-    attend_in_float32_on_cpu(model)
+    """`model` ready to train per cfg: gradient checkpointing if asked, then LoRA adapters (or every
+    weight trainable when cfg.lora.enabled is false); logs what trains."""
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
