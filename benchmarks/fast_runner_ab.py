@@ -4,8 +4,8 @@
         [--batch-sizes 8,32] [--max-new-tokens 64] [--multi-turn-episodes 32]
         [--a shared_prefix=0] [--b ""]               # the default A/B: shared-prefix attention off / on
     .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a linear=mm --b linear=mkldnn
-    .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a dtype=bfloat16 --b linear=int8
-                                                     # rollout.dtype bfloat16 against int8, fp32 model
+    .venv/bin/python benchmarks/fast_runner_ab.py --dtype float32 --a linear=mkldnn --b dtype=bfloat16
+                                                     # rollout.dtype float32 against bfloat16 copies, fp32 model
 
 Model: the embedded SmolLM2-135M-Instruct. Prompts are real `arith` prompts (system prompt and
 the calculator's tool schema, then the problem), so the episodes share a long prompt prefix that

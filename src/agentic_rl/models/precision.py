@@ -11,9 +11,7 @@ minutes. So "auto" means bf16 only where it is fast:
     resolve_mixed_precision("auto")      # "bf16" on such a CPU or a bf16 GPU, else "no"
 
 An explicit "bfloat16" / "bf16" is kept, with a warning where it is slow. The result of a run
-depends on the precision it ran in, so each run logs the one it resolved to. "int8" (rollouts
-only, never "auto") decodes on int8 weight copies where this torch has the dynamic int8 linear
-(`int8_linear_works`), and is refused elsewhere.
+depends on the precision it ran in, so each run logs the one it resolved to.
 """
 
 from __future__ import annotations
@@ -44,24 +42,6 @@ def mkldnn_linear_works(dtype: torch.dtype) -> bool:
         return False
 
 
-@functools.cache
-def int8_linear_works() -> bool:
-    """Whether this torch build runs the dynamic int8 linear on prepacked per-channel int8 weights
-    (`torch.ops.quantized.linear_dynamic`, CPU: fbgemm or the x86 engine), probed once on an 8x8
-    identity."""
-    if not any(engine in torch.backends.quantized.supported_engines for engine in ("fbgemm", "x86")):
-        return False
-    try:
-        with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
-            warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(torch.eye(8), torch.full((8,), 1 / 127, dtype=torch.double),
-                                           torch.zeros(8, dtype=torch.long), 0, torch.qint8)
-            out = torch.ops.quantized.linear_dynamic(torch.ones(1, 8), torch.ops.quantized.linear_prepack(q, None), True)
-        return bool(torch.allclose(out, torch.ones(1, 8), atol=0.05))
-    except Exception:  # noqa: BLE001 - any failure means: no int8 kernel here
-        return False
-
-
 def bf16_is_fast(device: torch.device | str | None = None) -> bool:
     """bf16 compute is at least as fast as fp32 on `device` (default: the GPU if any, else the
     CPU): a CUDA device with bf16 support, or a CPU whose oneDNN runs bf16 linears."""
@@ -77,12 +57,6 @@ def resolve_rollout_dtype(dtype: str, device: torch.device | str | None = None) 
         return "bfloat16" if bf16_is_fast(device) else "float32"
     if dtype == "bfloat16" and not bf16_is_fast(device):
         warnings.warn(f"rollout.dtype=bfloat16: {SLOW_BF16}; use auto or float32", stacklevel=2)
-    if dtype == "int8":
-        where = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-        if where.type != "cpu" or not int8_linear_works():
-            raise ValueError(f"rollout.dtype=int8 decodes with torch's dynamic int8 linear on a CPU; this run decodes "
-                             f"on {where}{'' if where.type != 'cpu' else ', where this torch has no int8 kernel'}: "
-                             "use auto, float32 or bfloat16")
     return dtype
 
 

@@ -17,7 +17,7 @@ from typing import Literal
 from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
-RolloutDtype = Literal["float32", "bfloat16", "int8", "auto"]
+RolloutDtype = Literal["float32", "bfloat16", "auto"]
 DEVICE_SETTING = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 """The values `rollout.device` takes; models/device.py `resolve_device` turns one into a torch.device."""
 FLOAT32_LOGPROB_TOLERANCE = 1e-3
@@ -94,11 +94,8 @@ class RolloutConfig(TemplateOptions):
     """Decode precision (fast backend). bfloat16 decodes from bf16 copies of the weights: ~1.6x
     faster on CPUs with bf16 kernels (AVX512, AMX), 60x slower on AVX2-only ones; its sampling
     log-probs differ from a float32 model's, so a trainer must not use them as π_old (GRPO:
-    old_logprobs detach or recompute). int8 (CPU, fast backend): projections and LM head on
-    per-channel int8 weight copies, activations quantized per call by torch's dynamic int8 linear,
-    the rest in float32; like bfloat16 its log-probs are not π_old, and `rollout_correction`
-    corrects the difference (BENCHMARKS.md has its speed against float32 and bfloat16). auto:
-    bfloat16 where bf16 is fast, else float32, never int8 (models/precision.py); the run logs which."""
+    old_logprobs detach or recompute). auto: bfloat16 where bf16 is fast, else float32
+    (models/precision.py); the run logs which."""
     tool_workers: PositiveInt = 4
     """Threads running the tool calls of different episodes in parallel."""
     device: str = "auto"

@@ -24,8 +24,7 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
     dtype="bfloat16" decodes from bf16 copies of the weights (FastRunner only): about 2x faster
     on CPUs with bf16 kernels, where decoding is bound by reading the weights. Sampling log-probs
     then come from bf16 weights, so trainers must not use them as π_old (see
-    GRPOConfig.old_logprobs). dtype="int8": int8 weight copies (FastRunner's linear="int8", CPU),
-    approximate in the same way. dtype="auto": bfloat16 only where bf16 is fast (models/precision.py).
+    GRPOConfig.old_logprobs). dtype="auto": bfloat16 only where bf16 is fast (models/precision.py).
     """
     import torch
 
@@ -41,8 +40,7 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
             from agentic_rl.rollout.fast_runner import FastRunner
 
             compute = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-            linear = "int8" if dtype == "int8" else "auto"
-            return FastRunner(model, max_slots=max_slots, max_len=max_len, dtype=compute, linear=linear)
+            return FastRunner(model, max_slots=max_slots, max_len=max_len, dtype=compute)
         except NotImplementedError:
             if kind == "fast":
                 raise

@@ -98,9 +98,8 @@ class FastRunner(Runner):
         are always returned as float32. `device`: default the model's.
         `linear`: how projections run. "mm": torch.mm/addmm on (out, in) copies in nn.Linear's
         layout (reusing unfused weights). "mkldnn": oneDNN linears on weights reordered once per
-        sync into oneDNN's blocked layout (CPU only). "int8": per-channel int8 copies of the
-        projections and LM head, run by torch's dynamic int8 linear (CPU, float32 dtype; an
-        approximate mode like bf16 copies). "auto": "mkldnn" on a CPU with oneDNN, else "mm".
+        sync into oneDNN's blocked layout (CPU only). "auto": "mkldnn" on a CPU with oneDNN,
+        else "mm".
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
         "Shared prefix" in fast_attention.py.

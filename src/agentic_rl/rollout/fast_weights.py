@@ -27,10 +27,7 @@ every projection weight once per build into oneDNN's blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight`, the kernel inductor uses for frozen CPU linears) and
 runs `mkldnn._linear_pointwise` on it: the same arithmetic, without repacking the weight on every
 call. Those copies are opaque tensors (no `data_ptr`), the tied LM head included. The A/B of the
-two backends is in BENCHMARKS.md ("Decode probe"). "int8" (`rollout.dtype: int8`) quantizes every
-projection and the LM head to symmetric per-channel int8 once per build and runs torch's dynamic
-int8 linear (activations quantized per call, float32 in and out); the embedding, norms, RoPE and
-attention stay float32. It is approximate like bf16 copies: trainers correct and log the mismatch.
+two backends is in BENCHMARKS.md ("Decode probe").
 
 The invariant this costs, and how it is kept. The copies do not follow the model: after an
 optimizer step, a checkpoint load or any change of the LoRA adapters (switched, enabled,
@@ -49,13 +46,12 @@ key/value heads, hd head dim, Nqkv = (nh + 2·nkv)·hd.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from agentic_rl.models.backbone import unwrap_causal_lm
-from agentic_rl.models.precision import int8_linear_works, mkldnn_linear_works
+from agentic_rl.models.precision import mkldnn_linear_works
 
 Projection = tuple[torch.Tensor, torch.Tensor | None]  # (weight operand, bias or None)
 
@@ -121,40 +117,17 @@ def mkldnn_project_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: tor
     x.add_(torch.ops.mkldnn._linear_pointwise(h, w, b, "none", [], ""))
 
 
-INT8_REDUCE_RANGE = True
-"""Activations are quantized to 7 bits, as torch's own dynamic quantization does for fbgemm: the
-AVX2 kernel's int8 products saturate 16-bit pairs with the full 8."""
-
-
-def int8_project(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    out = torch.ops.quantized.linear_dynamic(h, w, INT8_REDUCE_RANGE)
-    return out if b is None else out.add_(b)
-
-
-def int8_project_add(x: torch.Tensor, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
-    x.add_(int8_project(h, w, b))
-
-
-PROJECTIONS = {
-    "mm": (mm_project, mm_project_add),
-    "mkldnn": (mkldnn_project, mkldnn_project_add),
-    "int8": (int8_project, int8_project_add),
-}
+PROJECTIONS = {"mm": (mm_project, mm_project_add), "mkldnn": (mkldnn_project, mkldnn_project_add)}
 
 
 def choose_linear(linear: str, device: torch.device, dtype: torch.dtype) -> str:
-    """The projection backend for FastRunner's `linear=` setting ("auto", "mm", "mkldnn" or "int8")."""
+    """The projection backend for FastRunner's `linear=` setting ("auto", "mm" or "mkldnn")."""
     if linear == "auto":
         # prepacked weights: faster or equal at every measured batch and dtype (BENCHMARKS.md)
         mkldnn_ok = device.type == "cpu" and mkldnn_linear_works(dtype)
         linear = "mkldnn" if mkldnn_ok else "mm"
-    if linear not in PROJECTIONS:
-        raise ValueError(f"linear must be 'auto', 'mm', 'mkldnn' or 'int8', got {linear!r}")
-    if linear == "int8" and not (device.type == "cpu" and dtype == torch.float32 and int8_linear_works()):
-        raise ValueError(
-            f"linear='int8' needs float32 activations on a CPU whose torch has the dynamic int8 linear; this "
-            f"runner computes in {dtype} on {device}: use linear='auto'"
-        )
+    if linear not in ("mm", "mkldnn"):
+        raise ValueError(f"linear must be 'auto', 'mm' or 'mkldnn', got {linear!r}")
     if linear == "mkldnn" and not (device.type == "cpu" and mkldnn_linear_works(dtype)):
         raise ValueError(
             f"linear='mkldnn' needs a CPU device whose oneDNN runs {dtype} linears; this runner is on "
@@ -275,7 +248,7 @@ class _Builder:
     def lm_head(self, head: torch.nn.Module) -> Projection:
         fmt = self.fmt
         head_is_lora = self.lora_cls is not None and isinstance(head, self.lora_cls)
-        copy_head = head_is_lora or fmt.linear in ("mkldnn", "int8")
+        copy_head = head_is_lora or fmt.linear == "mkldnn"
         if copy_head or getattr(head, "bias", None) is not None:
             w, b = self.effective_linear(head)
             return self.operand(w), None if b is None else self.cast(b)
@@ -328,25 +301,10 @@ class _Builder:
 
     def operand(self, w: torch.Tensor) -> torch.Tensor:
         """(out, in) fp32 weight -> what the projection backend multiplies by: oneDNN-packed, or
-        int8-packed, or torch.mm's right-hand operand (in, out): the transposed view of a contiguous (out, in) copy
+        torch.mm's right-hand operand (in, out): the transposed view of a contiguous (out, in) copy
         (an (in, out) contiguous copy measured alike once weights stream from DRAM, BENCHMARKS.md)."""
         fmt = self.fmt
-        if fmt.linear == "int8":
-            return int8_operand(w)
         w = self.cast(w)
         if fmt.linear == "mkldnn":
             return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), fmt.batch_hint)
         return w.contiguous().t()
-
-
-def int8_operand(w: torch.Tensor) -> torch.Tensor:
-    """(out, in) fp32 weight -> the packed operand of torch's dynamic int8 linear: symmetric
-    per-output-channel int8, scale = max |row| / 127 (an all-zero row gets scale 1), prepacked once
-    per build. Each weight is off by at most half its row's scale."""
-    w = w.detach().float().contiguous()
-    scale = w.abs().amax(dim=1) / 127  # (out,)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated (EXPERIMENTS.md, issue 35)
-        warnings.simplefilter("ignore")
-        q = torch.quantize_per_channel(w, scale.double(), torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None)
