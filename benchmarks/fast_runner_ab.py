@@ -11,9 +11,10 @@ Model: the embedded SmolLM2-135M-Instruct. Prompts are real `arith` prompts (sys
 the calculator's tool schema, then the problem), so the episodes share a long prompt prefix that
 the engine prefills once and forks into every slot. Both sides are the same engine on a
 FastRunner built with the keyword arguments of `--a` and `--b` (comma-separated KEY=VALUE; empty
-means FastRunner's defaults; `dtype=bfloat16` gives a side bf16 copies of the model). The default A/B is shared-prefix attention: A is built with
-`shared_prefix=0` (every row attends its whole cache), B with the defaults (rows that share the
-forked prefix attend it once per call, see fast_runner.py).
+means FastRunner's defaults; `dtype=bfloat16` gives a side bf16 copies of the model). The default
+A/B is shared-prefix attention: A is built with `shared_prefix=0` (every row attends its whole
+cache), B with the defaults (rows that share the forked prefix attend it once per call, see
+fast_runner.py).
 Episodes are identical on both sides: stop tokens are disabled (turns end at the token limit)
 and observations are scripted calculator results, as in rollout_throughput.py.
 

@@ -85,7 +85,8 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """The machine-readable summary: accuracies with 95% intervals per stage and evaluation (and
-    the precision that decoded it, where recorded), and the paired comparisons of COMPARISONS on every evaluation both stages ran."""
+    the precision that decoded it, where recorded), and the paired comparisons of COMPARISONS on
+    every evaluation both stages ran."""
     from agentic_rl.evaluation.compare import compare_evaluations
     from agentic_rl.evaluation.runner import compared_metrics
 
