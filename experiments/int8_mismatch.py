@@ -34,10 +34,10 @@ def teacher_forced_logits(runner: FastRunner, prompts: list[list[int]], tokens: 
     return torch.cat(out)  # (4 · 31, V)
 
 
-def keep_in_float32(keep: list[str]) -> None:
-    """Patch the int8 backend so the projections named in `keep` stay float32 (torch.mm)."""
+def keep_in_float32(keep: list[str], quantize) -> None:
+    """Patch the int8 backend so the projections named in `keep` stay float32 (torch.mm); the rest
+    go through `quantize`, the backend's own int8_operand."""
     shapes = [SHAPES[name] for name in keep]
-    quantize = fast_weights.int8_operand.__wrapped__ if hasattr(fast_weights.int8_operand, "__wrapped__") else fast_weights.int8_operand
 
     def operand(w: torch.Tensor):
         return w.detach().float().contiguous().t() if tuple(w.shape) in shapes else quantize(w)
@@ -47,7 +47,6 @@ def keep_in_float32(keep: list[str]) -> None:
         out = torch.mm(h, w) if plain else torch.ops.quantized.linear_dynamic(h, w, fast_weights.INT8_REDUCE_RANGE)
         return out if b is None else out.add_(b)
 
-    operand.__wrapped__ = quantize  # type: ignore[attr-defined]
     fast_weights.int8_operand = operand
     fast_weights.PROJECTIONS["int8"] = (project, lambda x, h, w, b: x.add_(project(h, w, b)))
 
@@ -70,10 +69,11 @@ def main() -> None:
                 ("all but the LM head", True, ["lm_head"]),
                 ("all but down_proj and the LM head", True, ["down", "lm_head"]),
                 ("down_proj only", True, ["qkv", "o", "gate_up", "lm_head"])]
+    quantize = fast_weights.int8_operand  # the backend's own, before any variant patches it
     print("| int8 | KL per token, mean | max | argmax agrees |\n|---|---|---|---|")
     for name, reduce_range, keep in variants:
         fast_weights.INT8_REDUCE_RANGE = reduce_range
-        keep_in_float32(keep)
+        keep_in_float32(keep, quantize)
         log_q = teacher_forced_logits(FastRunner(model, max_slots=4, max_len=1024, linear="int8"), prompts, tokens).log_softmax(-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         agree = (log_p.argmax(-1) == log_q.argmax(-1)).float().mean()

@@ -41,7 +41,7 @@ import torch
 
 from agentic_rl.evaluation.config import AuditConfig
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.models.precision import resolve_rollout_dtype
+from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.episode_checks import (
     logprob_drift,
     mask_problem,
@@ -67,7 +67,7 @@ def run_audit(model: Any, tokenizer: Any, cfg: AuditConfig) -> list[CheckResult]
     chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
     results = [check_template(chat_format, cfg)]
     device = next(model.parameters()).device
-    dtypes = dict.fromkeys(resolve_rollout_dtype(dtype, device) if dtype == "auto" else dtype for dtype in cfg.dtypes)
+    dtypes = dict.fromkeys(decoded_dtype(dtype, device) for dtype in cfg.dtypes)
     trajectories = {dtype: _sample(model, tokenizer, cfg, dtype) for dtype in dtypes}
     results.append(check_masks(chat_format, [t for ts in trajectories.values() for t in ts]))
     results.append(check_logprobs(model, tokenizer, trajectories, cfg))

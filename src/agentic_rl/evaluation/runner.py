@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
-from agentic_rl.models.precision import resolve_rollout_dtype
+from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rewards.terms import solution_steps
 from agentic_rl.rollout.trajectory import Trajectory
 
@@ -39,7 +39,7 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
         metrics, per_task["correct_of_k"], per_task["maj"] = sampled_metrics(sampled, tasks, cfg.k)
         result.update(metrics)
     result["k"] = cfg.k
-    result["decoded_in"] = resolve_rollout_dtype(cfg.rollout.dtype, next(model.parameters()).device)
+    result["decoded_in"] = decoded_dtype(cfg.rollout.dtype, next(model.parameters()).device)
     result["per_task"] = per_task
     result["ci95"] = confidence_intervals(per_task, cfg.k)
     result["failures"] = [transcript(t) for t in greedy if not t.info.get("correct")][: cfg.failures_shown]

@@ -60,6 +60,12 @@ def resolve_rollout_dtype(dtype: str, device: torch.device | str | None = None) 
     return dtype
 
 
+def decoded_dtype(dtype: str, device: torch.device | str | None = None) -> str:
+    """The precision `rollout.dtype` decodes in, for records and checks: "auto" resolved, any other
+    value as it is (no warning: `resolve_rollout_dtype`, which the decode itself calls, gives it)."""
+    return resolve_rollout_dtype(dtype, device) if dtype == "auto" else dtype
+
+
 def resolve_mixed_precision(mixed_precision: str) -> str:
     """`train.mixed_precision` as accelerate gets it: "auto" becomes "bf16" or "no"."""
     if mixed_precision == "auto":

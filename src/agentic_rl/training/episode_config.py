@@ -10,7 +10,7 @@ from typing import Literal
 
 from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import EnvSpec
-from agentic_rl.models.precision import resolve_rollout_dtype
+from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.config import RolloutConfig
 
 
@@ -84,7 +84,7 @@ def check_old_logprobs(old_logprobs: str, updates_per_batch: int, rollout_dtype:
     if old_logprobs == "detach" and updates_per_batch > 1:
         raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
                          "with updates_per_batch > 1 use sampling or recompute")
-    decodes = resolve_rollout_dtype(rollout_dtype) if rollout_dtype == "auto" else rollout_dtype
+    decodes = decoded_dtype(rollout_dtype)
     if decodes != model_dtype and old_logprobs == "sampling":
         named = rollout_dtype if decodes == rollout_dtype else f"{rollout_dtype} ({decodes} on this machine)"
         raise ValueError(f"rollout.dtype={named} samples with other weights than the trained "

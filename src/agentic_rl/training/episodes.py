@@ -124,10 +124,10 @@ class Episodes:
         self.start_audit = self._make_start_audit() if self.cfg.audit.on_start else None
 
     def _make_start_audit(self) -> StartAudit:
-        from agentic_rl.models.precision import resolve_rollout_dtype
+        from agentic_rl.models.precision import decoded_dtype
 
         rollout_dtype = self.cfg.rollout.dtype
-        decodes = resolve_rollout_dtype(rollout_dtype, self.accelerator.device) if rollout_dtype == "auto" else rollout_dtype
+        decodes = decoded_dtype(rollout_dtype, self.accelerator.device)
         float32 = decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
         return StartAudit(self.engine.chat_format, self.make_env().tool_schemas, float32, log=self.accelerator.print)
 
