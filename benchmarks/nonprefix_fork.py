@@ -28,7 +28,7 @@ import torch
 
 from agentic_rl.envs.base import make_env
 from agentic_rl.models.stage_output import load_base_and_tokenizer
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.config import RolloutConfig, Sampling
 from agentic_rl.rollout.factory import build_engine
 
 MODEL = "smollm2-135m-instruct"
@@ -36,7 +36,7 @@ OPTIONS = {"facts": 2, "distractors": 6, "gap": 3, "window": 2}
 
 
 def run(model, tokenizer, tasks, dtype: str, max_turns: int, fork: bool) -> tuple[float, int, int, list[list[list[int]]]]:
-    rollout = RolloutConfig(max_turn_tokens=48, max_turns=max_turns, temperature=0, dtype=dtype)
+    rollout = RolloutConfig(max_turn_tokens=48, max_turns=max_turns, sampling=Sampling(temperature=0), dtype=dtype)
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     backend = engine.backend
     if not fork:

@@ -23,7 +23,7 @@ import torch
 
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.reward_scorer import load_trained_reward_model
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.config import RolloutConfig, Sampling
 from agentic_rl.strict_json import write_json
 from agentic_rl.training.reward_model import PairsConfig, build_pairs, pair_scores
 
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     scorer, tokenizer = load_trained_reward_model(args.rm)
-    rollout = RolloutConfig(max_turn_tokens=80, max_turns=5, temperature=1.0, dtype="auto")
+    rollout = RolloutConfig(max_turn_tokens=80, max_turns=5, sampling=Sampling(temperature=1.0), dtype="auto")
     rows = {}
     for label, templates in args.group:
         started = time.perf_counter()

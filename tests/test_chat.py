@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from agentic_rl.envs.base import Task
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.config import RolloutConfig, Sampling
 from agentic_rl.serving.chat import ConversationEnv, chat_loop
 from agentic_rl.tools.parse import format_tool_call
 
@@ -34,7 +34,7 @@ def test_the_conversation_carries_over_from_one_reply_to_the_next(tiny_qwen3):
     model, tokenizer = tiny_qwen3
     inputs = iter(["first question", "", "second question", None])
     shown = []
-    history = chat_loop(model, tokenizer, ["calculator"], RolloutConfig(max_turn_tokens=6, max_turns=1, temperature=0.0),
+    history = chat_loop(model, tokenizer, ["calculator"], RolloutConfig(max_turn_tokens=6, max_turns=1, sampling=Sampling(temperature=0.0)),
                         read=lambda: next(inputs), show=shown.append)
     users = [m["content"] for m in history if m["role"] == "user"]
     assert users == ["first question", "second question"]  # the empty line is skipped

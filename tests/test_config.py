@@ -207,14 +207,15 @@ def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(comm
     """Guards against `agentic-rl config` showing a class default that the command's own default
     replaces (LoopConfig's steps 100 and runs/train, never a command's), a key twice, or a key
     missing; each shown default must be the one the config gets when the key is not set."""
-    from agentic_rl.cli import _config_class, main
+    from agentic_rl.cli import main
+    from agentic_rl.train_commands import config_class
 
     assert main(["config", command]) == 0
     lines = capsys.readouterr().out.splitlines()
     keys = [line.split(" ", 1)[0] for line in lines]
     assert len(keys) == len(set(keys)), [key for key in keys if keys.count(key) > 1]
     required = ["model=tiny-qwen3"] if command in ("audit", "chat") else []
-    built = _leaves(load_config(_config_class(command), None, required))
+    built = _leaves(load_config(config_class(command), None, required))
     built.pop("loss.max_completion_length", None)  # derived, not a key
     assert sorted(keys) == sorted(built)
     for line, key in zip(lines, keys):
@@ -227,7 +228,7 @@ def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(comm
 _BAD_VALUES = [  # (command, dotted key, bad value as --set writes it, the same value in Python)
     ("grpo", "micro_batch_size", "0", 0),
     ("grpo", "rollout.max_turns", "0", 0),
-    ("grpo", "rollout.top_k", "-1", -1),
+    ("grpo", "rollout.sampling.top_k", "-1", -1),
     ("grpo", "loss.loss_type", "ppo", "ppo"),
     ("grpo", "rollout_correction.mode", "weird", "weird"),
     ("ppo", "loss.kl_mode", "both", "both"),
@@ -254,9 +255,9 @@ def _section_class(cls, dotted_key):
 def test_a_config_built_in_python_with_a_bad_value_fails_as_one_loaded_from_yaml(command, key, raw, value):
     """Guards against markers (PositiveInt, Literal, finite floats) checked only when a config is
     loaded: a config built in Python with micro_batch_size=0 once reached the trainer."""
-    from agentic_rl.cli import _config_class
+    from agentic_rl.train_commands import config_class
 
-    cls = _config_class(command)
+    cls = config_class(command)
     required = {"model": "tiny-qwen3"} if command == "serve" else {}
     with pytest.raises(ConfigError) as loaded:
         load_config(cls, None, [f"{k}={v}" for k, v in required.items()] + [f"{key}={raw}"])
@@ -272,11 +273,11 @@ def test_every_config_section_of_every_command_checks_its_fields_at_construction
     from Config is checked only when loaded from YAML, so a check would have to be written twice)."""
     from typing import get_args, get_type_hints
 
-    from agentic_rl.cli import _DESCRIBED, _config_class
+    from agentic_rl.train_commands import CONFIGURED_COMMANDS, config_class
     from agentic_rl.config import Config
     from agentic_rl.rollout.config import SamplingParams
 
-    seen, todo = set(), [_config_class(command) for command in _DESCRIBED] + [SamplingParams]
+    seen, todo = set(), [config_class(command) for command in CONFIGURED_COMMANDS] + [SamplingParams]
     while todo:
         cls = todo.pop()
         if cls in seen:
@@ -301,7 +302,7 @@ def test_construction_checks_run_before_the_classs_own_checks_and_once():
     with mock.patch.object(config_module, "check_fields", wraps=config_module.check_fields) as checks:
         GRPORolloutConfig()
     checked = [type(call.args[0]).__name__ for call in checks.call_args_list]
-    assert checked == ["GRPORolloutConfig", "SamplingParams"]  # RolloutConfig validates its SamplingParams
+    assert checked == ["Sampling", "GRPORolloutConfig"]  # its sampling section (built first), then itself, once
 
 
 # ------------------------------------------------------------------ keys another setting makes unused
@@ -314,10 +315,10 @@ _UNUSED = [  # (command, overrides, the start of the error after "invalid value 
     ("rm", ["pairs.samples_per_task=8"], "pairs.samples_per_task=8 is only used with pairs.source: sampled"),
     ("rm", ["pairs.max_pairs_per_task=2"], "pairs.max_pairs_per_task=2 is only used with pairs.source: sampled"),
     ("rm", ["pairs.max_concurrent=8"], "pairs.max_concurrent=8 is only used with pairs.source: sampled"),
-    ("rm", ["pairs.rollout.temperature=0.5"], "pairs.rollout.temperature=0.5 is only used with pairs.source: sampled"),
+    ("rm", ["pairs.rollout.sampling.temperature=0.5"], "pairs.rollout.sampling.temperature=0.5 is only used with pairs.source: sampled"),
     ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
     ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),
-    ("eval", ["model=tiny-qwen3", "rollout.top_p=0.9"], "rollout.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
+    ("eval", ["model=tiny-qwen3", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
     ("sft", ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"], "sft.sources[].n=5 is only used with sft.sources[].kind: oracle"),
     ("sft", ["sources=[{kind: oracle, path: demos.jsonl}]"], "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl"),
 ]
@@ -327,10 +328,10 @@ _UNUSED = [  # (command, overrides, the start of the error after "invalid value 
 def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(command, overrides, message):
     """Guards against settings the run silently ignores (DESIGN.md invariant 6): value.model with
     a shared critic, or pairs.* of the reward model with corrupted pairs, were once accepted."""
-    from agentic_rl.cli import _config_class
+    from agentic_rl.train_commands import config_class
 
     with pytest.raises(ConfigError) as refused:
-        load_config(_config_class(command), None, overrides)
+        load_config(config_class(command), None, overrides)
     assert message in str(refused.value)
     assert str(refused.value).endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
 
@@ -339,17 +340,17 @@ def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(comma
     ("ppo", ["value.critic=separate", "value.model=tiny-qwen3"]),
     ("ppo", ["value.model="]),  # the default, spelled out: no setting
     ("ppo", ["loss.beta=0.04", "loss.kl_mode=loss"]),
-    ("rm", ["pairs.source=sampled", "pairs.policy=runs/sft/final", "pairs.samples_per_task=8", "pairs.rollout.temperature=0.5"]),
+    ("rm", ["pairs.source=sampled", "pairs.policy=runs/sft/final", "pairs.samples_per_task=8", "pairs.rollout.sampling.temperature=0.5"]),
     ("rm", ["pairs.rollout.enable_thinking=false"]),  # renders corrupted pairs too
     ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
     ("pipeline", ["control.enabled=true", "control.steps=10"]),
-    ("eval", ["model=tiny-qwen3", "k=4", "rollout.top_p=0.9"]),
+    ("eval", ["model=tiny-qwen3", "k=4", "rollout.sampling.top_p=0.9"]),
 ])
 def test_the_same_keys_load_where_their_setting_uses_them(command, overrides):
     """Guards against refusing a key that is used (or one left at its default)."""
-    from agentic_rl.cli import _config_class
+    from agentic_rl.train_commands import config_class
 
-    load_config(_config_class(command), None, overrides)
+    load_config(config_class(command), None, overrides)
 
 
 def test_loss_max_completion_length_is_derived_from_the_rollout_not_a_key():
@@ -404,10 +405,10 @@ def test_every_command_names_each_batch_size_with_one_of_the_same_few_names(comm
     """Guards against a fourth name for a size that already has one (eval's batch_size meaning
     episodes decoded at once beside GRPO's meaning episodes per step; serve's max_batch; SFT's
     nested batch.micro_batch_size beside GRPO's top-level micro_batch_size)."""
-    from agentic_rl.cli import _config_class
+    from agentic_rl.train_commands import config_class
 
     required = [] if command in ("sft", "rm", "grpo", "ppo", "pipeline") else ["model=tiny-qwen3"]
-    keys = _leaves(load_config(_config_class(command), None, required))
+    keys = _leaves(load_config(config_class(command), None, required))
     for key in keys:
         leaf = key.split(".")[-1]
         if "batch" in leaf or "concurrent" in leaf:
@@ -422,15 +423,18 @@ def test_every_command_names_each_batch_size_with_one_of_the_same_few_names(comm
     ("sft", "batch.batch_size=8", "unknown key 'batch' ('batch' is now the top-level keys batch_size, micro_batch_size and normaliser)"),
     ("pipeline", "evals=[{batch_size: 8}]", "unknown key 'evals[0].batch_size' ('batch_size' is now max_concurrent"),
     ("pipeline", "sft.batch={batch_size: 8}", "unknown key 'sft.batch' ('batch' is now the top-level keys"),
+    ("grpo", "rollout.temperature=0.7", "unknown key 'rollout.temperature' ('temperature' is now sampling.temperature)"),
+    ("eval", "rollout.top_p=0.9", "unknown key 'rollout.top_p' ('top_p' is now sampling.top_p)"),
+    ("pipeline", "evals=[{rollout: {top_k: 5}}]", "unknown key 'evals[0].rollout.top_k' ('top_k' is now sampling.top_k)"),
 ])
 def test_an_old_name_is_refused_with_the_new_one(command, override, message):
     """Guards against a config written before a rename failing with a bare "unknown key", or, worse,
     the old name still read: the message names where the key went."""
-    from agentic_rl.cli import _config_class
+    from agentic_rl.train_commands import config_class
 
-    required = [] if command in ("sft", "pipeline") else ["model=tiny-qwen3"]
+    required = [] if command in ("sft", "grpo", "pipeline") else ["model=tiny-qwen3"]
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config(_config_class(command), None, required + [override])
+        load_config(config_class(command), None, required + [override])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -444,3 +448,24 @@ def test_an_old_flag_is_refused_with_the_new_one(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sampling_is_declared_once_and_the_engine_params_derive_from_it():
+    """Guards against temperature, top_p and top_k declared twice (a rollout section and the engine's
+    SamplingParams), where a new setting or a changed default reaches one and not the other."""
+    from agentic_rl.rollout.config import RolloutConfig, Sampling, SamplingParams
+
+    sampling_keys = {f.name for f in dataclasses.fields(Sampling)}
+    assert sampling_keys == {"temperature", "top_p", "top_k"}
+    assert not sampling_keys & {f.name for f in dataclasses.fields(RolloutConfig)}  # only inside its sampling section
+    assert issubclass(SamplingParams, Sampling)  # the engine's params add the seed, nothing redeclared
+    assert {f.name for f in dataclasses.fields(SamplingParams)} - sampling_keys == {"greedy", "seed"}
+
+    cfg = load_config(RolloutConfig, None, ["sampling={temperature: 0.7, top_p: 0.9, top_k: 5}"])
+    assert cfg.sampling_params(seed=3) == SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3)
+    greedy = cfg.sampling_params(seed=3, temperature=0.0)
+    assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.is_greedy) == (0.0, 0.9, 5, True)
+    with pytest.raises(ConfigError, match=r"invalid value in sampling: top_p must be in \(0, 1\]"):
+        load_config(RolloutConfig, None, ["sampling.top_p=1.5"])
+    with pytest.raises(ConfigError, match=r"^Sampling: 'temperature' must be >= 0, got -1"):
+        Sampling(temperature=-1.0)

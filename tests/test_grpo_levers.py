@@ -157,7 +157,7 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         length = int(t.attention_mask[index].sum(-1).max())
         ids, attention, mask = t.input_ids[index, :length], t.attention_mask[index, :length], t.loss_mask[index, :length]
         with torch.no_grad():
-            logps, _ = model(ids, attention, mask, cfg.rollout.temperature)  # π_θ after the update
+            logps, _ = model(ids, attention, mask, cfg.rollout.sampling.temperature)  # π_θ after the update
         expected = reference_loss(logps.double(), t.logprobs[index, :length].double(), again.advantages[index, 0].double(),
                                   mask, cfg.loss, None) * micro.share
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
@@ -192,8 +192,8 @@ def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_prec
     t, mask = batch.tensors, batch.tensors.loss_mask.bool()
     with torch.no_grad():
         with objective.accelerator.autocast():
-            logps, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
-        fp32, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.temperature)
+            logps, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.sampling.temperature)
+        fp32, _ = model(t.input_ids, t.attention_mask, t.loss_mask, cfg.rollout.sampling.temperature)
     gap = float((logps.float() - fp32)[mask].abs().mean())
     assert gap > 1e-4, "the test needs bf16 and fp32 log-probs that differ"
     rows = objective.rows_to_train(batch)

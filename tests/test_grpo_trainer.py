@@ -157,7 +157,7 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_
     t = batch.tensors
     with torch.no_grad():
         base, _ = sequence_logprobs(tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask,
-                                    temperature=cfg.rollout.temperature)
+                                    temperature=cfg.rollout.sampling.temperature)
     torch.testing.assert_close(batch.ref_logprobs, base, atol=1e-5, rtol=0)
     assert float((t.logprobs - base).abs().max()) > 1e-4, "the sampler ran with the adapters on"
 

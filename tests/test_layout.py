@@ -29,3 +29,13 @@ def test_a_grpo_and_a_ppo_step_each_read_in_one_place():
         methods = {node.name: node for node in algorithm.body if isinstance(node, ast.FunctionDef)}
         lines = sum(methods[m].end_lineno - methods[m].lineno + 1 for m in ("step", "rollout_batch"))
         assert lines <= 80, f"{cls}.step + rollout_batch span {lines} lines"
+
+
+def test_no_code_is_found_by_a_string():
+    """Guards against dispatch through module strings (`__import__("agentic_rl.pipeline")`, a config
+    class named by its module), which go-to-definition cannot follow: the commands import their
+    trainers and config classes by import statements (train_commands.py). Only plugins.py imports
+    by name, because a user's plugin is a name in a config."""
+    by_name = sorted({str(path.relative_to(SRC)) for path in SRC.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("__import__", "import_module")})
+    assert by_name == ["plugins.py"]

@@ -153,7 +153,7 @@ def test_an_evaluation_runs_on_the_models_its_stages_name():
     from agentic_rl.config import ConfigError, load_config
     from agentic_rl.pipeline import PipelineConfig, active_stages
 
-    room = "{label: room, n: 4, k: 4, rollout: {temperature: 1.0}, stages: [sft]}"
+    room = "{label: room, n: 4, k: 4, rollout: {sampling: {temperature: 1.0}}, stages: [sft]}"
     cfg = load_config(PipelineConfig, CONFIG, overrides=[f"evals=[{{label: all, n: 3}}, {room}]"])
     assert [e.name for e in cfg.evals_for("sft")] == ["all", "room"]
     assert [e.name for e in cfg.evals_for("grpo")] == [e.name for e in cfg.evals_for("base")] == ["all"]

@@ -53,7 +53,7 @@ def test_evaluations_and_the_control_follow_their_measured_stages():
 def test_an_evaluation_is_estimated_from_the_episodes_its_stage_decodes():
     """Guards against charging every stage for an evaluation that runs on one model only (`stages`),
     and against ignoring the k samples of a pass@k evaluation."""
-    cfg = _cfg("evals=[{label: seen, n: 100}, {label: new, n: 256}, {label: room, n: 50, k: 8, rollout: {temperature: 1.0}, stages: [sft]}]")
+    cfg = _cfg("evals=[{label: seen, n: 100}, {label: new, n: 256}, {label: room, n: 50, k: 8, rollout: {sampling: {temperature: 1.0}}, stages: [sft]}]")
     per_episode = 120.0 / 356  # the last evaluation: 356 greedy episodes in 120 s
     assert estimate_seconds(cfg, "eval_grpo", DONE) == pytest.approx(120.0)
     assert estimate_seconds(cfg, "eval_sft", DONE) == pytest.approx((356 + 50 * 9) * per_episode)  # 50 greedy + 400 sampled

@@ -22,6 +22,7 @@ import torch
 
 from agentic_rl import cli
 from agentic_rl.config import ConfigError, load_config
+from agentic_rl.train_commands import config_class
 from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
 import agentic_rl.training.loop
@@ -51,7 +52,7 @@ def _non_finite_error():
 @pytest.mark.parametrize("config, override, key", [
     ("sft", "optim.lr=inf", "optim.lr"),
     ("sft", "optim.lr=.nan", "optim.lr"),
-    ("grpo", "rollout.temperature=nan", "rollout.temperature"),
+    ("grpo", "rollout.sampling.temperature=nan", "rollout.sampling.temperature"),
     ("grpo", "rewards=[{name: accuracy, weight: .nan}]", "rewards[0].weight"),
     ("grpo", "env.options={tool_success_reward: .inf}", "env.options.tool_success_reward"),
     ("grpo", "rewards=[{name: step_bonus, params: {beta: -.inf}}]", "rewards[0].params.beta"),
@@ -59,7 +60,7 @@ def _non_finite_error():
 def test_non_finite_config_values_are_rejected_naming_the_key(config, override, key):
     """Guards against lr=inf, temperature=nan or a reward weight of .nan training a run whose
     adapters are all NaN and that still exits 0."""
-    cls = cli._config_class(config)
+    cls = config_class(config)
     with pytest.raises(ConfigError, match=rf"'{re.escape(key)}' must be a finite number"):
         load_config(cls, None, [override])
 
@@ -74,7 +75,7 @@ def test_non_finite_config_values_are_rejected_naming_the_key(config, override, 
 def test_zero_or_negative_where_a_positive_number_is_needed_is_rejected(config, override, key):
     """Guards against batch_size=0 failing later with a cryptic error (or looping on nothing)."""
     with pytest.raises(ConfigError, match=rf"'{re.escape(key)}' must be > 0"):
-        load_config(cli._config_class(config), None, [override])
+        load_config(config_class(config), None, [override])
 
 
 def test_eval_flags_go_through_the_same_checks(capsys):
@@ -88,7 +89,7 @@ def test_duplicate_yaml_keys_are_rejected_with_the_key_and_lines(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("optim:\n  lr: 1.0e-5\n  weight_decay: 0.0\n  lr: 3.0e-4\n")
     with pytest.raises(ConfigError, match=r"dup.yaml: .*duplicate key 'lr' at line 4 \(first at line 2\)"):
-        load_config(cli._config_class("sft"), path)
+        load_config(config_class("sft"), path)
 
 
 # ------------------------------------------------------------------ non-finite values in a run

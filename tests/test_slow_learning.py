@@ -18,10 +18,10 @@ SMOLLM2 = "smollm2-135m-instruct"
 
 def _greedy_accuracy(model, tokenizer, tasks, difficulty) -> float:
     from agentic_rl.envs.base import make_env
-    from agentic_rl.rollout.config import RolloutConfig
+    from agentic_rl.rollout.config import RolloutConfig, Sampling
     from agentic_rl.rollout.factory import build_engine
 
-    rollout = RolloutConfig(max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2, temperature=0)
+    rollout = RolloutConfig(max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2, sampling=Sampling(temperature=0))
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     with torch.no_grad():
         episodes = engine.run([make_env("arith", difficulty=difficulty) for _ in tasks], tasks)
@@ -88,7 +88,7 @@ def test_grpo_raises_the_training_reward_on_one_step_arith(tmp_path):
         "env.options={difficulty: 1}",
         "rewards=[{name: accuracy}, {name: format, weight: 0.5}, {name: length_penalty, params: {alpha: 0.01, target: 16}}]",
         "rollout.batch_size=16", "rollout.group_size=8", "rollout.max_turn_tokens=128", "rollout.max_turns=2",
-        "rollout.max_episode_tokens=768", "rollout.temperature=1.0", "rollout.dtype=auto", "old_logprobs=detach",
+        "rollout.max_episode_tokens=768", "rollout.sampling.temperature=1.0", "rollout.dtype=auto", "old_logprobs=detach",
         "micro_batch_size=8", "train.mixed_precision=auto",
         "train.steps=6", "train.seed=0", f"train.output_dir={tmp_path / 'grpo'}", "train.progress=false",
     ])

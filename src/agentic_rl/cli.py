@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.cli_flags import add_flagged, add_plugin_flag, load_flagged, load_plugin_flags, parse_options
-from agentic_rl.train_commands import TRAIN_COMMANDS
+from agentic_rl.train_commands import CONFIGURED_COMMANDS, TRAIN_COMMANDS, config_class
 
 
 def _print_json(payload: Any) -> None:
@@ -97,7 +97,7 @@ def _cmd_rewards_list(args: argparse.Namespace) -> int:
 
 
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
-    "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.temperature",
+    "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.sampling.temperature",
     "split": "split", "seed": "seed", "max_concurrent": "max_concurrent", "max_turn_tokens": "rollout.max_turn_tokens",
     "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
     "label": "label", "out": "out",
@@ -153,7 +153,7 @@ def _prepare_out(out: str, folder: bool = False) -> None:
                          "give a path in a writable folder") from None
 
 
-_CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.temperature", "max_turns": "rollout.max_turns",
+_CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.sampling.temperature", "max_turns": "rollout.max_turns",
                "max_turn_tokens": "rollout.max_turn_tokens", "device": "rollout.device"}
 
 
@@ -181,7 +181,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 _SERVE_FLAGS = {"model": "model", "env": "env.name", "host": "host", "port": "port", "served_name": "served_name",
-                "temperature": "rollout.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
+                "temperature": "rollout.sampling.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
                 "max_concurrent": "max_concurrent", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
                 "seed": "seed"}
 
@@ -235,23 +235,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-_DESCRIBED = {"eval": ("agentic_rl.evaluation.config", "EvalCommandConfig"),
-              "audit": ("agentic_rl.evaluation.config", "AuditConfig"),
-              "chat": ("agentic_rl.serving.chat", "ChatConfig"),
-              "serve": ("agentic_rl.serving.config", "ServeConfig"),
-              **{name: (module, cls) for name, (module, cls, _, _) in TRAIN_COMMANDS.items()}}
-
-
-def _config_class(command: str):
-    module, cls = _DESCRIBED[command]
-    return getattr(__import__(module, fromlist=[cls]), cls)
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     from agentic_rl.config import load_config
 
-    train = TRAIN_COMMANDS[args.command][2]
-    cfg = load_config(_config_class(args.command), args.config, args.set, plugins=args.plugin)
+    train = TRAIN_COMMANDS[args.command][0]
+    cfg = load_config(config_class(args.command), args.config, args.set, plugins=args.plugin)
     result = train(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
@@ -266,7 +254,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_config(args: argparse.Namespace) -> int:
     from agentic_rl.config_docs import describe
 
-    for line in describe(_config_class(args.which)):
+    for line in describe(config_class(args.which)):
         print(line)
     return 0
 
@@ -326,14 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
                        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
-    add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.top_p=0.9")
+    add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.sampling.top_p=0.9")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
                        description="A terminal conversation with an agent and its environment's tools. Every key: "
                        "`agentic-rl config chat`.")
-    add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.top_p=0.9")
+    add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.sampling.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/models) on the rollout engine",
@@ -360,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_compare)
 
-    for name, (_, _, _, help_text) in TRAIN_COMMANDS.items():
+    for name, (_, help_text) in TRAIN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
         p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
@@ -376,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
-    p.add_argument("which", choices=sorted(_DESCRIBED), help="the command")
+    p.add_argument("which", choices=sorted(CONFIGURED_COMMANDS), help="the command")
     p.set_defaults(func=_cmd_config)
     return parser
 

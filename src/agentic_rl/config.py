@@ -411,12 +411,17 @@ def _reject_non_finite(value: Any, key: str, source: str) -> None:
 
 def refuse_unused(section: Any, names: Sequence[str], *, prefix: str, used_with: str, now: str) -> None:
     """ValueError naming the first field of `names` (fields of the dataclass instance `section`)
-    whose value is not its default: a setting the run would ignore (DESIGN.md invariant 6).
+    whose value is not its default: a setting the run would ignore (DESIGN.md invariant 6). A
+    nested section is named by its first key that differs (`rollout.sampling.top_p`).
 
     `prefix` is the section's key ("value."), `used_with` the setting that would use the field
     ("value.critic: separate"), `now` what it is instead ("value.critic is 'shared'")."""
     for field in dataclasses.fields(section):
-        if field.name in names and getattr(section, field.name) != _class_default(field):
+        value, default = getattr(section, field.name), _class_default(field)
+        if field.name in names and value != default:
+            if dataclasses.is_dataclass(value) and type(value) is type(default):  # a nested section: name its key
+                refuse_unused(value, [f.name for f in dataclasses.fields(value)], prefix=f"{prefix}{field.name}.",
+                              used_with=used_with, now=now)
             raise ValueError(f"{prefix}{field.name}={quoted(getattr(section, field.name))} is only used with {used_with} "
                              f"({now}), so the run would ignore it; remove it, or set {used_with}")
 

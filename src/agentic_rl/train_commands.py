@@ -1,8 +1,11 @@
-"""The commands that train: which config class each reads and which function runs it.
+"""The commands that read a config: which config class each reads, and for the commands that
+train, which function runs it.
 
     agentic-rl sft|rm|grpo|ppo|pipeline --config FILE [--set key=value ...]      (cli.py parses them)
+    agentic-rl config eval|audit|chat|serve|sft|rm|grpo|ppo|pipeline             (config_class)
 
-Each function imports its trainer when it runs, so `agentic-rl --help` stays fast. The CLI picks
+Each function imports its trainer or class when it is called, by a plain import statement (most
+config classes live beside their torch code), so `agentic-rl --help` stays fast. The CLI picks
 GRPO's backend here (ours or TRL's, integrations/backends.py); training/ never calls up.
 """
 
@@ -40,10 +43,39 @@ def _run_pipeline(cfg):
 
 
 TRAIN_COMMANDS = {
-    "sft": ("agentic_rl.training.sft", "SFTConfig", _train_sft, "supervised fine-tuning (LoRA or full) on demonstrations"),
-    "rm": ("agentic_rl.training.reward_model", "RMConfig", _train_rm, "train a Bradley-Terry reward model"),
-    "grpo": ("agentic_rl.training.grpo_config", "GRPOConfig", _train_grpo, "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
-    "ppo": ("agentic_rl.training.ppo_config", "PPOConfig", _train_ppo, "PPO with a value model and GAE on multi-turn agent episodes"),
-    "pipeline": ("agentic_rl.pipeline", "PipelineConfig", _run_pipeline, "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
+    "sft": (_train_sft, "supervised fine-tuning (LoRA or full) on demonstrations"),
+    "rm": (_train_rm, "train a Bradley-Terry reward model"),
+    "grpo": (_train_grpo, "GRPO on multi-turn agent episodes (backend: agentic_rl or trl)"),
+    "ppo": (_train_ppo, "PPO with a value model and GAE on multi-turn agent episodes"),
+    "pipeline": (_run_pipeline, "evaluate -> SFT -> RM -> GRPO -> evaluate, with a report"),
 }
-"""command -> (config module, config class, the function that runs it, help)."""
+"""command -> (the function that runs it, help)."""
+
+CONFIGURED_COMMANDS = ("eval", "audit", "chat", "serve", *TRAIN_COMMANDS)
+"""Every command that reads a config class (`agentic-rl config <command>` lists its keys)."""
+
+
+def config_class(command: str) -> type:
+    """The config class `command` (one of CONFIGURED_COMMANDS) reads."""
+    match command:
+        case "eval":
+            from agentic_rl.evaluation.config import EvalCommandConfig as cls
+        case "audit":
+            from agentic_rl.evaluation.config import AuditConfig as cls
+        case "chat":
+            from agentic_rl.serving.chat import ChatConfig as cls
+        case "serve":
+            from agentic_rl.serving.config import ServeConfig as cls
+        case "sft":
+            from agentic_rl.training.sft import SFTConfig as cls
+        case "rm":
+            from agentic_rl.training.reward_model import RMConfig as cls
+        case "grpo":
+            from agentic_rl.training.grpo_config import GRPOConfig as cls
+        case "ppo":
+            from agentic_rl.training.ppo_config import PPOConfig as cls
+        case "pipeline":
+            from agentic_rl.pipeline import PipelineConfig as cls
+        case _:
+            raise KeyError(f"{command!r} reads no config; commands that do: {', '.join(CONFIGURED_COMMANDS)}")
+    return cls

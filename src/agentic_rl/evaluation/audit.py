@@ -155,7 +155,7 @@ def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], tem
 def check_logprobs(model: Any, tokenizer: Any, trajectories: dict[str, list[Trajectory]], cfg: AuditConfig) -> CheckResult:
     parts, passed = [], True
     for dtype, trajs in trajectories.items():
-        gaps = logprob_gaps(model, tokenizer, trajs, cfg.rollout.temperature)
+        gaps = logprob_gaps(model, tokenizer, trajs, cfg.rollout.sampling.temperature)
         ok = dtype != "float32" or float(gaps.max()) <= cfg.tolerance
         passed &= ok
         parts.append(f"{dtype} decode: max {float(gaps.max()):.2e}, mean {float(gaps.mean()):.2e} over {gaps.numel()} tokens"
@@ -180,7 +180,7 @@ def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResu
     version = engine.sync_weights()
     with torch.no_grad():
         after = engine.run([cfg.env.make() for _ in tasks], tasks)
-    gaps = logprob_gaps(trained, tokenizer, after, cfg.rollout.temperature)
+    gaps = logprob_gaps(trained, tokenizer, after, cfg.rollout.sampling.temperature)
     stamped = {t.weights_version for t in after}
     passed = version == 1 and stamped == {1} and float(gaps.max()) <= cfg.tolerance
     return CheckResult("weights", passed, (

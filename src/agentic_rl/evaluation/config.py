@@ -28,7 +28,7 @@ class EvalConfig(Config):
     n: PositiveInt = 48
     """Problems."""
     k: PositiveInt = 1
-    """Samples per problem for pass@k / maj@k, at rollout.temperature (1: greedy pass@1 only)."""
+    """Samples per problem for pass@k / maj@k, at rollout.sampling.temperature (1: greedy pass@1 only)."""
     seed: int = 0
     """Task and sampling seed."""
     max_concurrent: PositiveInt = 16
@@ -40,7 +40,7 @@ class EvalConfig(Config):
 
     def __post_init__(self) -> None:
         if self.k == 1:  # pass@1 decodes greedily: the sampling settings are only for the k samples
-            refuse_unused(self.rollout, ["temperature", "top_p", "top_k"], prefix="rollout.", used_with="k > 1",
+            refuse_unused(self.rollout, ["sampling"], prefix="rollout.", used_with="k > 1",
                           now="k is 1: pass@1 decodes greedily")
 
     @property

@@ -5,7 +5,7 @@
 
 Episodes run through the rollout engine, the same multi-turn tool loop as training. Greedy
 decoding gives pass@1; with k > 1, k more episodes per problem are sampled (at
-`rollout.temperature`, flag `--temperature`) for the unbiased pass@k and maj@k. Reported
+`rollout.sampling.temperature`, flag `--temperature`) for the unbiased pass@k and maj@k. Reported
 alongside: format-error rate (no parseable final answer), mean policy tokens, tool calls per
 episode and their success rate, accuracy by difficulty (arith) or by number of solution steps
 (GSM8K), and a few failed transcripts.
@@ -35,7 +35,7 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
     per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy]}
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
-        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.rollout.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
+        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.rollout.sampling.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
         metrics, per_task["correct_of_k"], per_task["maj"] = sampled_metrics(sampled, tasks, cfg.k)
         result.update(metrics)
     result["k"] = cfg.k

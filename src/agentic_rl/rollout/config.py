@@ -1,5 +1,6 @@
-"""`RolloutConfig`: how episodes are decoded. The one declaration of the rollout settings, and of
-`SamplingParams` (torch-free here, so configs validate and `--help` formats without torch).
+"""`RolloutConfig`: how episodes are decoded. The one declaration of the rollout settings, of their
+`sampling` section and of the engine's `SamplingParams`, which adds a seed to it (torch-free here,
+so configs validate and `--help` formats without torch).
 
 GRPO (`grpo.rollout`, which adds its batch shape), evaluation (`eval.rollout`, pipeline
 `evals[].rollout`) and sampled reward-model pairs (`rm.pairs.rollout`) embed it, and
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveInt
 
@@ -34,23 +35,32 @@ def check_device_setting(value: object, key: str = "rollout.device") -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams(Config):
-    """How the policy samples a token."""
+class Sampling(Config):
+    """How the policy samples a token: a rollout section's `sampling` (the one declaration of these
+    settings; the engine's `SamplingParams` adds the seed)."""
 
     temperature: NonNegativeFloat = 1.0
-    """Softmax temperature T > 0; 0 means greedy. Recorded log-probs use log_softmax(logits / T)."""
+    """Softmax temperature (0: greedy). Recorded log-probs use log_softmax(logits / T), and trainers
+    score tokens at the same T. An evaluation decodes pass@1 greedily and uses this for its k samples."""
     top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1 = off)."""
+    """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1: off)."""
     top_k: NonNegativeInt = 0
-    """Keep only the k most likely tokens (0 = off)."""
-    greedy: bool = False
-    """Take the argmax (same as temperature 0). Recorded log-probs are then at T = 1."""
-    seed: int = 0
-    """Base seed; the engine derives one generator per episode from it."""
+    """Keep only the k most likely tokens (0: off)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable nucleus sampling")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams(Sampling):
+    """What the engine samples with: a `Sampling` plus the run's choices (frozen and hashable: the
+    backend decodes the rows that share one together)."""
+
+    greedy: bool = False
+    """Take the argmax (same as temperature 0). Recorded log-probs are then at T = 1."""
+    seed: int = 0
+    """Base seed; the engine derives one generator per episode from it."""
 
     @property
     def is_greedy(self) -> bool:
@@ -73,19 +83,16 @@ class TemplateOptions(Config):
 class RolloutConfig(TemplateOptions):
     """Episode limits, sampling and the decode backend."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {key: f"sampling.{key}" for key in ("temperature", "top_p", "top_k")}
+
     max_turn_tokens: PositiveInt = 128
     """Token limit of one policy turn (including its stop token)."""
     max_episode_tokens: PositiveInt = 1024
     """Token limit of a whole episode: prompt, policy turns and observations."""
     max_turns: PositiveInt = 6
     """Policy turns per episode (the env's own max_turns also applies: the smaller wins)."""
-    temperature: NonNegativeFloat = 1.0
-    """Sampling temperature (0: greedy). Trainers score tokens at the same temperature. An
-    evaluation decodes pass@1 greedily and uses this for its k samples."""
-    top_p: float = 1.0
-    """Nucleus sampling (1: off)."""
-    top_k: NonNegativeInt = 0
-    """Top-k sampling (0: off)."""
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    """How tokens are sampled: {temperature, top_p, top_k}."""
     backend: BackendKind = "auto"
     """Decode backend (the contract: rollout/backend.py): fast (our decode path for Llama and
     Qwen3 models), hf (transformers' forward, the reference; any causal LM), auto (fast when the
@@ -106,9 +113,9 @@ class RolloutConfig(TemplateOptions):
 
     def __post_init__(self) -> None:
         check_device_setting(self.device)
-        self.sampling(seed=0)  # SamplingParams' top_p check, at load time
 
-    def sampling(self, seed: int, temperature: float | None = None) -> SamplingParams:
+    def sampling_params(self, seed: int, temperature: float | None = None) -> SamplingParams:
         """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""
-        return SamplingParams(self.temperature if temperature is None else temperature, self.top_p, self.top_k, seed=seed)
+        chosen = self.sampling if temperature is None else dataclasses.replace(self.sampling, temperature=temperature)
+        return SamplingParams(**dataclasses.asdict(chosen), seed=seed)
 

@@ -57,4 +57,4 @@ def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, m
     chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.enable_thinking)
     runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
     return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, cfg,
-                         cfg.sampling(seed, temperature), tool_workers=cfg.tool_workers)
+                         cfg.sampling_params(seed, temperature), tool_workers=cfg.tool_workers)

@@ -26,14 +26,21 @@ from agentic_rl.config import NonNegativeFloat, require_model
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.plugins import PluginsConfig
-from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.config import RolloutConfig, Sampling
 from agentic_rl.tools.parse import TOOL_CALL_OPEN, parse_tool_calls
+
+@dataclasses.dataclass(frozen=True)
+class ChatSampling(Sampling):
+    """`agentic-rl chat`'s sampling: greedy by default."""
+
+    temperature: NonNegativeFloat = 0.0
+
 
 @dataclasses.dataclass
 class ChatRolloutConfig(RolloutConfig):
     """`agentic-rl chat`'s rollout: RolloutConfig decoding greedily by default."""
 
-    temperature: NonNegativeFloat = 0.0
+    sampling: ChatSampling = dataclasses.field(default_factory=ChatSampling)
 
 
 @dataclasses.dataclass
@@ -47,7 +54,7 @@ class ChatConfig(PluginsConfig):
     rollout: ChatRolloutConfig = dataclasses.field(default_factory=ChatRolloutConfig)
     """How replies are decoded (greedy by default); rollout.max_turns bounds the turns of one reply."""
     seed: int = 0
-    """Sampling seed (when rollout.temperature > 0)."""
+    """Sampling seed (when rollout.sampling.temperature > 0)."""
 
     def __post_init__(self) -> None:
         require_model(self.model)

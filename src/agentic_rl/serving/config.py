@@ -53,8 +53,8 @@ class ServeConfig(PluginsConfig):
     """TCP port to listen on."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Limits and defaults of every request: max_turn_tokens is the default `max_tokens` (a request may
-    ask for more, up to max_episode_tokens), max_turns bounds agent mode's tool loop, temperature and
-    top_p are the defaults a request overrides; backend and dtype as everywhere."""
+    ask for more, up to max_episode_tokens), max_turns bounds agent mode's tool loop, sampling (temperature,
+    top_p, top_k) holds the defaults a request overrides; backend and dtype as everywhere."""
     max_concurrent: PositiveInt = 16
     """Most requests decoded at once, in one engine batch (the backend's slots). The same name as eval's."""
     batch_window_ms: float = 20.0

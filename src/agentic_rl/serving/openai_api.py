@@ -71,7 +71,7 @@ class ChatRequest:
     temperature: float
     top_p: float
     top_k: int
-    """Top-k sampling (0: off); not in OpenAI's API, an extension as in vLLM (default: the server's rollout.top_k)."""
+    """Top-k sampling (0: off); not in OpenAI's API, an extension as in vLLM (default: the server's rollout.sampling.top_k)."""
     max_tokens: int
     """Token limit of each generated turn (model mode: of the reply)."""
     stop: tuple[str, ...]
@@ -84,7 +84,7 @@ class ChatRequest:
 def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) -> ChatRequest:
     """Check a request body against the API and this server; raise APIError naming the field.
 
-    limits: the server's RolloutConfig (defaults for temperature, top_p, max_tokens; the episode limit).
+    limits: the server's RolloutConfig (its sampling: the defaults of temperature, top_p, top_k; max_tokens; the episode limit).
     """
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
@@ -102,11 +102,11 @@ def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) 
         raise APIError(404, f"the model '{body['model']}' does not exist; this server serves '{model_id}'", "model", "model_not_found")
     messages = _check_messages(body.get("messages"))
     tools = _check_tools(body.get("tools"), body.get("tool_choice"), agent_mode)
-    temperature = _number(body, "temperature", limits.temperature, 0.0, 2.0)
-    top_p = _number(body, "top_p", limits.top_p, 0.0, 1.0)
+    temperature = _number(body, "temperature", limits.sampling.temperature, 0.0, 2.0)
+    top_p = _number(body, "top_p", limits.sampling.top_p, 0.0, 1.0)
     if top_p == 0.0:
         raise APIError(400, "'top_p' must be > 0 (1 disables nucleus sampling)", "top_p")
-    top_k = body.get("top_k", limits.top_k)
+    top_k = body.get("top_k", limits.sampling.top_k)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise APIError(400, f"'top_k' must be a non-negative integer (0: off), got {shown(top_k)}", "top_k")
     max_tokens = _max_tokens(body, limits)

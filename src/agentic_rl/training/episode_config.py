@@ -40,8 +40,8 @@ class BatchRolloutConfig(RolloutConfig):
                 "advantage = reward − group mean), so a batch is P whole groups: batch_size = prompts × G. "
                 f"Use batch_size={_nearest_multiples(self.batch_size, self.group_size)}."
             )
-        if self.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0 for on-policy RL: the policy must sample, and its "
+        if self.sampling.temperature <= 0:
+            raise ValueError("rollout.sampling.temperature must be > 0 for on-policy RL: the policy must sample, and its "
                              "log-probs must be those of a distribution")
 
 

@@ -240,7 +240,7 @@ class Episodes:
         They run in the precision the loss runs in (the loop's autocast, e.g. bf16): π_old
         recomputed in fp32 against a bf16 π_θ would put the precision gap into every ratio, so
         the first of μ updates would not start at ratio 1 and the clip would act on rounding."""
-        temperature = self.cfg.rollout.temperature
+        temperature = self.cfg.rollout.sampling.temperature
         out = torch.zeros_like(tensors.logprobs)
         step = self.cfg.micro_batch_size
         for start in range(0, tensors.input_ids.shape[0], step):

@@ -179,7 +179,7 @@ class GRPO:
 
         ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
         bonus = cfg.loss.entropy_coef > 0
-        logps, entropy = model(ids, attention, mask, temperature=cfg.rollout.temperature, with_entropy=True,
+        logps, entropy = model(ids, attention, mask, temperature=cfg.rollout.sampling.temperature, with_entropy=True,
                                entropy_grad=bonus)  # (b, T), (b, T)
         advantages = rows_of(batch.advantages)  # (b, T)
         if cfg.advantage.mode == "episode":

@@ -123,7 +123,7 @@ class PPO:
             rows = slice(start, start + step)
             with self.accelerator.autocast():
                 lp, _, v = model(t.input_ids[rows].to(device), t.attention_mask[rows].to(device), t.loss_mask[rows].to(device),
-                                 self.cfg.rollout.temperature)
+                                 self.cfg.rollout.sampling.temperature)
             values[rows], logps[rows] = v.float().cpu(), lp.float().cpu()
         return values, logps
 
@@ -157,7 +157,7 @@ class PPO:
             return tensor[index][:, :length].to(device)
 
         bonus = self.cfg.loss.entropy_coef > 0
-        logps, entropy, values = model(ids, attention, mask, temperature=self.cfg.rollout.temperature, with_entropy=True,
+        logps, entropy, values = model(ids, attention, mask, temperature=self.cfg.rollout.sampling.temperature, with_entropy=True,
                                        entropy_grad=bonus)  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
