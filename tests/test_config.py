@@ -319,6 +319,8 @@ _UNUSED = [  # (command, overrides, the start of the error after "invalid value 
     ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
     ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),
     ("eval", ["model=tiny-qwen3", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
+    ("chat", ["model=tiny-qwen3", "seed=3"], "seed=3 is only used with rollout.sampling.temperature > 0 (temperature is 0: greedy replies)"),
+    ("chat", ["model=tiny-qwen3", "rollout.sampling.top_k=5"], "rollout.sampling.top_k=5 is only used with rollout.sampling.temperature > 0"),
     ("sft", ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"], "sft.sources[].n=5 is only used with sft.sources[].kind: oracle"),
     ("sft", ["sources=[{kind: oracle, path: demos.jsonl}]"], "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl"),
 ]
@@ -345,6 +347,7 @@ def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(comma
     ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
     ("pipeline", ["control.enabled=true", "control.steps=10"]),
     ("eval", ["model=tiny-qwen3", "k=4", "rollout.sampling.top_p=0.9"]),
+    ("chat", ["model=tiny-qwen3", "rollout.sampling.temperature=0.7", "rollout.sampling.top_k=5", "seed=3"]),
 ])
 def test_the_same_keys_load_where_their_setting_uses_them(command, overrides):
     """Guards against refusing a key that is used (or one left at its default)."""

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from agentic_rl.config import NonNegativeFloat, require_model
+from agentic_rl.config import NonNegativeFloat, refuse_unused, require_model
 from agentic_rl.envs.base import EnvSpec, StepResult, Task
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.plugins import PluginsConfig
@@ -58,6 +58,10 @@ class ChatConfig(PluginsConfig):
 
     def __post_init__(self) -> None:
         require_model(self.model)
+        if self.rollout.sampling.temperature == 0:  # greedy replies: nothing is sampled
+            why = dict(used_with="rollout.sampling.temperature > 0", now="temperature is 0: greedy replies")
+            refuse_unused(self.rollout.sampling, ["top_p", "top_k"], prefix="rollout.sampling.", **why)
+            refuse_unused(self, ["seed"], prefix="", **why)
 
 
 Event = tuple[str, str]
