@@ -74,6 +74,31 @@ def test_rewards_are_per_step_and_the_goal_pays_one():
     assert rewards[:-1] == [pytest.approx(-0.1)] * (len(rewards) - 1) and rewards[-1] == pytest.approx(0.9)
 
 
+def test_giving_up_never_pays_more_than_trying_and_failing():
+    """Guards against the reward hack GRPO found (session 23): a turn without a call ended the episode
+    at reward 0, above any failed attempt (−step_cost per action), so the policy learned to stop
+    calling tools. Giving up at turn t now costs max_calls_per_turn actions for each of the turns left."""
+    env = make_env("plan", difficulty=1, step_cost=0.05, max_turns=12, max_calls_per_turn=4)
+    task = env.tasks("train", n=1, seed=0)[0]
+    env.reset(task)
+    quit_now = env.step("I give up.")
+    assert quit_now.done and quit_now.info["finish"] == "no_action" and quit_now.reward == pytest.approx(-0.05 * 4 * 12)
+
+    env.reset(task)
+    stranger = next(r for r in _world_of(task).rooms if r not in _world_of(task).neighbours(_world_of(task).start))
+    flood = format_tool_call("move", {"room": stranger}) * 4  # the most a turn may cost: 4 failing actions
+    failing = [env.step(flood).reward for _ in range(11)]
+    last = env.step(flood)
+    assert last.done and last.info["finish"] == "max_turns" and not last.info["correct"]
+    worst_failure = sum(failing) + last.reward
+    assert worst_failure == pytest.approx(-0.05 * 4 * 12)
+    env.reset(task)
+    partial = [env.step(flood).reward for _ in range(5)]
+    late_quit = env.step("Nothing more.")
+    assert late_quit.reward == pytest.approx(-0.05 * 4 * 7)  # turns 6..12 left, as if each ran 4 failing actions
+    assert sum(partial) + late_quit.reward == pytest.approx(worst_failure)
+
+
 def test_train_and_test_worlds_never_coincide():
     """Guards against test worlds that also appear in training, which would turn held-out evaluation into recall."""
     env = make_env("plan", difficulty=1, branching=1)
