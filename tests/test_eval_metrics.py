@@ -126,3 +126,22 @@ def test_sampled_metrics_histogram_and_per_problem_counts():
     assert metrics["sampled_accuracy@T"] == pytest.approx(5 / 12)
     assert metrics["pass@4"] == pytest.approx(2 / 3)
     assert maj == [1.0, 0.0, 0.0] and metrics["maj@4"] == pytest.approx(1 / 3)
+
+
+def test_evaluate_records_each_problems_outcome_and_tool_calls(monkeypatch):
+    """Guards against a per-problem record that loses the greedy episode's tool calls (in `plan`, the
+    length of the plan it walked), which `compare` pairs by task id: each problem's entry is its own
+    episode's, in task order."""
+    import torch
+
+    from agentic_rl.evaluation import runner
+    from agentic_rl.evaluation.config import EvalConfig
+    from agentic_rl.envs.base import EnvSpec
+
+    episodes = [_episode(True, 5, 1), _episode(False, 12, 4), _episode(True, 7, 0)]
+    monkeypatch.setattr(runner, "_run", lambda model, tokenizer, cfg, tasks, **kw: episodes[: len(tasks)])
+    cfg = EvalConfig(env=EnvSpec(name="plan", options={"difficulty": 1, "branching": 1}), n=3)
+    result = runner.evaluate(torch.nn.Linear(1, 1), None, cfg, progress=False)
+    ids = [task.id for task in cfg.env.make().tasks("test", n=3, seed=0)]
+    assert result["per_task"] == {"id": ids, "greedy": [1, 0, 1], "tool_calls": [5, 12, 7]}
+    assert result["tool_calls_per_episode"] == pytest.approx(8.0) and result["pass@1"] == pytest.approx(2 / 3)

@@ -9,6 +9,10 @@ decoding gives pass@1; with k > 1, k more episodes per problem are sampled (at
 alongside: format-error rate (no parseable final answer), mean policy tokens, tool calls per
 episode and their success rate, accuracy by difficulty (arith) or by number of solution steps
 (GSM8K), and a few failed transcripts.
+
+Per problem (`per_task`, for `agentic-rl compare`): the task id, the greedy outcome (1/0), the
+greedy episode's tool calls (in `plan`, the actions it took: its plan's length), and with k > 1
+the sampled correct count and majority-vote outcome.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
     greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.name} greedy", progress=progress)
     result = episode_statistics(greedy, tasks)
     result["n"] = len(tasks)
-    per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy]}
+    per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy],
+                                 "tool_calls": [int(t.info.get("tool_calls", 0)) for t in greedy]}
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
         sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.rollout.sampling.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
