@@ -205,3 +205,38 @@ def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_p
     different.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ["t0", "t1", "t2", "x"], "greedy": [1, 1, 1, 1]}}))
     with pytest.raises(ValueError, match="the A inputs hold different problems"):
         compare_paths([a[0], different], b)
+
+
+def test_compare_pairs_tool_calls_on_the_problems_both_sides_solved(tmp_path):
+    """Guards against a plan-length comparison that counts unsolved episodes (a failure's calls are
+    not a plan's length), mispairs problems listed in another order, or calls more calls "better":
+    B − A in tool calls over the problems both solved, hand-computed, for one seed and for the
+    mean of two (a problem counts when every seed solved it)."""
+    import json
+
+    from agentic_rl.evaluation.compare import TOOL_CALLS_SOLVED, compare_paths, format_rows
+
+    ids = [f"t{i}" for i in range(5)]
+    def write(name, greedy, calls, order=ids):
+        path = tmp_path / f"{name}.json"
+        by_id = dict(zip(ids, zip(greedy, calls)))
+        path.write_text(json.dumps({"label": "plan", "k": 1, "per_task": {
+            "id": list(order), "greedy": [by_id[i][0] for i in order], "tool_calls": [by_id[i][1] for i in order]}}))
+        return path
+    sft = write("sft", [1, 1, 1, 0, 1], [9, 7, 12, 24, 6])
+    s0 = write("s0", [1, 1, 0, 1, 1], [5, 7, 3, 10, 4], order=ids[::-1])
+    s1 = write("s1", [1, 0, 1, 1, 1], [6, 30, 8, 11, 5])
+    rows = [row for row in compare_paths([sft], [s0, s1]) if row["metric"] == TOOL_CALLS_SOLVED]
+    # s0 against SFT, solved by both: t0 (9 -> 5), t1 (7 -> 7), t4 (6 -> 4): -4, 0, -2.
+    assert rows[0]["n"] == 3 and rows[0]["mean_a"] == pytest.approx(22 / 3) and rows[0]["mean_b"] == pytest.approx(16 / 3)
+    assert rows[0]["difference"] == pytest.approx(-2.0) and (rows[0]["b_better"], rows[0]["a_better"]) == (0, 2)
+    # the mean of s0 and s1: both seeds solved t0 (5.5 calls), t3 and t4 (4.5); SFT solved t0 and t4.
+    mean = rows[-1]
+    assert mean["b"] == "mean of 2" and mean["n"] == 2 and mean["difference"] == pytest.approx(((5.5 - 9) + (4.5 - 6)) / 2)
+    assert mean["verdict"] in ("B fewer", "within noise") and mean["mcnemar_p"] is None
+    table = "\n".join(format_rows(rows))
+    assert "| 7.33 | 5.33 | -2.00 [" in table and "%" not in table.split("\n")[2]
+    # a side without per-problem tool calls (an older evaluation) gives no such row, and no error
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"label": "plan", "k": 1, "per_task": {"id": ids, "greedy": [1, 1, 1, 1, 1]}}))
+    assert [row["metric"] for row in compare_paths([old], [s0])] == ["pass@1"]

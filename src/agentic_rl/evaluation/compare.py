@@ -16,6 +16,10 @@ per problem, the mean of the B outcomes (greedy pass@1), against A's. Its interv
 problems, not runs: with a handful of seeds, the spread between the per-seed rows is the larger
 uncertainty, and it is printed right above. With several A inputs (`--a`), A is their per-problem
 mean in the same way: e.g. three PPO seeds against three GRPO seeds, run from the same start.
+
+Where both sides recorded each episode's tool calls, one more row, "tool calls, both solved": B − A
+in greedy tool calls on the problems both solved (all seeds of a mean), e.g. in `plan` the length
+of the plan that reached the goal. "B better" is not said of it: its verdict is "B fewer" or "B more".
 """
 
 from __future__ import annotations
@@ -66,7 +70,27 @@ def compare_evaluations(a: dict[str, Any], b: dict[str, Any], label: str = "") -
         scores_b_by_id = per_problem_scores(b, metric)
         scores_b = [scores_b_by_id[order_b[task_id]] for task_id in ids_a]
         rows.append({"label": label, "metric": metric, **paired_difference(scores_a, scores_b).as_dict()})
+    if "tool_calls" in a["per_task"] and "tool_calls" in b["per_task"]:
+        rows += _tool_calls_when_solved(a, b, [order_b[task_id] for task_id in ids_a], label)
     return rows
+
+
+TOOL_CALLS_SOLVED = "tool calls, both solved"
+"""The metric of the plan-length row: mean greedy tool calls on the problems both sides solved."""
+
+
+def _tool_calls_when_solved(a: dict[str, Any], b: dict[str, Any], b_index: list[int], label: str) -> list[dict[str, Any]]:
+    """B − A in tool calls per episode on the problems every episode of both sides solved (in
+    `plan`, the length of the plan that reached the goal): [] when there are none. A mean
+    evaluation (several seeds) counts a problem as solved when all its seeds solved it."""
+    greedy_a, greedy_b = a["per_task"]["greedy"], b["per_task"]["greedy"]
+    calls_a, calls_b = a["per_task"]["tool_calls"], b["per_task"]["tool_calls"]
+    both = [(i, j) for i, j in enumerate(b_index) if greedy_a[i] == 1 and greedy_b[j] == 1]
+    if not both:
+        return []
+    result = paired_difference([calls_a[i] for i, _ in both], [calls_b[j] for _, j in both])
+    verdict = "B fewer" if result.ci_high < 0 else "B more" if result.ci_low > 0 else "within noise"
+    return [{"label": label, "metric": TOOL_CALLS_SOLVED, **result.as_dict(), "verdict": verdict}]
 
 
 def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -99,20 +123,25 @@ def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: st
         if sorted(evaluation["per_task"]["id"]) != sorted(ids):
             raise ValueError(f"evaluation '{label}': the {side} inputs hold different problems; evaluate them on the same ones")
         by_id.append(dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["greedy"])))
-    return {"k": 1, "per_task": {"id": list(ids), "greedy": [sum(b[i] for b in by_id) / len(by_id) for i in ids]}}
+    per_task = {"id": list(ids), "greedy": [sum(b[i] for b in by_id) / len(by_id) for i in ids]}
+    if all("tool_calls" in evaluation["per_task"] for evaluation in evaluations):
+        calls = [dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["tool_calls"])) for evaluation in evaluations]
+        per_task["tool_calls"] = [sum(c[i] for c in calls) / len(calls) for i in ids]
+    return {"k": 1, "per_task": per_task}
 
 
 def format_rows(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> list[str]:
     """A Markdown table of comparison rows (with a column naming B when the rows compare several)."""
     several = len({row.get("b") for row in rows}) > 1
-    lines = [f"| evaluation |{' B |' if several else ''} metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | better / worse | McNemar p | verdict |",
+    lines = [f"| evaluation |{' B |' if several else ''} metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | {name_b} higher / lower | McNemar p | verdict |",
              "|---|" + ("---|" if several else "") + "---|---|---|---|---|---|---|---|"]
     for row in rows:
         p = "" if row["mcnemar_p"] is None else "< 0.001" if row["mcnemar_p"] < 0.001 else f"{row['mcnemar_p']:.3f}"
         b_cell = f" {row.get('b')} |" if several else ""
+        value, change = (".2f", "+.2f") if row["metric"] == TOOL_CALLS_SOLVED else (".1%", "+.1%")  # a count, not an accuracy
         lines.append(
-            f"| {row['label']} |{b_cell} {row['metric']} | {row['n']} | {row['mean_a']:.1%} | {row['mean_b']:.1%} | "
-            f"{row['difference']:+.1%} [{row['ci_low']:+.1%}, {row['ci_high']:+.1%}] | {row['b_better']} / {row['a_better']} | {p} | "
+            f"| {row['label']} |{b_cell} {row['metric']} | {row['n']} | {row['mean_a']:{value}} | {row['mean_b']:{value}} | "
+            f"{row['difference']:{change}} [{row['ci_low']:{change}}, {row['ci_high']:{change}}] | {row['b_better']} / {row['a_better']} | {p} | "
             f"{row['verdict'].replace('B', name_b).replace('A', name_a)} |"
         )
     return lines
