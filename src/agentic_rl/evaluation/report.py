@@ -166,7 +166,8 @@ def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
     lines = ["", "## Paired comparisons", "",
              "Each row compares two stages on the same problems: B − A, the mean per-problem difference with its 95% "
              "paired-bootstrap interval, the problems each side solved and the other did not, and the exact McNemar p-value "
-             "(binary outcomes). A difference whose interval contains 0 is within the noise.", ""]
+             "(binary outcomes). A difference whose interval contains 0 is within the noise. A \"tool calls, both solved\" row "
+             "counts calls per episode on the problems both stages solved (in plan: the length of the plan), not an accuracy.", ""]
     for a, b in COMPARISONS:
         rows = [row for row in comparisons if row["a"] == a and row["b"] == b]
         if rows:
