@@ -116,17 +116,17 @@ def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) 
 
 
 def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: str = "B") -> dict[str, Any]:
-    """An evaluation whose greedy outcome per problem is the mean of `evaluations`' (same problems)."""
+    """An evaluation whose greedy outcome (and tool calls, where every input recorded them) per
+    problem is the mean of `evaluations`' (same problems)."""
     ids = evaluations[0]["per_task"]["id"]
-    by_id = []
     for evaluation in evaluations:
         if sorted(evaluation["per_task"]["id"]) != sorted(ids):
             raise ValueError(f"evaluation '{label}': the {side} inputs hold different problems; evaluate them on the same ones")
-        by_id.append(dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["greedy"])))
-    per_task = {"id": list(ids), "greedy": [sum(b[i] for b in by_id) / len(by_id) for i in ids]}
-    if all("tool_calls" in evaluation["per_task"] for evaluation in evaluations):
-        calls = [dict(zip(evaluation["per_task"]["id"], evaluation["per_task"]["tool_calls"])) for evaluation in evaluations]
-        per_task["tool_calls"] = [sum(c[i] for c in calls) / len(calls) for i in ids]
+    keys = ["greedy"] + (["tool_calls"] if all("tool_calls" in e["per_task"] for e in evaluations) else [])
+    per_task = {"id": list(ids)}
+    for key in keys:
+        by_id = [dict(zip(evaluation["per_task"]["id"], evaluation["per_task"][key])) for evaluation in evaluations]
+        per_task[key] = [sum(values[i] for values in by_id) / len(by_id) for i in ids]
     return {"k": 1, "per_task": per_task}
 
 
