@@ -163,8 +163,9 @@ def test_compare_several_b_adds_their_per_problem_mean(tmp_path):
     a = write("sft", [0, 0, 0, 1, 1, 0])
     seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
     rows = compare_paths([a], seeds)
-    assert [row["b"] for row in rows] == [str(p) for p in seeds] + ["mean of 3"]
-    mean = rows[-1]
+    assert [row["b"] for row in rows] == [str(p) for p in seeds] + ["mean of 3", "mean of 3"]
+    mean = rows[-2]
+    assert mean["metric"] == "pass@1"
     assert mean["mean_b"] == pytest.approx((1 + 2 / 3 + 1 / 3 + 1 + 2 / 3 + 0) / 6)
     assert mean["difference"] == pytest.approx(mean["mean_b"] - 2 / 6) and mean["mcnemar_p"] is None
 
@@ -185,9 +186,11 @@ def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_p
     a = [write("g0", [1, 0, 0, 1]), write("g1", [1, 1, 0, 0], order=ids[::-1]), write("g2", [0, 0, 0, 1])]
     b = [write("p0", [1, 1, 1, 1]), write("p1", [0, 1, 1, 1])]
     rows = compare_paths(a, b)
-    assert [(row["a"], row["b"]) for row in rows] == [("mean of 3", str(b[0])), ("mean of 3", str(b[1])), ("mean of 3", "mean of 2")]
+    assert [(row["a"], row["b"], row["metric"]) for row in rows] == [
+        ("mean of 3", str(b[0]), "pass@1"), ("mean of 3", str(b[1]), "pass@1"), ("mean of 3", "mean of 2", "pass@1"),
+        ("mean of 3", "mean of 2", "pass@1, runs as units")]
     # A's per-problem means: t0 2/3, t1 1/3, t2 0, t3 2/3 -> 5/12; B's mean: 1/2, 1, 1, 1 -> 7/8.
-    mean = rows[-1]
+    mean = rows[-2]
     assert mean["mean_a"] == pytest.approx(5 / 12) and mean["mean_b"] == pytest.approx(7 / 8)
     assert mean["difference"] == pytest.approx(7 / 8 - 5 / 12) and mean["mcnemar_p"] is None
     assert mean["b_better"] == 3 and mean["a_better"] == 1  # t0: 1/2 against 2/3
@@ -196,7 +199,7 @@ def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_p
     cli = [sys.executable, "-m", "agentic_rl.cli", "compare"]
     done = subprocess.run(cli + ["--json", "--a", *map(str, a), "--b", *map(str, b)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1])[-1]["difference"] == pytest.approx(7 / 8 - 5 / 12)
+    assert json.loads(done.stdout.strip().splitlines()[-1])[-2]["difference"] == pytest.approx(7 / 8 - 5 / 12)
     mixed = subprocess.run(cli + [str(a[0]), "--a", str(a[1]), "--b", str(b[0])], capture_output=True, text=True, timeout=120)
     assert mixed.returncode == 2 and "not a mix" in mixed.stderr
     lonely = subprocess.run(cli + [str(a[0])], capture_output=True, text=True, timeout=120)
@@ -240,3 +243,75 @@ def test_compare_pairs_tool_calls_on_the_problems_both_sides_solved(tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"label": "plan", "k": 1, "per_task": {"id": ids, "greedy": [1, 1, 1, 1, 1]}}))
     assert [row["metric"] for row in compare_paths([old], [s0])] == ["pass@1"]
+
+
+def test_student_t_quantile_matches_the_tables_and_the_incomplete_beta():
+    """Guards against a run-level interval built on a wrong t quantile (the normal's 1.96 at three seeds
+    would make it 2.2x too narrow): the textbook 97.5% values at whole degrees of freedom, and at
+    fractional ones (Welch) the quantile whose CDF, computed independently from mpmath's regularized
+    incomplete beta, is 0.975."""
+    import mpmath
+
+    from agentic_rl.evaluation.stats import student_t_quantile
+
+    for df, table in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423), (1e6, 1.9600)]:
+        assert student_t_quantile(0.975, df) == pytest.approx(table, abs=1e-4)
+    for df in (1.6842, 3.5, 7.25):
+        x = student_t_quantile(0.975, df)
+        cdf = 1 - 0.5 * mpmath.betainc(df / 2, 0.5, 0, df / (df + x * x), regularized=True)
+        assert float(cdf) == pytest.approx(0.975, abs=1e-6)
+    assert student_t_quantile(0.95, 2) == pytest.approx(2.9200, abs=1e-4)
+    with pytest.raises(ValueError, match="0.5 < probability < 1"):
+        student_t_quantile(0.4, 3)
+
+
+def test_run_level_difference_treats_each_run_as_one_sample():
+    """Guards against calling a lead "over 3 seeds" on an interval that resamples problems: with one A
+    run, the t-interval of the per-seed differences (t(2) = 4.3027); with several, Welch's interval
+    with its Welch-Satterthwaite degrees of freedom; both hand-computed."""
+    from agentic_rl.evaluation.stats import run_level_difference
+
+    one = run_level_difference([0.5], [0.6, 0.5, 0.7])  # differences 0.1, 0, 0.2: mean 0.1, sd 0.1
+    half = 4.3027 * 0.1 / 3**0.5
+    assert one.difference == pytest.approx(0.1) and one.n == 3 and one.mcnemar_p is None
+    assert (one.ci_low, one.ci_high) == pytest.approx((0.1 - half, 0.1 + half), abs=1e-4)
+    assert (one.b_better, one.a_better, one.verdict()) == (2, 0, "within noise")
+    # Welch: variances 0.01 each over 3 runs: se sqrt(0.02 / 3), df = 4 exactly, t(4) = 2.7764
+    two = run_level_difference([0.4, 0.5, 0.6], [0.6, 0.7, 0.8])
+    half = 2.7764 * (0.02 / 3) ** 0.5
+    assert (two.ci_low, two.ci_high) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-4)
+    # unequal spreads: shares 0.01 and 0.01 / 3, df = (0.04 / 3)^2 / (0.01^2 / 1 + (0.01 / 3)^2 / 2) = 1.6842
+    uneven = run_level_difference([0.3, 0.5], [0.6, 0.7, 0.8])
+    from agentic_rl.evaluation.stats import student_t_quantile
+    half = student_t_quantile(0.975, (0.04 / 3) ** 2 / (0.01**2 + (0.01 / 3) ** 2 / 2)) * (0.04 / 3) ** 0.5
+    assert half > 0.5 and (uneven.ci_low, uneven.ci_high) == pytest.approx((0.3 - half, 0.3 + half))
+    tight = run_level_difference([0.5], [0.7, 0.71, 0.69])
+    assert tight.verdict() == "B better" and tight.ci_low > 0.15
+    with pytest.raises(ValueError, match="at least two B runs"):
+        run_level_difference([0.5], [0.6])
+
+
+def test_compare_several_seeds_adds_a_row_with_runs_as_units(tmp_path):
+    """Guards against `compare` giving only intervals that resample problems when the claim is about
+    seeds: three seeds against one SFT evaluation add the row "pass@1, runs as units", the t-interval
+    of the three accuracy differences, hand-computed, whose column counts runs above / below A."""
+    import json
+
+    from agentic_rl.evaluation.compare import RUNS_AS_UNITS, compare_paths, format_rows
+
+    ids = [f"t{i}" for i in range(6)]
+    def write(name, greedy):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ids, "greedy": greedy}}))
+        return path
+    sft = write("sft", [0, 0, 0, 1, 1, 0])  # 2/6
+    seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
+    row = [row for row in compare_paths([sft], seeds) if row["metric"] == RUNS_AS_UNITS]
+    assert len(row) == 1 and row[0]["b"] == "mean of 3"
+    # per-seed differences 2/6, 0, 3/6: mean 5/18, sd sqrt(42 / 648)
+    half = 4.3027 * (42 / 648) ** 0.5 / 3**0.5
+    assert row[0]["difference"] == pytest.approx(5 / 18) and row[0]["n"] == 3
+    assert (row[0]["ci_low"], row[0]["ci_high"]) == pytest.approx((5 / 18 - half, 5 / 18 + half), abs=1e-4)
+    assert (row[0]["b_better"], row[0]["a_better"], row[0]["verdict"]) == (2, 0, "within noise")
+    assert f"| {RUNS_AS_UNITS} | 3 | 33.3% | 61.1% | +27.8% [" in "\n".join(format_rows(row))
+    assert not [row for row in compare_paths([sft], seeds[:1]) if row["metric"] == RUNS_AS_UNITS]

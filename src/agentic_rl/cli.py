@@ -6,7 +6,7 @@
     agentic-rl tools run python --code "print(2**10)"
     agentic-rl rewards list
     agentic-rl eval --model smollm2-135m-instruct --env arith --n 48 [--k 8 --out sft.json] [--config F --set key=value]
-    agentic-rl compare sft.json grpo.json [more.json]  (paired difference, 95% CI, McNemar; several B: also their mean)
+    agentic-rl compare sft.json grpo.json [more.json]  (paired difference, 95% CI, McNemar; several B: also their mean, and runs as units)
     agentic-rl compare --a g0.json g1.json --b p0.json p1.json  (several A: A is their per-problem mean)
     agentic-rl audit --model M --env arith [--n 8]     (template prefixes, masks, log-probs, weight sync)
     agentic-rl chat  --model M [--env arith]           (a terminal conversation; tool calls shown as they run)
@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
     p.add_argument("inputs", nargs="*", metavar="A B [B ...]",
                    help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json; "
-                   "B: the same, for the other model; several B (e.g. one per seed) are each compared, and so is their per-problem mean")
+                   "B: the same, for the other model; several B (e.g. one per seed) are each compared, and so is their per-problem mean; "
+                   "a last row treats each run as one sample (a t-interval over seeds)")
     p.add_argument("--a", nargs="+", metavar="A", help="several A inputs (e.g. one run per seed): A is their per-problem mean; use with --b")
     p.add_argument("--b", nargs="+", metavar="B", help="the B inputs, with --a")
     p.add_argument("--json", action="store_true", help="print only the JSON line")

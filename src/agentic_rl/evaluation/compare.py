@@ -14,7 +14,10 @@ exactly the same problems: comparing different problem sets is not a paired comp
 With several B inputs (e.g. one GRPO run per seed), each is compared with A, and so is their mean:
 per problem, the mean of the B outcomes (greedy pass@1), against A's. Its interval resamples
 problems, not runs: with a handful of seeds, the spread between the per-seed rows is the larger
-uncertainty, and it is printed right above. With several A inputs (`--a`), A is their per-problem
+uncertainty. So one more row, "pass@1, runs as units", treats each input as one number (its
+accuracy) and the runs as the sample: Student's t-interval of the per-seed differences against one
+A, Welch's against several (evaluation/stats.py). That is the interval for a claim "over 3 seeds";
+its "B higher / lower" column counts runs. With several A inputs (`--a`), A is their per-problem
 mean in the same way: e.g. three PPO seeds against three GRPO seeds, run from the same start.
 
 Where both sides recorded each episode's tool calls, one more row, "tool calls, both solved": B − A
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from agentic_rl.evaluation.runner import compared_metrics, per_problem_scores
-from agentic_rl.evaluation.stats import paired_difference
+from agentic_rl.evaluation.stats import paired_difference, run_level_difference
 from agentic_rl.strict_json import read_json
 
 
@@ -95,8 +98,9 @@ def _tool_calls_when_solved(a: dict[str, Any], b: dict[str, Any], b_index: list[
 
 def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) -> list[dict[str, Any]]:
     """Compare every evaluation label all inputs share: A against each B (row "b": its path) and,
-    with several B, against their per-problem mean (row "b": "mean of N"). With several A, the A
-    side is their per-problem mean (row "a": "mean of N"); with one, row "a" is its path."""
+    with several B, against their per-problem mean (row "b": "mean of N"), then the run-level row
+    (RUNS_AS_UNITS). With several A, the A side is their per-problem mean (row "a": "mean of N");
+    with one, row "a" is its path."""
     if not paths_a or not paths_b:
         raise ValueError("compare needs at least one A input and one B input")
     lefts, rights = [load_evaluations(path) for path in paths_a], [load_evaluations(path) for path in paths_b]
@@ -112,7 +116,20 @@ def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) 
         if len(rights) > 1:
             mean = mean_evaluation([right[label] for right in rights], label, "B")
             rows += [{"a": name_a, "b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left, mean, label)]
+            accuracies_a = [_accuracy(side[label]) for side in lefts]
+            accuracies_b = [_accuracy(side[label]) for side in rights]
+            rows.append({"a": name_a, "b": f"mean of {len(rights)}", "label": label, "metric": RUNS_AS_UNITS,
+                         **run_level_difference(accuracies_a, accuracies_b).as_dict()})
     return rows
+
+
+RUNS_AS_UNITS = "pass@1, runs as units"
+"""The metric of the run-level row: each input's greedy accuracy is one sample (module docstring)."""
+
+
+def _accuracy(evaluation: dict[str, Any]) -> float:
+    scores = per_problem_scores(evaluation, "pass@1")
+    return sum(scores) / len(scores)
 
 
 def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: str = "B") -> dict[str, Any]:
