@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentic_rl.envs.base import make_env
-from agentic_rl.envs.memory import SYSTEM_PROMPT, MemoryOptions, extract_values
+from agentic_rl.envs.memory import NEXT, SYSTEM_PROMPT, MemoryOptions, extract_values
 from agentic_rl.envs.oracle import play_oracle, run_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.config import RolloutConfig
@@ -62,17 +62,32 @@ def test_a_needed_fact_has_left_the_context_when_the_question_comes():
     assert result.done and result.info["correct"] and result.reward == 1.0
 
 
-def test_write_costs_are_per_step_and_a_right_answer_pays_one():
-    """Guards against a write cost charged once per episode or onto the answer: each stored fact costs at its
-    own step, the right answer pays 1."""
+def test_write_costs_are_paid_by_a_right_answer_only():
+    """Guards against the reward hack GRPO found when each write cost at its own step: a failed episode that
+    stored 3 facts earned -0.3 and one that stored nothing 0, so storing less, then answering nothing, became
+    the cheapest way to fail. Now a right answer pays 1 - write_cost per write (never below 0), at the
+    answer; every other step and every failed episode, stored or not, answered or not, earns 0."""
     env = make_env("memory", facts=2, distractors=3, gap=1, window=2, updates=1, write_cost=0.1)
     task = env.tasks("train", n=1, seed=0)[0]
-    env.reset(task)
-    rewards = [env.step(action).reward for action in env.oracle_actions(task)]
-    writes = [i for i, a in enumerate(env.oracle_actions(task)) if '"remember"' in a]
-    assert len(writes) == 3  # two facts and one update, each stored once
-    assert [r for i, r in enumerate(rewards[:-1]) if i in writes] == [pytest.approx(-0.1)] * 3
-    assert sum(rewards) == pytest.approx(1.0 - 0.3) and rewards[-1] == 1.0
+    actions = env.oracle_actions(task)
+    assert sum('"remember"' in a for a in actions) == 3  # two facts and one update, each stored once
+
+    def episode(steps):
+        env.reset(task)
+        return [env.step(action).reward for action in steps]
+    right = episode(actions)
+    assert right[:-1] == [0.0] * (len(actions) - 1) and right[-1] == pytest.approx(1.0 - 0.3)
+    wrong = episode(actions[:-1] + ["Final Answer: nobody, nothing"])
+    assert wrong == [0.0] * len(actions)  # stored 3 facts, answered wrong: 0, not -0.3
+    env.reset(task)  # store nothing, answer nothing: `Next.` to every message and to the question
+    steps = [env.step(NEXT)]
+    while not steps[-1].done:
+        steps.append(env.step(NEXT))
+    assert steps[-1].info["finish"] == "no_answer" and steps[-1].info["memory_writes"] == 0
+    assert sum(s.reward for s in steps) == sum(wrong) == 0.0  # never more than storing and failing
+    greedy = make_env("memory", facts=2, distractors=3, gap=1, window=2, updates=1, write_cost=0.5)
+    greedy.reset(task)
+    assert [greedy.step(action).reward for action in actions][-1] == 0.0  # 1 - 3 x 0.5 is floored at 0
 
 
 def test_a_wrong_or_partial_answer_earns_nothing_and_says_how_many_facts_were_right():

@@ -19,7 +19,7 @@ Every turn reads the next message, whatever else it does (its tool results come 
 message as a user turn); a turn without a tool call just reads on. Tools, per episode:
 
     remember(key, value)  store a value (a key already stored is overwritten; at most
-                          `memory_slots` keys; costs `write_cost` reward per write)
+                          `memory_slots` keys; each write costs a right answer `write_cost`)
     recall(key)           read a stored value back
     forget(key)           free a key
 
@@ -42,10 +42,15 @@ guess what to keep). `oracle_stores: all` makes the oracle store every fact, not
 ones (a teacher with no selection to learn).
 
 Reward: 1 when every asked value is right (compared case-insensitively, in the order asked),
-minus `write_cost` per successful remember, as per-step rewards. Hostile turns never crash: an
-unknown tool, a bad or oversized key or value, a full memory, an unknown key, or more than
-`max_calls_per_turn` calls each get an error observation. Train and test tasks never coincide:
-a task's hash (its stream and question) decides its split.
+minus `write_cost` per successful remember of the episode (never below 0), paid at the answer; a
+wrong or missing answer earns 0, however much was stored. The cost is charged only on a right
+answer because, charged per write, storing less was the cheapest way to fail: from an SFT model
+that failed most episodes, GRPO learned to store nothing, then to answer nothing (EXPERIMENTS.md,
+session 13). So the cost ranks right answers (fewer writes, more reward) and nothing else.
+
+Hostile turns never crash: an unknown tool, a bad or oversized key or value, a full memory, an
+unknown key, or more than `max_calls_per_turn` calls each get an error observation. Train and test
+tasks never coincide: a task's hash (its stream and question) decides its split.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ class MemoryOptions:
     memory_slots: int = 8
     """Keys the memory holds at once (remember on a new key beyond this is an error), >= facts."""
     write_cost: float = 0.0
-    """Reward subtracted per successful remember (an incentive to store only what matters), >= 0."""
+    """Reward subtracted from a right answer's 1 per successful remember of its episode (never
+    below 0; a failed episode earns 0 whatever it stored): fewer writes pay among right answers, >= 0."""
     announce: bool = True
     """The task description names the facts the question will ask for (False: the agent must guess)."""
     max_turns: int | None = None
@@ -303,8 +309,8 @@ class MemoryEnv(Env):
         self._turns += 1
         calls = parse_tool_calls(action_text)
         if not calls and (_FINAL.search(action_text) or self._question_turn is not None):
-            return self._finish(extract_values(action_text), 0.0)
-        observation, reward = [], 0.0
+            return self._finish(extract_values(action_text))
+        observation = []
         for index, call in enumerate(calls):
             if index >= self.options.max_calls_per_turn:
                 observation.append({"role": "tool", "name": "error", "content":
@@ -316,7 +322,6 @@ class MemoryEnv(Env):
             self._errors += not ok
             if ok and name == "remember":
                 self._writes += 1
-                reward -= self.options.write_cost
             observation.append({"role": "tool", "name": name, "content": content})
         if self._read < len(self._data["stream"]):
             observation.append({"role": "user", "content": f"Message {self._read + 1} of {len(self._data['stream'])}: "
@@ -326,9 +331,9 @@ class MemoryEnv(Env):
             observation.append({"role": "user", "content": self._data["question"]})
             self._question_turn = self._turns
         if self._turns >= self.max_turns:
-            return self._finish(None, reward, "max_turns")
+            return self._finish(None, "max_turns")
         info = {"tool_calls": self._calls, "tool_errors": self._errors, "memory_writes": self._writes}
-        return StepResult(observation, reward, False, info, context=self._advance_window(action_text, observation))
+        return StepResult(observation, 0.0, False, info, context=self._advance_window(action_text, observation))
 
     def _advance_window(self, action_text: str, observation: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """Record this turn; return the visible conversation if it is not the old one plus this turn."""
@@ -354,7 +359,7 @@ class MemoryEnv(Env):
         except ToolError as exc:
             return tool.name, f"Error: {exc}", False
 
-    def _finish(self, values: list[str] | None, reward: float, finish: str | None = None) -> StepResult:
+    def _finish(self, values: list[str] | None, finish: str | None = None) -> StepResult:
         self._done = True
         expected = [" ".join(v.lower().split()) for v in self._data["answers"]]  # type: ignore[index]
         right = sum(a == b for a, b in zip(values or [], expected))
@@ -364,7 +369,8 @@ class MemoryEnv(Env):
                 "tool_errors": self._errors, "turns": self._turns, "memory_writes": self._writes,
                 "facts_correct": right / len(expected),
                 "finish": finish or ("answer" if values is not None else "no_answer")}
-        return StepResult(None, reward + (1.0 if correct else 0.0), True, info)
+        paid = max(0.0, 1.0 - self.options.write_cost * self._writes) if correct else 0.0  # module docstring
+        return StepResult(None, paid, True, info)
 
     # --- the tools (bound to this episode) ----------------------------------------------------
 
