@@ -3,6 +3,7 @@ splits, and hostile turns that get observations instead of crashes."""
 
 import collections
 import json
+import random
 
 import pytest
 
@@ -24,11 +25,11 @@ def test_the_oracle_solves_every_world(difficulty, branching):
         assert summary["accuracy"] == 1.0 and summary["tool_errors"] == 0, summary["failures"]
 
 
-def _fewest_actions(world):
+def _fewest_actions(world, room=None, held=frozenset()):
     """Independent reference: breadth-first over (room, keys held) by depth, no parent links."""
     key_at = {room: colour for colour, room in world.keys}
     doors = {frozenset(p): c for p, c in world.doors}
-    frontier, seen, depth = {(world.start, frozenset())}, set(), 0
+    frontier, seen, depth = {(room or world.start, frozenset(held))}, set(), 0
     while frontier:
         if any(room == world.goal for room, _ in frontier):
             return depth
@@ -97,6 +98,68 @@ def test_giving_up_never_pays_more_than_trying_and_failing():
     late_quit = env.step("Nothing more.")
     assert late_quit.reward == pytest.approx(-0.05 * 4 * 7)  # turns 6..12 left, as if each ran 4 failing actions
     assert sum(partial) + late_quit.reward == pytest.approx(worst_failure)
+
+
+def test_progress_reward_pays_each_action_for_the_distance_it_closes():
+    """Guards the shaping's definition: an action pays progress_reward for each action it takes off the
+    optimal plan (its new state's fewest actions to the goal, by the independent BFS above), the same
+    charged when it adds one, 0 when refused; so an episode's rewards sum to −step_cost × actions +
+    progress_reward × (actions left at the start − at the end) (+1 at the goal), and the oracle's
+    plan earns −0.05 + 0.1 on every action."""
+    env = make_env("plan", difficulty=2, branching=2, step_cost=0.05, progress_reward=0.1, max_turns=40,
+                   max_calls_per_turn=1)
+    task = env.tasks("train", n=1, seed=0)[0]
+    world = _world_of(task)
+    env.reset(task)
+    rewards = [env.step(action).reward for action in env.oracle_actions(task)]
+    assert rewards == [pytest.approx(0.05)] * (len(rewards) - 1) + [pytest.approx(1.05)]
+
+    rng = random.Random(0)
+    for _ in range(20):  # random walks: moves to any room (mostly refused), takes of any key
+        env.reset(task)
+        room, held, start_left = world.start, set(), _fewest_actions(world)
+        total, result = 0.0, None
+        for _ in range(40):
+            if rng.random() < 0.2:
+                colour = rng.choice(world.keys)[0]
+                result = env.step(format_tool_call("take", {"key": colour}))
+                took = dict(world.keys)[colour] == room and colour not in held
+                before, held = _fewest_actions(world, room, held), held | ({colour} if took else set())
+                expected = -0.05 + (0.1 * (before - _fewest_actions(world, room, held)) if took else 0.0)
+            else:
+                target = rng.choice(world.rooms)
+                result = env.step(format_tool_call("move", {"room": target}))
+                door = dict((frozenset(p), c) for p, c in world.doors).get(frozenset((room, target)))
+                moved = target in world.neighbours(room) and door in (None, *held)
+                before, room = _fewest_actions(world, room, held), target if moved else room
+                expected = -0.05 + (0.1 * (before - _fewest_actions(world, room, held)) if moved else 0.0)
+            total += result.reward
+            if result.done:
+                break
+            assert result.reward == pytest.approx(expected)
+        left = _fewest_actions(world, room, held)
+        assert result.info["actions_left"] == left
+        actions = result.info["tool_calls"]
+        assert total == pytest.approx(-0.05 * actions + 0.1 * (start_left - left) + (1.0 if left == 0 else 0.0))
+
+
+def test_giving_up_with_progress_reward_costs_the_worst_action_of_every_turn_left():
+    """Guards against the give-up hack coming back with shaping on: an action can now cost step_cost +
+    progress_reward (a step away from the goal), so giving up at turn 0 must cost that for every action
+    of every turn, −(0.05 + 0.1) × 2 × 10 = −3.0, below any walk that tries."""
+    env = make_env("plan", difficulty=1, step_cost=0.05, progress_reward=0.1, max_turns=10, max_calls_per_turn=2)
+    task = env.tasks("train", n=1, seed=0)[0]
+    env.reset(task)
+    assert env.step("I give up.").reward == pytest.approx(-3.0)
+    world, rng = _world_of(task), random.Random(1)
+    for _ in range(30):
+        env.reset(task)
+        total, done = 0.0, False
+        while not done:
+            moves = [format_tool_call("move", {"room": rng.choice(world.rooms)}) for _ in range(2)]
+            result = env.step("".join(moves))
+            total, done = total + result.reward, result.done
+        assert total > -3.0
 
 
 def test_train_and_test_worlds_never_coincide():

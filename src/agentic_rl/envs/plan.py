@@ -11,12 +11,16 @@ step, so the discounted return Σ γ^t r_t prefers short plans. A turn without a
 episode and is charged the worst failure's cost of every turn left (`max_calls_per_turn` actions
 each): otherwise giving up (0) would pay more than trying and failing (−step_cost per action), and
 GRPO learns to give up. It did: from a 53% SFT policy, 12 steps reached 0%, every episode one
-turn of text without a call (EXPERIMENTS.md, session 23). Tasks are built so that the
-shortest way to the goal passes a locked door whose key lies elsewhere: walking straight at the
-goal (the greedy move) reaches the door empty-handed and costs a detour back, while the optimal
-plan fetches the key first. The oracle is a breadth-first search over (room, keys held), so it
-is optimal; `difficulty` is the number of locked doors on the way (the horizon grows with it),
-`branching` adds passages beyond a spanning tree (more wrong ways).
+turn of text without a call (EXPERIMENTS.md, session 23). `progress_reward` adds a per-action
+reward for each action that brings the goal closer (potential-based shaping: it sums to the same
+for every success of a task, and ranks failures by how close they ended).
+
+Tasks are built so that the shortest way to the goal passes a locked door whose key lies
+elsewhere: walking straight at the goal (the greedy move) reaches the door empty-handed and costs
+a detour back, while the optimal plan fetches the key first. The oracle is a breadth-first
+search over (room, keys held), so it is optimal; `difficulty` is the number of locked doors on
+the way (the horizon grows with it), `branching` adds passages beyond a spanning tree (more wrong
+ways).
 
     system: tool instructions        user: the map and the goal
     A: <tool_call>{"name": "move", "arguments": {"room": "cellar"}}</tool_call>
@@ -63,15 +67,22 @@ class PlanOptions:
     """Policy turns per episode (the oracle needs one turn per action)."""
     max_calls_per_turn: int = 4
     """Calls beyond this many in one turn are not run (each gets an error observation, at no cost).
-    A turn without a call costs this many actions for each turn left."""
+    A turn without a call costs this many of the worst actions (step_cost + progress_reward) for
+    each turn left."""
+    progress_reward: float = 0.0
+    """Reward per action for each action it brings the goal closer, by the optimal plan's length from
+    the new state (room, keys held); charged the same when it takes the goal farther, 0 for a refused
+    action. Potential-based shaping (Ng, Harada and Russell, 1999) with potential −progress_reward ×
+    (actions left): it sums to progress_reward × (actions left at the start − at the end), so every
+    success of a task earns the same, and failures rank by how close they ended. 0 turns it off."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.difficulty <= len(COLOURS):
             raise ValueError(f"difficulty must be in 1..{len(COLOURS)} (locked doors), got {self.difficulty}")
         if not 0 <= self.branching <= 6:
             raise ValueError(f"branching must be in 0..6, got {self.branching}")
-        if self.step_cost < 0 or self.max_turns < 1 or self.max_calls_per_turn < 1:
-            raise ValueError("step_cost must be >= 0, max_turns and max_calls_per_turn >= 1")
+        if self.step_cost < 0 or self.progress_reward < 0 or self.max_turns < 1 or self.max_calls_per_turn < 1:
+            raise ValueError("step_cost and progress_reward must be >= 0, max_turns and max_calls_per_turn >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +113,13 @@ class World:
         return "\n".join(lines)
 
 
-def shortest_plan(world: World, through_doors: bool = False) -> list[tuple[str, str]] | None:
-    """The shortest action list [("move"|"take", argument)] from start to goal, by BFS over (room,
-    keys held); with through_doors=True, locks are ignored (the greedy way). None: unreachable."""
+def shortest_plan(world: World, through_doors: bool = False, from_room: str | None = None,
+                  holding: frozenset[str] = frozenset()) -> list[tuple[str, str]] | None:
+    """The shortest action list [("move"|"take", argument)] to the goal, by BFS over (room, keys
+    held), from the world's start or from `from_room` holding `holding`; with through_doors=True,
+    locks are ignored (the greedy way). None: unreachable."""
     key_at = {room: colour for colour, room in world.keys}
-    start = (world.start, frozenset())
+    start = (from_room or world.start, frozenset(holding))
     parents: dict[Any, Any] = {start: None}
     queue = collections.deque([start])
     while queue:
@@ -210,6 +223,7 @@ class PlanEnv(Env):
         self._task, self._world = task, _world_of(task)
         self._room, self._held = self._world.start, set()
         self._turns = self._actions = self._errors = 0
+        self._left = task.meta["optimal_actions"]  # actions left on the optimal plan from here
         self._done = False
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.question}]
 
@@ -220,7 +234,8 @@ class PlanEnv(Env):
         calls = parse_tool_calls(action_text)
         if not calls:  # giving up: charged as the worst failure over the turns left (module docstring)
             turns_left = self.max_turns - self._turns + 1
-            return self._finish(-self.options.step_cost * self.options.max_calls_per_turn * turns_left, "no_action")
+            worst_action = self.options.step_cost + self.options.progress_reward  # one action away from the goal
+            return self._finish(-worst_action * self.options.max_calls_per_turn * turns_left, "no_action")
         observation, reward = [], 0.0
         for index, call in enumerate(calls):
             if index >= self.options.max_calls_per_turn:
@@ -232,6 +247,10 @@ class PlanEnv(Env):
             self._actions += 1
             self._errors += not ok
             reward -= self.options.step_cost
+            if ok:
+                left, self._left = self._left, len(shortest_plan(self._world, from_room=self._room,
+                                                                  holding=frozenset(self._held)))
+                reward += self.options.progress_reward * (left - self._left)
             observation.append({"role": "tool", "name": name, "content": content})
             if self._room == self._world.goal:
                 return self._finish(reward + 1.0, "goal")
@@ -255,7 +274,8 @@ class PlanEnv(Env):
         reached = self._room == self._world.goal  # type: ignore[union-attr]
         info = {"correct": reached, "final_answer": None, "reference": self._world.goal,  # type: ignore[union-attr]
                 "format_ok": finish != "no_action", "tool_calls": self._actions, "tool_errors": self._errors,
-                "turns": self._turns, "finish": finish, "optimal_actions": self._task.meta["optimal_actions"]}
+                "turns": self._turns, "finish": finish, "optimal_actions": self._task.meta["optimal_actions"],
+                "actions_left": self._left}
         return StepResult(None, reward, True, info)
 
     # --- the tools (bound to this episode) ----------------------------------------------------
