@@ -145,3 +145,33 @@ def test_evaluate_records_each_problems_outcome_and_tool_calls(monkeypatch):
     ids = [task.id for task in cfg.env.make().tasks("test", n=3, seed=0)]
     assert result["per_task"] == {"id": ids, "greedy": [1, 0, 1], "tool_calls": [5, 12, 7]}
     assert result["tool_calls_per_episode"] == pytest.approx(8.0) and result["pass@1"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("env, votes", [("plan", False), ("arith", True)])
+def test_maj_at_k_is_left_out_where_episodes_have_no_final_answer(monkeypatch, env, votes):
+    """Guards against a maj@k of 0 on plan, whose episodes succeed by reaching the goal and never give
+    a final answer, so there is nothing to vote on: plan's evaluation reports pass@k and sampled
+    accuracy, and no maj@k (in the metrics, per_task, the intervals, the report or compare); an
+    env with final answers keeps it. Three problems, k = 2: sampled outcomes 2/2, 1/2, 0/2."""
+    import torch
+
+    from agentic_rl.envs.base import EnvSpec
+    from agentic_rl.evaluation import runner
+    from agentic_rl.evaluation.compare import compare_evaluations
+    from agentic_rl.evaluation.config import EvalConfig
+    from agentic_rl.evaluation.report import _with_ci
+
+    greedy = [_episode(True, 5, 0), _episode(False, 12, 0), _episode(False, 7, 0)]
+    sampled = [_episode(c, 5, 0) for c in (True, True, True, False, False, False)]
+    monkeypatch.setattr(runner, "_run", lambda model, tokenizer, cfg, tasks, temperature, **kw:
+                        (greedy if temperature == 0.0 else sampled)[: len(tasks)])
+    cfg = EvalConfig(env=EnvSpec(name=env, options={}), n=3, k=2)
+    result = runner.evaluate(torch.nn.Linear(1, 1), None, cfg, progress=False)
+    assert result["pass@2"] == pytest.approx(2 / 3) and result["sampled_accuracy@T"] == pytest.approx(0.5)
+    assert ("maj@2" in result) is votes and ("maj" in result["per_task"]) is votes
+    assert ("maj@2" in result["ci95"]) is votes
+    assert [row["metric"] for row in compare_evaluations(result, result, "x")][:4] == \
+        ["pass@1", "sampled_accuracy@T", "pass@2"] + (["maj@2"] if votes else ["tool calls, both solved"])
+    assert (_with_ci(result, "maj@2") == "n/a") is not votes
+    with pytest.raises(ValueError, match="use pass@1, sampled_accuracy@T, pass@2" + ("" if votes else "$")):
+        runner.per_problem_scores(result, "maj@3")

@@ -64,6 +64,10 @@ class Env:
     name: str = ""
     tools: list[Tool] = []
     max_turns: int = 8
+    final_answers: bool = True
+    """Episodes end with a final answer that `correct` judges. False where success is a state the
+    episode reaches (plan: the goal room): there is nothing to vote on, and evaluation reports no
+    maj@k rather than a 0."""
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
         """The first `n` tasks (all if None) of `split` ("train" or "test"), deterministic in `seed`."""

@@ -184,6 +184,7 @@ class PlanEnv(Env):
     """Keys, doors and a goal: planning with delayed consequences (module docstring)."""
 
     name = "plan"
+    final_answers = False  # success is reaching the goal room
 
     def __init__(self, options: PlanOptions | None = None):
         self.options = options or PlanOptions()

@@ -152,8 +152,10 @@ def verdict_lines(comparisons: list[dict[str, Any]]) -> list[str]:
 
 
 def _with_ci(metrics: dict[str, Any], key: str) -> str:
-    if key not in metrics or (key != "pass@1" and metrics.get("k", 1) == 1):
+    if key != "pass@1" and metrics.get("k", 1) == 1:
         return ""
+    if key not in metrics:  # maj@k of an env without final answers (Env.final_answers)
+        return "n/a" if key.startswith("maj@") else ""
     interval = (metrics.get("ci95") or {}).get(key)
     return f"{metrics[key]:.1%}" + (f" [{interval[0]:.1%}, {interval[1]:.1%}]" if interval else "")
 

@@ -12,7 +12,8 @@ episode and their success rate, accuracy by difficulty (arith) or by number of s
 
 Per problem (`per_task`, for `agentic-rl compare`): the task id, the greedy outcome (1/0), the
 greedy episode's tool calls (in `plan`, the actions it took: its plan's length), and with k > 1
-the sampled correct count and majority-vote outcome.
+the sampled correct count and majority-vote outcome (none in an env without final answers, such as
+`plan`: `Env.final_answers`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from agentic_rl.rollout.trajectory import Trajectory
 def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True) -> dict[str, Any]:
     """Run the evaluation; returns a flat dict of metrics plus "failures" (transcripts) and
     "decoded_in": the precision the episodes were decoded in (rollout.dtype, auto resolved)."""
-    tasks = cfg.env.make().tasks(cfg.split, n=cfg.n, seed=cfg.seed)
+    env = cfg.env.make()
+    tasks = env.tasks(cfg.split, n=cfg.n, seed=cfg.seed)
     greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.name} greedy", progress=progress)
     result = episode_statistics(greedy, tasks)
     result["n"] = len(tasks)
@@ -41,7 +43,9 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
         sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.rollout.sampling.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
-        metrics, per_task["correct_of_k"], per_task["maj"] = sampled_metrics(sampled, tasks, cfg.k)
+        metrics, per_task["correct_of_k"], maj = sampled_metrics(sampled, tasks, cfg.k, vote=env.final_answers)
+        if maj is not None:
+            per_task["maj"] = maj
         result.update(metrics)
     result["k"] = cfg.k
     result["decoded_in"] = decoded_dtype(cfg.rollout.dtype, next(model.parameters()).device)
@@ -55,13 +59,15 @@ def per_problem_scores(result: dict[str, Any], metric: str) -> list[float]:
     """One score per problem, in task order, from an evaluation result's `per_task` record.
 
     metric: "pass@1" (greedy, 0/1), "sampled_accuracy@T" (c/k), "pass@k" (1 if any of the k
-    samples is correct, 0 else; the k of the evaluation), "maj@k" (the tie-aware majority vote)."""
+    samples is correct, 0 else; the k of the evaluation), "maj@k" (the tie-aware majority vote; only
+    where the env has final answers)."""
     per_task, k = result["per_task"], int(result.get("k", 1))
+    supported = compared_metrics(result)
+    if metric not in supported:
+        raise ValueError(f"unknown metric {metric!r} for this evaluation (k = {k}); "
+                         f"use {', '.join(supported)}")
     if metric == "pass@1":
         return [float(v) for v in per_task["greedy"]]
-    if metric not in ("sampled_accuracy@T", f"pass@{k}", f"maj@{k}"):
-        raise ValueError(f"unknown metric {metric!r} for an evaluation with k = {k}; "
-                         f"use pass@1{'' if k == 1 else f', sampled_accuracy@T, pass@{k} or maj@{k}'}")
     if metric == "sampled_accuracy@T":
         return [c / k for c in per_task["correct_of_k"]]
     if metric.startswith("pass@"):
@@ -70,9 +76,12 @@ def per_problem_scores(result: dict[str, Any], metric: str) -> list[float]:
 
 
 def compared_metrics(result: dict[str, Any]) -> list[str]:
-    """The per-problem metrics an evaluation result supports, greedy first."""
+    """The per-problem metrics an evaluation result supports, greedy first (maj@k only where the
+    episodes had final answers to vote on)."""
     k = int(result.get("k", 1))
-    return ["pass@1"] + (["sampled_accuracy@T", f"pass@{k}", f"maj@{k}"] if k > 1 else [])
+    if k == 1:
+        return ["pass@1"]
+    return ["pass@1", "sampled_accuracy@T", f"pass@{k}"] + ([f"maj@{k}"] if "maj" in result["per_task"] else [])
 
 
 def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[float]]:
@@ -135,10 +144,12 @@ def _difficulty_key(task) -> str | None:
     return None
 
 
-def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int) -> tuple[dict[str, float], list[int], list[float]]:
+def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int,
+                    vote: bool = True) -> tuple[dict[str, float], list[int], list[float] | None]:
     """pass@k, maj@k, the mean sampled accuracy, and the success histogram from k sampled
     episodes per task (tasks in order, k consecutive each); also the per-task correct counts
-    and majority-vote scores."""
+    and majority-vote scores. vote=False (an env without final answers): no maj@k, and None for
+    its scores."""
     from agentic_rl.envs.answer import answers_match
 
     pass_k, maj_k, counts = [], [], []
@@ -149,11 +160,14 @@ def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int) -> tuple[dict[
         pass_k.append(pass_at_k(k, correct, k))
         answers = [t.info.get("final_answer") for t in group]
         maj_k.append(maj_at_k(answers, lambda a, ref=task.answer: answers_match(a, ref), canonical=_canonical))
-    metrics = {f"pass@{k}": mean(pass_k), f"maj@{k}": mean(maj_k), "sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs]),
+    metrics = {f"pass@{k}": mean(pass_k), "sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs]),
                # how many problems the policy never / sometimes / always solves in k samples: only
                # "sometimes" problems give GRPO a group with reward variance
                "solved/never": sum(c == 0 for c in counts), "solved/sometimes": sum(0 < c < k for c in counts),
                "solved/always": sum(c == k for c in counts)}
+    if not vote:
+        return metrics, counts, None
+    metrics[f"maj@{k}"] = mean(maj_k)
     return metrics, counts, maj_k
 
 
