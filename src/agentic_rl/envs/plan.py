@@ -74,7 +74,8 @@ class PlanOptions:
     the new state (room, keys held); charged the same when it takes the goal farther, 0 for a refused
     action. Potential-based shaping (Ng, Harada and Russell, 1999) with potential −progress_reward ×
     (actions left): it sums to progress_reward × (actions left at the start − at the end), so every
-    success of a task earns the same, and failures rank by how close they ended. 0 turns it off."""
+    success of a task earns the same, and failures rank by how close they ended (exactly so for an
+    undiscounted return; a reward term's γ < 1 weighs early progress a little more). 0 turns it off."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.difficulty <= len(COLOURS):
