@@ -212,3 +212,60 @@ def test_the_stage_fork_server_preloads_modules_that_exist():
     for name in _PRELOADED:
         importlib.import_module(name)
     assert _stage_context(multiprocessing).get_start_method() == "forkserver"
+
+
+_STAGE_SCRIPT = '''
+import multiprocessing, os, sys, time
+from agentic_rl.pipeline import end_with_the_pipeline
+
+def stage(pipeline_pid, path):
+    end_with_the_pipeline(pipeline_pid)
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+
+if __name__ == "__main__":
+    worker = multiprocessing.get_context(sys.argv[2]).Process(target=stage, args=(os.getpid(), sys.argv[1]))
+    worker.start()
+    worker.join()
+'''
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended; only its exit status waits to be read
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_stage_ends_when_its_pipeline_is_killed(tmp_path, start_method):
+    """Guards against a stage that outlives a killed pipeline: its parent is the fork server, so
+    `kill <pipeline>` left the stage training on into its folder, unseen, sharing the cores with
+    whatever ran next (an experiment queue lost 15 minutes of its two cores to one). The pipeline process here
+    is killed alone (SIGKILL, not its process group), as a job scheduler or `kill -9` would; its
+    stage must be gone within 20 s."""
+    script, pid_file = tmp_path / "pipeline_like.py", tmp_path / "stage.pid"
+    script.write_text(_STAGE_SCRIPT)
+    pipeline = subprocess.Popen([sys.executable, str(script), str(pid_file), start_method], cwd=tmp_path)
+    stage = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline and pipeline.poll() is None, "the stage never started"
+            time.sleep(0.2)
+        stage = int(pid_file.read_text())
+        assert _running(stage)
+        pipeline.kill()
+        pipeline.wait()
+        deadline = time.monotonic() + 20
+        while _running(stage) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(stage), "the stage outlived its pipeline"
+    finally:
+        if pipeline.poll() is None:
+            pipeline.kill()
+        if stage is not None and _running(stage):
+            os.kill(stage, signal.SIGKILL)

@@ -288,7 +288,7 @@ def test_a_spawned_pipeline_stage_imports_the_configs_plugins(tmp_path):
         "model=tiny-qwen3", f"output_dir={tmp_path / 'run'}",
         "evals=[{label: cubes, env: {name: stage_cubes}, n: 2, max_concurrent: 2, rollout: {max_turn_tokens: 4, max_turns: 1}}]",
     ], plugins=[str(plugin)])
-    worker = multiprocessing.get_context("spawn").Process(target=_run_stage, args=(cfg, "eval_base"))
+    worker = multiprocessing.get_context("spawn").Process(target=_run_stage, args=(cfg, "eval_base", os.getpid()))
     worker.start()
     worker.join(timeout=240)
     assert worker.exitcode == 0

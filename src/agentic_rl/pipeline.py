@@ -18,7 +18,8 @@ started from, and the RL stage with the control, on the same problems (paired, 9
 
 A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
-stages are never redone. DONE.json records the config sections the stage's result depends on
+stages are never redone. A stage ends with the pipeline process, even when only that process is
+killed (`end_with_the_pipeline`). DONE.json records the config sections the stage's result depends on
 (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
 with the stage and the sections named, rather than reporting results of another config.
 A training stage killed mid-run resumes from its checkpoint only with the same stage config
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -210,7 +212,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
             RunDir(root, cfg, tensorboard=False)  # records the resolved config
             recorded = True
         log(f"[pipeline] {stage}: running")
-        worker = context.Process(target=_run_stage, args=(cfg, stage), name=f"agentic-rl-{stage}")
+        worker = context.Process(target=_run_stage, args=(cfg, stage, os.getpid()), name=f"agentic-rl-{stage}")
         worker.start()
         worker.join()
         if worker.exitcode != 0 or not done.exists():
@@ -263,13 +265,53 @@ def _stage_context(multiprocessing: Any) -> Any:
     return context
 
 
-def _run_stage(cfg: PipelineConfig, stage: str) -> None:
+def end_with_the_pipeline(pipeline_pid: int) -> None:
+    """Make this stage process end when the pipeline process does, however that ends (a kill, kill -9,
+    a crash). Without it a stage outlives its pipeline: its parent is the fork server, which itself
+    stays up while any stage it started lives, so the stage went on training into its folder unseen,
+    sharing the cores with whatever ran next. A daemon thread waits for the pipeline's exit (a
+    pidfd where Linux has one, else a poll each second) and sends this process SIGTERM; the loop's
+    checkpoints are written atomically, so a rerun resumes from the newest. A pipeline already gone
+    ends the stage here. Windows: nothing is done (os.kill would terminate, not probe)."""
+    if sys.platform == "win32":
+        return
+    import select
+    import signal
+    import threading
+
+    try:
+        handle: int | None = os.pidfd_open(pipeline_pid)
+    except ProcessLookupError:
+        sys.exit(1)
+    except (AttributeError, OSError):  # no pidfd_open (not Linux, or a kernel before 5.3)
+        handle = None
+
+    def wait_for_the_pipeline() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(pipeline_pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait_for_the_pipeline, name="end-with-the-pipeline", daemon=True).start()
+
+
+def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None) -> None:
     """Body of one stage's process: import the plugins, run the stage, write its DONE.json atomically.
 
     A stage process starts with none of the parent's plugins (the fork server imported only the
     toolkit), so the envs, tools and rewards of `cfg.plugins` are registered here, before the stage
-    builds its first env."""
+    builds its first env. Run as the pipeline's child (pipeline_pid given), it ends with the
+    pipeline (`end_with_the_pipeline`)."""
     from agentic_rl.plugins import PluginError, load_plugins
+
+    if pipeline_pid is not None:
+        end_with_the_pipeline(pipeline_pid)
 
     try:
         load_plugins(cfg.plugins)
