@@ -207,16 +207,16 @@ def test_the_stage_fork_server_preloads_modules_that_exist():
     import importlib
     import multiprocessing
 
-    from agentic_rl.pipeline import _PRELOADED, _stage_context
+    from agentic_rl.pipeline_process import PRELOADED, stage_context
 
-    for name in _PRELOADED:
+    for name in PRELOADED:
         importlib.import_module(name)
-    assert _stage_context(multiprocessing).get_start_method() == "forkserver"
+    assert stage_context(multiprocessing).get_start_method() == "forkserver"
 
 
 _STAGE_SCRIPT = '''
 import multiprocessing, os, sys, time
-from agentic_rl.pipeline import end_with_the_pipeline
+from agentic_rl.pipeline_process import end_with_the_pipeline
 
 def stage(pipeline_pid, path):
     end_with_the_pipeline(pipeline_pid)

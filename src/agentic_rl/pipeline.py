@@ -19,7 +19,7 @@ started from, and the RL stage with the control, on the same problems (paired, 9
 A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
 stages are never redone. A stage ends with the pipeline process, even when only that process is
-killed (`end_with_the_pipeline`). DONE.json records the config sections the stage's result depends on
+killed (`pipeline_process.end_with_the_pipeline`). DONE.json records the config sections the stage's result depends on
 (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
 with the stage and the sections named, rather than reporting results of another config.
 A training stage killed mid-run resumes from its checkpoint only with the same stage config
@@ -42,6 +42,7 @@ from agentic_rl.config import Config, ConfigError, NonNegativeInt, refuse_unused
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.pipeline_eta import progress_line
+from agentic_rl.pipeline_process import end_with_the_pipeline, stage_context
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.strict_json import dumps, read_json, write_json
 from agentic_rl.training.grpo_config import GRPOConfig
@@ -185,7 +186,7 @@ def _log(message: str) -> None:
 def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
     """Run every stage not yet done, each in a fresh process; write the report; return the results.
 
-    A stage runs in its own fresh process (see `_stage_context`) so the memory of its models,
+    A stage runs in its own fresh process (see `pipeline_process.stage_context`) so the memory of its models,
     optimizer states and KV caches is returned to the system when it ends; one process for all
     stages grew past 20 GB on the demo and was killed by the OOM killer.
     """
@@ -198,7 +199,7 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     _check_devices(cfg)
     recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
-    context = _stage_context(multiprocessing)
+    context = stage_context(multiprocessing)
     stages = active_stages(cfg)
     started = time.perf_counter()
     for index, stage in enumerate(stages):
@@ -247,58 +248,6 @@ def active_stages(cfg: PipelineConfig) -> list[str]:
     return [stage for stage in STAGES if stage not in cfg.skip and stage not in other_rl
             and (cfg.control.enabled or stage not in ("control", "eval_control"))
             and not (stage.startswith("eval_") and not cfg.evals_for(stage.removeprefix("eval_")))]
-
-
-_PRELOADED = ["torch", "transformers", "peft", "agentic_rl.training.grpo", "agentic_rl.evaluation.runner"]
-"""What every stage imports (~8 s a stage on 2 cores): imported once, by the fork server, not by each stage."""
-
-
-def _stage_context(multiprocessing: Any) -> Any:
-    """The start method of the stage processes: a fork server that has imported torch and the toolkit
-    (but never run a kernel, started a thread pool or touched CUDA), so each stage is a fresh
-    process, whose memory returns to the system when it ends, without paying the imports again.
-    Where there is no fork server (Windows), a plain spawn."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOADED)
-    return context
-
-
-def end_with_the_pipeline(pipeline_pid: int) -> None:
-    """Make this stage process end when the pipeline process does, however that ends (a kill, kill -9,
-    a crash). Without it a stage outlives its pipeline: its parent is the fork server, which itself
-    stays up while any stage it started lives, so the stage went on training into its folder unseen,
-    sharing the cores with whatever ran next. A daemon thread waits for the pipeline's exit (a
-    pidfd where Linux has one, else a poll each second) and sends this process SIGTERM; the loop's
-    checkpoints are written atomically, so a rerun resumes from the newest. A pipeline already gone
-    ends the stage here. Windows: nothing is done (os.kill would terminate, not probe)."""
-    if sys.platform == "win32":
-        return
-    import select
-    import signal
-    import threading
-
-    try:
-        handle: int | None = os.pidfd_open(pipeline_pid)
-    except ProcessLookupError:
-        sys.exit(1)
-    except (AttributeError, OSError):  # no pidfd_open (not Linux, or a kernel before 5.3)
-        handle = None
-
-    def wait_for_the_pipeline() -> None:
-        if handle is not None:
-            select.select([handle], [], [])
-        else:
-            while True:
-                try:
-                    os.kill(pipeline_pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=wait_for_the_pipeline, name="end-with-the-pipeline", daemon=True).start()
 
 
 def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None) -> None:
