@@ -20,8 +20,7 @@ A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline
 killed training stage restarts from its newest checkpoint (the loop resumes), and finished
 stages are never redone. A stage ends with the pipeline process, even when only that process is
 killed (`pipeline_process.end_with_the_pipeline`). DONE.json records the config sections the
-stage's result depends on
-(its own and every earlier stage's it reads); a rerun whose config changed one of them stops
+stage's result depends on (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
 with the stage and the sections named, rather than reporting results of another config.
 A training stage killed mid-run resumes from its checkpoint only with the same stage config
 (training/run_record.py): a changed one stops with each differing key of that section named;
