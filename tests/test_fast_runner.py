@@ -307,3 +307,28 @@ def test_shared_prefix_threshold_and_bf16_agreement(qwen3):
     assert torch.equal(outs[0], outs[2])
     with pytest.raises(ValueError, match="shared_prefix must be >= 0"):
         FastRunner(qwen3, max_slots=1, max_len=8, shared_prefix=-1)
+
+
+@pytest.mark.parametrize("linear", ["mm", MKLDNN])
+@pytest.mark.parametrize("split_mixed", [True, False])
+def test_mixed_calls_run_one_token_chunks_apart_and_match_full_forwards(qwen3, linear, split_mixed):
+    """Guards against a split mixed call that hands a slot another slot's logits (the caller's order
+    is not the slots'), that drops a chunk's tokens from the cache, or that splits where the padding
+    would not pay: decoding slots next to observations match full forwards, split or not."""
+    runner = FastRunner(qwen3, max_slots=8, max_len=96, linear=linear, split_mixed=split_mixed)
+    check, rng = CheckedRunner(qwen3, runner), random.Random(14)
+
+    def toks(n):
+        return [rng.randrange(1000) for _ in range(n)]
+
+    slots = [runner.alloc() for _ in range(6)]
+    check.forward(slots, [toks(n) for n in (5, 9, 3, 7, 4, 6)])  # prompts: no one-token chunk
+    assert runner.split_calls == 0
+    # four slots decode while two take observations of 12 and 10 tokens: 4 × 11 padded queries > 26 tokens
+    order = [slots[3], slots[0], slots[5], slots[1], slots[4], slots[2]]
+    check.forward(order, [toks(1), toks(12), toks(1), toks(1), toks(10), toks(1)])
+    assert runner.split_calls == (1 if split_mixed else 0)
+    check.forward(slots, [toks(1) for _ in slots])  # every slot decodes on from the caches the split call wrote
+    check.forward([slots[4], slots[2]], [toks(1), toks(3)])  # 2 padded queries < 4 tokens: one call
+    assert runner.split_calls == (1 if split_mixed else 0)
+    assert check.worst < TOL

@@ -36,6 +36,14 @@ One layer is these ops, in this order (x: the (T, H) residual stream):
 
 The LM head runs on the last token of each chunk only.
 
+Mixed calls. Attention runs on a grid of rows padded to the call's longest chunk, so one slot
+prefilling a tool observation of 50 tokens while 40 others decode one token each would give every
+decoding row 50 queries over its whole cache, 49 of them padding. An agent's rollout is made of
+such steps: episodes finish their turns at different times, and each next turn starts with its
+observation. When the one-token chunks' padding would outnumber the call's real tokens, `forward`
+runs them and the longer chunks as two calls: one more pass over the weights instead of attention
+for up to Lq times the queries (benchmarks/mixed_calls.py measures it on plan's evaluation).
+
 Invariants (tests/test_fast_runner.py proves them):
 - The logits equal a plain forward of the HF model over each slot's whole history, within 1e-4
   in fp32, over random schedules of ragged calls, forks, frees and reused slots. bf16 copies of
@@ -91,6 +99,7 @@ class FastRunner(Runner):
         check_weights: bool = True,
         linear: str = "auto",
         shared_prefix: int = 64,
+        split_mixed: bool = True,
     ) -> None:
         """`model`: a LlamaForCausalLM / Qwen3ForCausalLM, optionally peft-wrapped.
         `dtype`: compute dtype, default the model's own when it is fp32 or bf16 (else fp32);
@@ -103,6 +112,8 @@ class FastRunner(Runner):
         `shared_prefix`: attend a prefix that every slot of a call got from the same `fork` once
         per call for all of them, when it is at least this many tokens (CPU; 0 = never). See
         "Shared prefix" in fast_attention.py.
+        `split_mixed`: run a call's one-token chunks apart from its longer ones when their padding
+        would outnumber its tokens ("Mixed calls" above; False: always one call, for benchmarks).
         """
         if max_slots < 1 or max_len < 1:
             raise ValueError("max_slots and max_len must be positive")
@@ -123,6 +134,9 @@ class FastRunner(Runner):
         self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
         self.shared_prefix_calls = 0
         """forward calls that attended a shared prefix once for all their slots (for tests and benchmarks)."""
+        self.split_mixed = split_mixed
+        self.split_calls = 0
+        """forward calls run as two, one-token chunks apart from longer ones (for tests and benchmarks)."""
 
         self.n_layers = cfg.num_hidden_layers
         self.hidden = cfg.hidden_size
@@ -221,6 +235,19 @@ class FastRunner(Runner):
     @torch.no_grad()  # not inference_mode: the returned logits may be used next to autograd tensors
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         self._check_call(slots, chunks)
+        decoding = [i for i, chunk in enumerate(chunks) if len(chunk) == 1]
+        padding = len(decoding) * (max(len(chunk) for chunk in chunks) - 1)
+        if not self.split_mixed or not decoding or len(decoding) == len(chunks) or padding < sum(map(len, chunks)):
+            return self._forward(slots, chunks)
+        self.split_calls += 1  # "Mixed calls" in the module docstring
+        longer = [i for i, chunk in enumerate(chunks) if len(chunk) > 1]
+        parts = [self._forward([slots[i] for i in part], [chunks[i] for i in part]) for part in (decoding, longer)]
+        logits = parts[0].new_empty(len(slots), parts[0].shape[1])  # (n, V), in the caller's order
+        logits[decoding], logits[longer] = parts
+        return logits
+
+    def _forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One packed call over every named slot (checked by `forward`): the (n, V) float32 logits."""
         lengths = self.cache.lengths
         packed = pack_chunks(slots, chunks, lengths, self.device)
         self.cache.ensure_zeroed(packed.rows, packed.key_end)
