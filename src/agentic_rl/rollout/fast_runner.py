@@ -236,8 +236,8 @@ class FastRunner(Runner):
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         self._check_call(slots, chunks)
         decoding = [i for i, chunk in enumerate(chunks) if len(chunk) == 1]
-        padding = len(decoding) * (max(len(chunk) for chunk in chunks) - 1)
-        if not self.split_mixed or not decoding or len(decoding) == len(chunks) or padding < sum(map(len, chunks)):
+        padding = len(decoding) * (max(len(chunk) for chunk in chunks) - 1)  # 0 unless one-token and longer chunks mix
+        if not self.split_mixed or padding < sum(map(len, chunks)):
             return self._forward(slots, chunks)
         self.split_calls += 1  # "Mixed calls" in the module docstring
         longer = [i for i, chunk in enumerate(chunks) if len(chunk) > 1]
