@@ -93,14 +93,12 @@ def main() -> None:
         if run["env"] != "plan" or len(run["failures"]) < failed:
             raise SystemExit(f"{path}: {len(run['failures'])} transcripts kept of {failed} failures (env {run['env']}); "
                              "evaluate plan again with --set failures_shown=100")
-        env, tasks = make_env("plan", **options), {}
+        env = make_env("plan", **options)
         sets = collections.defaultdict(int)  # (split, seed) -> tasks it needs: ids are plan/split/seed/index
         for task_id in run["per_task"]["id"]:
             split, seed, index = task_id.split("/")[1:]
             sets[split, int(seed)] = max(sets[split, int(seed)], int(index) + 1)
-        for (split, seed), n in sets.items():
-            tasks[split, seed] = {t.id: t for t in env.tasks(split, n=n, seed=seed)}
-        by_id = {task_id: task for group in tasks.values() for task_id, task in group.items()}
+        by_id = {t.id: t for (split, seed), n in sets.items() for t in env.tasks(split, n=n, seed=seed)}
         features = [replay(env, by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
         keyed = {task_id: any(action == "take" for action, _ in shortest_plan(_world_of(by_id[task_id])))
