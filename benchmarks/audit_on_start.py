@@ -76,7 +76,7 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     episodes = objective.episodes.collate(*objective.episodes.draw(0)).trajectories
     times = []
     for _ in range(repeats):
-        audit = StartAudit(objective.episodes.engine.chat_format, objective.episodes.make_env().tool_schemas, True, log=lambda *_: None)
+        audit = StartAudit(objective.episodes.engine.chat_format, objective.episodes.env_for(objective.episodes.task_pool[0]).tool_schemas, True, log=lambda *_: None)
         started = time.perf_counter()
         assert audit.check_episodes(episodes) is None
         times.append(time.perf_counter() - started)

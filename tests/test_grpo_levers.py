@@ -95,7 +95,7 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
     for row in range(G - 1, len(trajs), G):
         demo = trajs[row]
         task = next(t for t in objective.episodes.task_pool if t.id == demo.task_id)
-        assert demo.input_ids == oracle_demos(objective.episodes.make_env(), [task], chat_format)[0].input_ids
+        assert demo.input_ids == oracle_demos(objective.episodes.env_for(task), [task], chat_format)[0].input_ids
         assert demo.info["correct"] and demo.reward == 1.0
         assert float(batch.advantages[row, 0]) > 0 > float(batch.advantages[row - 1, 0])
         assert demo.task_id == trajs[row - 1].task_id  # it joined its own prompt's group

@@ -24,6 +24,7 @@ from agentic_rl.integrations.trl_adapters import (  # noqa: E402
     task_to_json,
 )
 from agentic_rl.rewards.base import RewardSpec  # noqa: E402
+from agentic_rl.training.episode_config import EnvMixPart  # noqa: E402
 
 OPTIONS = {"difficulty": 1}
 SPECS = [RewardSpec("accuracy"), RewardSpec("format", weight=0.5), RewardSpec("tool_use"),
@@ -148,6 +149,8 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
     (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, tool_workers=8)}, "tool_workers"),
     (lambda c: {"updates_per_batch": 2}, "old_logprobs=sampling"),
     (lambda c: {"micro_batch_size": 3}, "micro_batch_size=3"),
+    (lambda c: {"env": type(c.env)(name="arith", options={"difficulty": 1}, task_pool=4,
+                                   mix=[EnvMixPart(), EnvMixPart({"difficulty": 2})])}, "env.mix"),
 ])
 def test_unmappable_settings_raise(tmp_path, override, message):
     """Guards against settings TRL's GRPOTrainer cannot honour being dropped silently on the TRL backend

@@ -32,6 +32,7 @@ CONFIG_MAPPING: dict[str, str] = {
     "model.gradient_checkpointing": "gradient_checkpointing",
     "env.name, env.options": "environment_factory (multi-turn) / reward grading env (single-turn)",
     "env.task_pool": "train_dataset = the first task_pool train tasks (seed = train.seed)",
+    "env.mix": "not supported: raises when set (one env's options per TRL dataset and environment_factory)",
     "rewards[*]": "reward_funcs (one per term, named after it) + reward_weights",
     "rollout.batch_size": "generation_batch_size = B = P*G (via per_device_train_batch_size * gradient_accumulation_steps)",
     "rollout.group_size": "num_generations",
@@ -79,6 +80,9 @@ def _check_unmappable(cfg) -> None:
     defaults = RolloutConfig()
     if cfg.reward_model.path or cfg.reward_model.weight:
         errors.append("reward_model: the learned reward term is not wired into the TRL backend; remove it or use backend: agentic_rl")
+    if cfg.env.mix:
+        errors.append("env.mix: the TRL backend builds its dataset and environment_factory from one set of env.options; "
+                      "remove the mix or use backend: agentic_rl")
     if cfg.advantage.mode != "episode":
         errors.append(f"advantage.mode={cfg.advantage.mode}: TRL's GRPOTrainer has one advantage per completion; use mode: episode")
     if cfg.advantage.gamma != 1.0:

@@ -6,12 +6,22 @@ defaults; `grpo_config.py` and `ppo_config.py` embed them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from agentic_rl.config import Config, PositiveInt
-from agentic_rl.envs.base import EnvSpec
+from agentic_rl.envs.base import Env, EnvSpec, Task, make_env
 from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.config import RolloutConfig
+
+
+@dataclasses.dataclass
+class EnvMixPart(Config):
+    """One part of a task mix: the options it changes, and its share of the task pool."""
+
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Options laid over env.options for this part's tasks and for the envs that run them."""
+    share: float = 1.0
+    """This part's weight: the pool is split in proportion to the shares (largest remainders)."""
 
 
 @dataclasses.dataclass
@@ -20,6 +30,62 @@ class EnvConfig(EnvSpec):
 
     task_pool: PositiveInt = 2000
     """Train-split tasks to draw prompts from."""
+    mix: list[EnvMixPart] = dataclasses.field(default_factory=list)
+    """A task mix, e.g. plan's one- and two-door houses in one run: `[{options: {difficulty: 1,
+    max_turns: 12}, share: 0.5}, {options: {difficulty: 2, max_turns: 16}, share: 0.5}]`. Part k
+    contributes its share of task_pool (train split, drawn with train.seed; ids prefixed `mix<k>:`),
+    and each episode runs in an env made with env.options updated by its task's part. Prompts are
+    sampled from the whole pool, so a batch holds each part in proportion only on average; the
+    rollout limits (rollout.max_turns, max_episode_tokens) must fit the largest part. Every part
+    must offer the same tools. Empty: every task from env.options."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.mix:
+            return
+        if any(not part.share > 0 for part in self.mix):
+            raise ValueError(f"env.mix shares must be > 0, got {[part.share for part in self.mix]}")
+        tools = None
+        for k, options in enumerate(self.part_options()):
+            try:
+                schemas = make_env(self.name, **options).tool_schemas
+            except ValueError as exc:
+                raise ValueError(f"env.mix[{k}]: {exc}") from None
+            if tools is not None and schemas != tools:
+                raise ValueError(f"env.mix[{k}] offers other tools than env.mix[0]; every part of a mix must offer the "
+                                 "same tools (one system prompt and tool schema per run)")
+            tools = schemas
+        if min(self.part_sizes()) == 0:
+            raise ValueError(f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "
+                             "raise task_pool or the small shares, so that every part has tasks")
+
+    def part_options(self) -> list[dict[str, Any]]:
+        """Each mix part's env options: env.options updated by the part's."""
+        return [{**self.options, **part.options} for part in self.mix]
+
+    def part_sizes(self) -> list[int]:
+        """Tasks each mix part contributes: task_pool split by share, remainders to the largest fractions."""
+        total = sum(part.share for part in self.mix)
+        exact = [self.task_pool * part.share / total for part in self.mix]
+        sizes = [int(value) for value in exact]
+        by_fraction = sorted(range(len(exact)), key=lambda k: sizes[k] - exact[k])  # largest fraction first, stable
+        for k in by_fraction[: self.task_pool - sum(sizes)]:
+            sizes[k] += 1
+        return sizes
+
+    def train_tasks(self, seed: int) -> list[Task]:
+        """The task pool: task_pool train-split tasks of env.options, or of each mix part in turn."""
+        if not self.mix:
+            return self.make().tasks("train", n=self.task_pool, seed=seed)
+        return [dataclasses.replace(task, id=f"mix{k}:{task.id}", meta={**task.meta, "mix_part": k})
+                for k, (options, size) in enumerate(zip(self.part_options(), self.part_sizes()))
+                for task in make_env(self.name, **options).tasks("train", n=size, seed=seed)]
+
+    def env_for(self, task: Task) -> Env:
+        """A fresh env to run `task` in: its mix part's, or env.options' without a mix."""
+        if not self.mix:
+            return self.make()
+        return make_env(self.name, **self.part_options()[task.meta["mix_part"]])
 
 
 @dataclasses.dataclass

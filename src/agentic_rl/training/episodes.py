@@ -100,8 +100,8 @@ class Episodes:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
-        self.make_env = cfg.env.make
-        self.task_pool = self.make_env().tasks("train", n=cfg.env.task_pool, seed=cfg.train.seed)
+        self.env_for = cfg.env.env_for  # task -> a fresh env (its mix part's, with env.mix)
+        self.task_pool = cfg.env.train_tasks(cfg.train.seed)
         extra = {}
         if cfg.reward_model.path:
             from agentic_rl.rewards.reward_model import RewardModelReward
@@ -129,7 +129,7 @@ class Episodes:
         rollout_dtype = self.cfg.rollout.dtype
         decodes = decoded_dtype(rollout_dtype, self.accelerator.device)
         float32 = decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
-        return StartAudit(self.engine.chat_format, self.make_env().tool_schemas, float32, log=self.accelerator.print)
+        return StartAudit(self.engine.chat_format, self.env_for(self.task_pool[0]).tool_schemas, float32, log=self.accelerator.print)
 
     # ---------------------------------------------------------------- rollouts
 
@@ -186,6 +186,11 @@ class Episodes:
         metrics.update(draw_metrics)
         # the share of groups with reward variance after selection (and guidance)
         metrics["train/groups_with_variance"] = sum(g.has_variance for g in groups) / len(groups)
+        for part in range(len(self.cfg.env.mix)):  # env.mix: how each part of the task mix fares
+            mine = [g for g in groups if g.task.meta["mix_part"] == part]
+            if mine:
+                metrics[f"rollout/mix{part}/accuracy"] = sum(g.correct for g in mine) / sum(len(g.rewards) for g in mine)
+                metrics[f"rollout/mix{part}/groups_with_variance"] = sum(g.has_variance for g in mine) / len(mine)
         metrics["rollout/sequences_per_episode"] = len(sequences) / max(1, len(trajs))  # this rank's; 1: every history a prefix
         if self.start_audit is not None and not self.start_audit.episodes_checked:
             self._audit_episodes(trajs)
@@ -198,7 +203,7 @@ class Episodes:
         local_rows = list(range(acc.process_index, len(rows), acc.num_processes))
         with torch.no_grad():
             seed = (self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index + 1_000_000_007 * round_index
-            trajs = self.engine.run([self.make_env() for _ in local_rows], [rows[i] for i in local_rows], seed=seed)
+            trajs = self.engine.run([self.env_for(rows[i]) for i in local_rows], [rows[i] for i in local_rows], seed=seed)
         local = torch.tensor([[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
                              dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
         table = gather_in_global_order(self.accelerator, local)  # (P_round * G, 2)

@@ -108,7 +108,7 @@ class PromptSelector:
         self.outcomes[group.task.id] = (correct + group.correct, total + len(group.rewards))
 
 
-def guide(groups: list[Group], make_env: Callable[[], Any], chat_format: Any,
+def guide(groups: list[Group], env_for: Callable[[Any], Any], chat_format: Any,
           composer: Callable[[list[Trajectory]], list[float]], weights_version: int, accelerator: Any) -> int:
     """LUFFY-style guidance (GuidanceConfig): an oracle demonstration replaces the last episode of
     each group with no correct episode, in place. Every process computes the demonstration's
@@ -120,7 +120,7 @@ def guide(groups: list[Group], make_env: Callable[[], Any], chat_format: Any,
     for group in groups:
         if group.correct > 0:
             continue
-        demo = oracle_demos(make_env(), [group.task], chat_format)[0]
+        demo = oracle_demos(env_for(group.task), [group.task], chat_format)[0]
         demo.turn_rewards = [0.0] * len(demo.policy_spans)
         demo.weights_version = weights_version
         demo.finish_reason = "answered"

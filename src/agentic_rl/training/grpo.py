@@ -101,7 +101,7 @@ class GRPO:
         """Steps 1-5: this process's rows of a fresh rollout batch, with everything the loss needs."""
         cfg, episodes = self.cfg, self.episodes
         groups, draw_metrics = episodes.draw(step)  # 1-3: prompts, G episodes each, rewards (gathered)
-        guided = guide(groups, episodes.make_env, episodes.engine.chat_format, episodes.composer,
+        guided = guide(groups, episodes.env_for, episodes.engine.chat_format, episodes.composer,
                        episodes.engine.weights_version, self.accelerator) if cfg.guidance.enabled else 0
         collected = episodes.collate(groups, draw_metrics | {"train/guided_groups": float(guided)})
         tensors, trajs = collected.tensors, collected.trajectories

@@ -4,7 +4,7 @@
 report and `agentic-rl metrics` read the definitions from here. Keys are namespaced:
 `loss/` the objective, `optim/` the optimizer, `reward/` the reward terms, `rollout/` the
 sampled episodes, `train/` what a step trained on, `value/` PPO's value model, `time/` seconds,
-`memory/` GPU memory, `sft/` and `rm/` their trainers. `{term}` and `{reason}` stand for one path segment.
+`memory/` GPU memory, `sft/` and `rm/` their trainers. `{term}` and `{reason}` stand for one path segment, `{part}` for a number.
 All values are floats; rollout and reward statistics are over the whole batch (every process).
 """
 
@@ -52,6 +52,8 @@ GLOSSARY: dict[str, str] = {
     "rollout/finish/{reason}": "Share of episodes that ended for this reason (answered, env_done, max_turns, max_turn_tokens, max_episode_tokens, error).",
     "rollout/tokens_per_second": "Generated tokens of the batch over the rollout's wall time.",
     "rollout/groups_with_variance": "Share of the first draw's groups whose G rewards differ (the groups that carry a gradient), before dynamic sampling replaced any.",
+    "rollout/mix{part}/accuracy": "env.mix: share of the trained batch's episodes of mix part {part} graded correct (absent when the batch drew none of it).",
+    "rollout/mix{part}/groups_with_variance": "env.mix: share of the trained batch's groups of mix part {part} whose G rewards differ.",
     "rollout/rounds": "Rollout rounds of the step (1, plus dynamic sampling's extra rounds).",
     "rollout/band_fallbacks": "Prompts drawn outside the success-rate band because too few qualified (cumulative).",
     "rollout/staleness": "Optimizer steps between the weights that sampled the batch and the weights it trains (0 on-policy; up to μ − 1).",
@@ -85,7 +87,7 @@ GLOSSARY: dict[str, str] = {
     "rm/heldout_accuracy_before": "Pairwise accuracy on the same held-out pairs before training.",
 }
 
-_PATTERNS = [(re.compile("^" + re.escape(key).replace(r"\{term\}", "[^/]+").replace(r"\{reason\}", "[^/]+") + "$"), key)
+_PATTERNS = [(re.compile("^" + re.escape(key).replace(r"\{term\}", "[^/]+").replace(r"\{reason\}", "[^/]+").replace(r"\{part\}", "[0-9]+") + "$"), key)
              for key in GLOSSARY if "{" in key]
 
 
