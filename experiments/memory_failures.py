@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 
 from agentic_rl.cli_flags import parse_options
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.memory import extract_values, normalise_key
 from agentic_rl.tools.parse import parse_tool_calls
+from failed_episodes import load_failures
 
 CATEGORIES = ("no answer", "not stored", "wrong recall", "misread")
 
@@ -76,16 +76,8 @@ def main() -> None:
     print("| evaluation | solved | " + " | ".join(CATEGORIES) + " | recalls after the question, per failure |")
     print("|---" * (len(CATEGORIES) + 3) + "|")
     for path in args.files:
-        run = json.load(open(path))
+        run, by_id = load_failures(path, "memory", env)
         failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
-        if run["env"] != "memory" or len(run["failures"]) < failed:
-            raise SystemExit(f"{path}: {len(run['failures'])} transcripts kept of {failed} failures (env {run['env']}); "
-                             "evaluate memory again with --set failures_shown=100")
-        sets = collections.defaultdict(int)  # (split, seed) -> tasks it needs: ids are memory/split/seed/index
-        for task_id in run["per_task"]["id"]:
-            split, seed, index = task_id.split("/")[1:]
-            sets[split, int(seed)] = max(sets[split, int(seed)], int(index) + 1)
-        by_id = {t.id: t for (split, seed), n in sets.items() for t in env.tasks(split, n=n, seed=seed)}
         features = [classify(by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
         recalls = f"{statistics.mean(f['recalls'] for f in features):.1f}" if features else ""

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 
 from agentic_rl.cli_flags import parse_options
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.plan import _world_of, shortest_plan
+from failed_episodes import load_failures
 
 CATEGORIES = ("gave up", "stuck", "no key needed", "keys, no goal", "walked past", "never at a key")
 
@@ -88,17 +88,9 @@ def main() -> None:
     options = parse_options(args.option)
     rows = []
     for path in args.files:
-        run = json.load(open(path))
-        failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
-        if run["env"] != "plan" or len(run["failures"]) < failed:
-            raise SystemExit(f"{path}: {len(run['failures'])} transcripts kept of {failed} failures (env {run['env']}); "
-                             "evaluate plan again with --set failures_shown=100")
         env = make_env("plan", **options)
-        sets = collections.defaultdict(int)  # (split, seed) -> tasks it needs: ids are plan/split/seed/index
-        for task_id in run["per_task"]["id"]:
-            split, seed, index = task_id.split("/")[1:]
-            sets[split, int(seed)] = max(sets[split, int(seed)], int(index) + 1)
-        by_id = {t.id: t for (split, seed), n in sets.items() for t in env.tasks(split, n=n, seed=seed)}
+        run, by_id = load_failures(path, "plan", env)
+        failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
         features = [replay(env, by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
         keyed = {task_id: any(action == "take" for action, _ in shortest_plan(_world_of(by_id[task_id])))

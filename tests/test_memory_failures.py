@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.oracle import play_oracle
 
-_SPEC = importlib.util.spec_from_file_location("memory_failures", Path(__file__).parents[1] / "experiments" / "memory_failures.py")
+EXPERIMENTS = Path(__file__).parents[1] / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))  # the script imports failed_episodes.py from its own folder, as when run
+_SPEC = importlib.util.spec_from_file_location("memory_failures", EXPERIMENTS / "memory_failures.py")
 memory_failures = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(memory_failures)
 OPTIONS = {"facts": 2, "distractors": 2, "gap": 2, "window": 2}
