@@ -34,23 +34,19 @@ from failed_episodes import load_failures
 CATEGORIES = ("no answer", "not stored", "wrong recall", "misread")
 
 
-def _value(text: str) -> str:
-    return " ".join(str(text).lower().split())
-
-
 def classify(task, messages: list[dict]) -> dict:
     """The failure's category and its recalls after the question (module docstring)."""
     question = next((i for i, m in enumerate(messages) if m["role"] == "user" and m["content"] == task.meta["question"]), None)
     if question is None:
         raise SystemExit(f"{task.id}: the transcript never asks the task's question; pass the evaluation's --option values")
-    keys, answers = [normalise_key(k) for k in task.meta["keys"]], [_value(a) for a in task.meta["answers"]]
+    keys, answers = [normalise_key(k) for k in task.meta["keys"]], [normalise_key(a) for a in task.meta["answers"]]
     stored, recalled = {}, []
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         for call in parse_tool_calls(message["content"]):
             if call.name == "remember" and "key" in call.arguments:
-                stored[normalise_key(str(call.arguments["key"]))] = _value(call.arguments.get("value", ""))
+                stored[normalise_key(str(call.arguments["key"]))] = normalise_key(str(call.arguments.get("value", "")))
             elif call.name == "recall" and "key" in call.arguments and index > question:
                 recalled.append(normalise_key(str(call.arguments["key"])))
     final = next((extract_values(m["content"]) for m in reversed(messages) if m["role"] == "assistant"), None)
