@@ -73,11 +73,10 @@ def main() -> None:
     print("|---" * (len(CATEGORIES) + 3) + "|")
     for path in args.files:
         run, by_id = load_failures(path, "memory", env)
-        failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
         features = [classify(by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
         recalls = f"{statistics.mean(f['recalls'] for f in features):.1f}" if features else ""
-        print(f"| {path} | {len(run['per_task']['id']) - failed}/{len(run['per_task']['id'])} | "
+        print(f"| {path} | {sum(run['per_task']['greedy'])}/{len(run['per_task']['id'])} | "
               + " | ".join(str(counts[c]) for c in CATEGORIES) + f" | {recalls} |")
 
 

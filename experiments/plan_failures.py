@@ -87,8 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     options = parse_options(args.option)
     rows = []
+    env = make_env("plan", **options)  # replay() resets it to each failure's house
     for path in args.files:
-        env = make_env("plan", **options)
         run, by_id = load_failures(path, "plan", env)
         failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
         features = [replay(env, by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
