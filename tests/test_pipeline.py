@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,23 @@ def test_every_shipped_config_loads_and_validates(path):
 
     cfg = load_config(PipelineConfig, path)
     assert cfg.evals and cfg.grpo.rollout.batch_size % cfg.grpo.rollout.group_size == 0
+
+
+EXPERIMENT_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENT_CONFIGS, ids=lambda p: p.name)
+def test_every_experiment_config_names_its_command_and_loads_under_it(path):
+    """Guards against an EXPERIMENTS.md row whose config no longer runs: each file under configs/experiments names
+    the command that runs it (`agentic-rl <command> --config <its path>` in its header) and loads as that
+    command's config, so a renamed or removed key fails here instead of in a user's rerun."""
+    from agentic_rl.cli import config_class
+    from agentic_rl.config import load_config
+
+    text = path.read_text()
+    commands = set(re.findall(rf"^#\s+agentic-rl (\w+) --config configs/experiments/{re.escape(path.name)}\b", text, re.M))
+    assert len(commands) == 1, f"{path.name}: its header names {sorted(commands) or 'no'} command(s) that run it; name one"
+    load_config(config_class(commands.pop()), str(path))
 
 
 @pytest.mark.parametrize("skip,fragment", [("[sft]", "'sft' cannot be skipped"), ("[grpo]", "set control.steps")])
