@@ -168,30 +168,38 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
     `plugins` (the `--plugin` flags) are appended to the config's `plugins` list, and that list is
     imported (agentic_rl.plugins) before anything else is read: a plugin's env and reward names
-    validate like built-in ones."""
+    validate like built-in ones. A file may start from others (`extends:`, config_extends.py)."""
+    from agentic_rl.config_extends import refuse_extends, resolve_extends
+
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
-        source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        try:
-            loaded = _load_yaml(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
-        data = loaded
+        data, extended = resolve_extends(read_config_file(path), path)
+        source = f"{path}, extending {', '.join(map(str, extended))}" if extended else str(path)
     for override in overrides or []:
         _apply_override(data, override)
     if overrides:
         source = f"{source if path is not None else 'config'} with --set {' '.join(map(_shown, overrides))}"
+        refuse_extends(data, source)
     _import_plugins(cls, data, plugins or [], source)
     return from_dict(cls, data, prefix="", source=source)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds (an empty file is {}), strictly parsed (no repeated keys)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        loaded = _load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+    return loaded
 
 
 def _import_plugins(cls: type, data: dict[str, Any], extra: list[str], source: str) -> None:

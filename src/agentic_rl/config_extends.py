@@ -1,0 +1,94 @@
+"""`extends:` in a config file: the whole file, or one section of it, starts from another file.
+
+    # configs/experiments/plan-short-pipeline.yaml: plan-pipeline.yaml, with what differs
+    extends: plan-pipeline.yaml
+    output_dir: runs/plan-short
+    sft:
+      optim: {lr: 1.0e-3}      # the other sft.optim keys stay plan-pipeline.yaml's
+      train: {steps: 80}
+
+The rules, so that a file that extends another reads as its diff:
+- The path is relative to the file that names it (not to the working directory); a file may
+  extend a file that extends another.
+- The extended file's mapping comes first and the keys written beside `extends` go over it. A
+  mapping merges key by key, at every depth; any other value replaces, a list included (a list
+  is one setting: `evals`, `sources` and `rewards` are given whole).
+- `extends` is a reserved key at every depth, and works in files only. `--set` overrides apply
+  after every file is read, and an `extends` given there is refused (there is no file for it to
+  be relative to).
+- A file that extends itself, through any chain, is an error that names the chain.
+
+The merged mapping is then loaded like any other (`config.load_config`): strict, with every key
+used or rejected, and a run records the config it used in full (`config.yaml`), not the chain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentic_rl.config import ConfigError, read_config_file
+from agentic_rl.errors import quoted
+
+EXTENDS = "extends"
+"""The reserved key."""
+
+
+def resolve_extends(data: dict[str, Any], path: str | Path) -> tuple[dict[str, Any], list[Path]]:
+    """`data` (the mapping read from `path`) with every `extends` replaced by the file it names, and
+    the files it read that way, in the order read (for error messages: a key may come from any)."""
+    here = Path(path).resolve()
+    read: list[Path] = []
+    return _resolve(data, here, (here,), "", read), read
+
+
+def refuse_extends(data: Any, source: str, prefix: str = "") -> None:
+    """Raise if an `extends` key is left in `data` after the files were resolved: it came from `--set`."""
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            refuse_extends(item, source, f"{prefix}[{index}]")
+    elif isinstance(data, dict):
+        if EXTENDS in data:
+            raise ConfigError(f"{source}: '{_key(prefix, EXTENDS)}' works only inside a config file (its path is "
+                              "relative to that file); write it there, or give the keys themselves with --set")
+        for key, value in data.items():
+            refuse_extends(value, source, _key(prefix, key))
+
+
+def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: list[Path]) -> Any:
+    """`node` from file `here` with its `extends` keys resolved; `chain` is the files being extended,
+    and each file read is appended to `read`."""
+    if isinstance(node, list):
+        return [_resolve(item, here, chain, f"{prefix}[{index}]", read) for index, item in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    own = {key: _resolve(value, here, chain, _key(prefix, key), read) for key, value in node.items() if key != EXTENDS}
+    if EXTENDS not in node:
+        return own
+    where = f"{here}: '{_key(prefix, EXTENDS)}'"
+    target = node[EXTENDS]
+    if not isinstance(target, str) or not target.strip():
+        raise ConfigError(f"{where} must be the path of a YAML file, got {quoted(target)}")
+    other = (here.parent / target).resolve()
+    if other in chain:
+        raise ConfigError(f"{where}: {target} extends itself: {' -> '.join(map(str, (*chain, other)))}; "
+                          "remove one `extends` of the chain")
+    try:
+        base = read_config_file(other)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    read.append(other)
+    return _merge(_resolve(base, other, (*chain, other), "", read), own)
+
+
+def _merge(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """`own` over `base`: mappings merge key by key, any other value replaces."""
+    merged = dict(base)
+    for key, value in own.items():
+        both_mappings = isinstance(merged.get(key), dict) and isinstance(value, dict)
+        merged[key] = _merge(merged[key], value) if both_mappings else value
+    return merged
+
+
+def _key(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
