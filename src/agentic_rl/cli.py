@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (_, help_text) in TRAIN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
-        p.add_argument("--config", help="YAML config file (defaults are used for missing keys)")
+        p.add_argument("--config", help="YAML config file (defaults are used for missing keys; it may `extends:` another file)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
         add_plugin_flag(p)
         p.set_defaults(func=_cmd_train)

@@ -37,7 +37,7 @@ def add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, se
     so no default is written twice), --option and --set."""
     from agentic_rl.config_docs import field_help
 
-    p.add_argument("--config", help="YAML config; flags and --set override it")
+    p.add_argument("--config", help="YAML config (it may `extends:` another file); flags and --set override it")
     for flag, key in flags.items():
         p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
                        help=f"{key}: {field_help(cls, key)}".replace("%", "%%"))
