@@ -127,3 +127,10 @@ def test_the_short_plan_pipeline_is_the_plan_pipeline_with_its_stated_changes():
            {f.name: getattr(wide, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys}
     assert (short.grpo.train.steps, short.grpo.train.seed) == (wide.train.steps, wide.train.seed) == (8, 0)
     assert (short.sft.optim.lr, short.sft.optim.schedule, short.sft.train.steps) == (1e-3, "constant", 80)
+    # what the recorded runs used from the extended files (EXPERIMENTS.md, "plan, session 35"): a change to
+    # plan-pipeline.yaml or plan-progress-grpo.yaml would change them too
+    assert [(source.env.options, source.n) for source in short.sft.sources] == [
+        ({"difficulty": 1, "branching": 1}, 80), ({"difficulty": 2, "branching": 1}, 80)]
+    assert (short.sft.batch_size, short.sft.micro_batch_size) == (8, 4)
+    assert (short.grpo.rollout.group_size, short.grpo.rollout.sampling.temperature, short.grpo.optim.lr,
+            short.grpo.advantage.mode, short.grpo.env.options["progress_reward"]) == (4, 0.5, 3e-4, "turn_position", 0.1)
