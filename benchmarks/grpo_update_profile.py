@@ -72,6 +72,7 @@ def main() -> None:
     def recorded_loss(self, model, micro):
         started = time.perf_counter()
         loss, metrics = loss_of(self, model, micro)
+        forward_s = time.perf_counter() - started
         t, index = micro.batch.tensors, torch.tensor(micro.rows, dtype=torch.long)
         ids, attention, mask = t.input_ids[index], t.attention_mask[index], t.loss_mask[index]
         width = int(attention.sum(-1).max())
@@ -79,7 +80,7 @@ def main() -> None:
         prefix = shared_prefix_length(ids, attention, mask)
         shapes[state["step"]].append({"rows": len(micro.rows), "width": width, "prefix": prefix,
                                       "backbone_tokens": prefix + int(attention[:, prefix:].sum()),
-                                      "trained": int(mask.sum()), "forward_s": time.perf_counter() - started})
+                                      "trained": int(mask.sum()), "forward_s": forward_s})
         return loss, metrics
 
     def timed_accumulate(self, micro_batches, loss_fn):
