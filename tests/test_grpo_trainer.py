@@ -257,6 +257,29 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
     assert len(objective.micro_batches(batch)) == 4  # beta > 0: the KL term has a gradient everywhere
 
 
+def test_one_process_trains_only_the_live_rows_whatever_the_micro_batch_size(tmp_path):
+    """Five live rows of eight in micro-batches of 4, on one process: the micro-batches hold rows
+    3-6 and 7, and the summed gradient is the unskipped one. Guards against topping the last
+    micro-batch up with zero-advantage rows (0, 1, 2) on one process, where no other rank needs
+    the micro-batch counts to match: each costs a full row's forward and backward for a gradient
+    of exactly 0."""
+    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
+               "micro_batch_size=4")
+    model, objective, batch = first_batch(cfg)
+    batch.advantages[:3] = 0.0
+    assert float(batch.advantages[3:].abs().min()) > 0
+
+    def gradient(skip: bool) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
+        objective.cfg = dataclasses.replace(cfg, skip_zero_advantage=skip)
+        grads, micros = accumulated_gradient(model, objective, batch)
+        return grads, [list(micro.rows) for micro in micros]
+
+    (skipped, trained), (full, everything) = gradient(True), gradient(False)
+    assert trained == [[3, 4, 5, 6], [7]] and everything == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for name in full:
+        torch.testing.assert_close(skipped[name], full[name], atol=1e-7, rtol=1e-5, msg=name)
+
+
 def test_a_batch_without_any_gradient_still_steps_the_optimizer(tmp_path):
     """All rewards equal: every row is skipped, and the optimizer steps on zero gradients (AdamW's
     weight decay and moments move on), exactly as the unskipped run does."""

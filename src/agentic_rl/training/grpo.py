@@ -141,18 +141,18 @@ class GRPO:
         Every term of the clipped loss is A·f(ratio), so with beta = 0 a row whose advantages are
         all 0, or that has no trained token, adds exactly 0 to the loss and to the gradient; the
         normalisers ("share" and the token count) still count it. Under DDP each rank must run the
-        same number of micro-batches, so a rank with fewer live rows tops up with skipped ones."""
+        same number of micro-batches, so a rank with fewer live rows tops up with skipped ones; one
+        process never does (a skipped row in the last micro-batch would cost a full row's compute)."""
         cfg, tensors = self.cfg, batch.tensors
         n = tensors.input_ids.shape[0]
         rows = list(range(n))
         if cfg.skip_zero_advantage and cfg.loss.zero_advantage_rows_are_inert:
             live = (batch.advantages != 0).any(-1) & (tensors.loss_mask.sum(-1) > 0)  # (R_local,)
             kept = [i for i in rows if live[i]]
-            micro_count = torch.tensor([-(-len(kept) // cfg.micro_batch_size)])
             if self.accelerator.num_processes > 1:
-                micro_count = self.accelerator.gather(micro_count.to(self.accelerator.device)).max().cpu()
-            target = min(n, int(micro_count) * cfg.micro_batch_size)
-            kept += [i for i in rows if not live[i]][: target - len(kept)]
+                micro_count = torch.tensor([-(-len(kept) // cfg.micro_batch_size)], device=self.accelerator.device)
+                target = min(n, int(self.accelerator.gather(micro_count).max().cpu()) * cfg.micro_batch_size)
+                kept += [i for i in rows if not live[i]][: target - len(kept)]
             rows = kept
         return sorted(rows)  # group order: a micro-batch of one group shares its whole prompt (see sequence_logprobs)
 
