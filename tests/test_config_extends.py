@@ -115,19 +115,17 @@ def test_extends_from_set_is_refused(tmp_path):
 def test_the_short_plan_pipeline_is_the_plan_pipeline_with_its_stated_changes():
     """Guards against a shipped config whose `extends` drifts from what its header and EXPERIMENTS.md say it
     runs: plan-short-pipeline.yaml is plan-pipeline.yaml with SFT at lr 1e-3 for 80 steps and GRPO as
-    plan-wide-grpo.yaml with half its batch (4 houses a step, trained on once) for twice its steps (16) at
-    half its lr (1.5e-4), the seeds of "plan, session 38"."""
+    plan-wide-grpo.yaml (8 houses an update, once each, 8 steps)."""
     pipeline = config_class("pipeline")
     short = load_config(pipeline, CONFIGS / "plan-short-pipeline.yaml")
     assert short == load_config(pipeline, CONFIGS / "plan-pipeline.yaml", overrides=[
         "output_dir=runs/plan-short", "sft.optim.lr=1e-3", "sft.train.steps=80",
-        "grpo.rollout.batch_size=16", "grpo.updates_per_batch=1", "grpo.optim.lr=1.5e-4", "grpo.train.steps=16"])
-    wide = load_config(config_class("grpo"), CONFIGS / "plan-wide-grpo.yaml",
-                       overrides=["rollout.batch_size=16", "optim.lr=1.5e-4", "train.steps=16"])
+        "grpo.rollout.batch_size=32", "grpo.updates_per_batch=1", "grpo.train.steps=8"])
+    wide = load_config(config_class("grpo"), CONFIGS / "plan-wide-grpo.yaml")
     stage_keys = {"model", "train"}  # set by the pipeline in its stages
     assert {f.name: getattr(short.grpo, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys} == \
            {f.name: getattr(wide, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys}
-    assert (short.grpo.train.steps, short.grpo.train.seed) == (wide.train.steps, wide.train.seed) == (16, 0)
+    assert (short.grpo.train.steps, short.grpo.train.seed) == (wide.train.steps, wide.train.seed) == (8, 0)
     assert (short.sft.optim.lr, short.sft.optim.schedule, short.sft.train.steps) == (1e-3, "constant", 80)
     # what the recorded runs used from the extended files (EXPERIMENTS.md, "plan, session 35"): a change to
     # plan-pipeline.yaml or plan-progress-grpo.yaml would change them too
@@ -135,4 +133,4 @@ def test_the_short_plan_pipeline_is_the_plan_pipeline_with_its_stated_changes():
         ({"difficulty": 1, "branching": 1}, 80), ({"difficulty": 2, "branching": 1}, 80)]
     assert (short.sft.batch_size, short.sft.micro_batch_size) == (8, 4)
     assert (short.grpo.rollout.group_size, short.grpo.rollout.sampling.temperature, short.grpo.optim.lr,
-            short.grpo.advantage.mode, short.grpo.env.options["progress_reward"]) == (4, 0.5, 1.5e-4, "turn_position", 0.1)
+            short.grpo.advantage.mode, short.grpo.env.options["progress_reward"]) == (4, 0.5, 3e-4, "turn_position", 0.1)
