@@ -280,6 +280,41 @@ def test_one_process_trains_only_the_live_rows_whatever_the_micro_batch_size(tmp
         torch.testing.assert_close(skipped[name], full[name], atol=1e-7, rtol=1e-5, msg=name)
 
 
+def test_a_rank_with_fewer_live_rows_runs_dummy_micro_batches_that_add_no_gradient(tmp_path):
+    """Under DDP every rank must run as many micro-batches as the busiest one (the all-reduce sits
+    in each rank's backward). A rank with one live micro-batch whose peer has three runs two one-row
+    dummies (row 0) after it, and its summed gradient is that of its live rows alone, whether row 0
+    is live or not. Guards against a dummy that adds gradient (row 0 live), or records π_old
+    (old_logprobs: recompute) for a row it did not train (row 0 dead), and against padding with
+    zero-advantage rows, which cost a whole micro-batch each."""
+    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
+                   "micro_batch_size=4", "old_logprobs=recompute")
+    model, objective, batch = first_batch(cfg)
+    advantages, one_process = batch.advantages.clone(), objective.accelerator
+
+    class TwoRanks:  # the peer rank holds three micro-batches
+        num_processes, device = 2, torch.device("cpu")
+
+        def gather(self, count):
+            return torch.cat([count, torch.tensor([3])])
+
+    for live in (slice(4, 8), slice(0, 4)):
+        batch.advantages = torch.zeros_like(advantages)
+        batch.advantages[live] = advantages[live]
+        objective.accelerator = one_process
+        alone, micros = accumulated_gradient(model, objective, batch)
+        rows = list(range(8))[live]
+        assert [list(micro.rows) for micro in micros] == [rows]
+        batch.old_logprobs.zero_()
+        objective.accelerator = TwoRanks()
+        padded, micros = accumulated_gradient(model, objective, batch)
+        assert [(list(micro.rows), micro.dummy) for micro in micros] == [(rows, False), ([0], True), ([0], True)]
+        for name in alone:
+            torch.testing.assert_close(padded[name], alone[name], atol=0, rtol=0, msg=name)
+        recorded = batch.old_logprobs.abs().sum(-1) > 0  # (8,)
+        assert recorded.tolist() == [i in rows for i in range(8)]
+
+
 def test_a_batch_without_any_gradient_still_steps_the_optimizer(tmp_path):
     """All rewards equal: every row is skipped, and the optimizer steps on zero gradients (AdamW's
     weight decay and moments move on), exactly as the unskipped run does."""

@@ -140,21 +140,14 @@ class GRPO:
 
         Every term of the clipped loss is A·f(ratio), so with beta = 0 a row whose advantages are
         all 0, or that has no trained token, adds exactly 0 to the loss and to the gradient; the
-        normalisers ("share" and the token count) still count it. Under DDP each rank must run the
-        same number of micro-batches, so a rank with fewer live rows tops up with skipped ones; one
-        process never does (a skipped row in the last micro-batch would cost a full row's compute)."""
+        normalisers ("share" and the token count) still count it. Only live rows are returned: under
+        DDP, `micro_batches` pads a rank with fewer of them with one-row dummy micro-batches."""
         cfg, tensors = self.cfg, batch.tensors
-        n = tensors.input_ids.shape[0]
-        rows = list(range(n))
+        rows = list(range(tensors.input_ids.shape[0]))
         if cfg.skip_zero_advantage and cfg.loss.zero_advantage_rows_are_inert:
             live = (batch.advantages != 0).any(-1) & (tensors.loss_mask.sum(-1) > 0)  # (R_local,)
-            kept = [i for i in rows if live[i]]
-            if self.accelerator.num_processes > 1:
-                micro_count = torch.tensor([-(-len(kept) // cfg.micro_batch_size)], device=self.accelerator.device)
-                target = min(n, int(self.accelerator.gather(micro_count).max().cpu()) * cfg.micro_batch_size)
-                kept += [i for i in rows if not live[i]][: target - len(kept)]
-            rows = kept
-        return sorted(rows)  # group order: a micro-batch of one group shares its whole prompt (see sequence_logprobs)
+            rows = [i for i in rows if live[i]]
+        return rows  # group order: a micro-batch of one group shares its whole prompt (see sequence_logprobs)
 
     def micro_batches(self, batch: RolloutBatch, rows: list[int] | None = None) -> list[MicroBatch]:
         """`rows` (default: rows_to_train) in micro-batches of micro_batch_size, padded with
