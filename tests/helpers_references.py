@@ -74,3 +74,54 @@ def reference_turn_advantages(turn_returns, group_size, baseline, eps=1e-4):
             values.append((value - b) / divisor)
         out.append(values)
     return out
+
+
+# ---------------------------------------------------------------------- one sum in two orders
+
+REORDERED_SUM_RTOL = 1e-9
+"""How far apart two float64 computations of one sum may be, relative to the tensor's largest entry.
+
+Two code paths that sum the same terms in another order (micro-batch layouts, a shared prefix,
+padding trimmed or not) agree only up to rounding, and in float32 that rounding depends on the
+CPU's kernels: the same gradient comparison differed by 3.8e-7 of a ~0.1 scale on an AVX512
+EPYC and by less than 1e-7 on an AMX Xeon. In float64 the unit roundoff is u = 2^-53 ≈ 1.1e-16,
+and reordering a sum of n terms moves it by about √n·u of the terms' scale (at worst n·u): for
+the ~1e5 terms behind one LoRA gradient entry that is ~1e-13, at worst ~1e-11. Measured on the
+live-rows gradient of tests/test_grpo_trainer.py: float32 6.9e-6 of the scale (AVX2 EPYC),
+float64 with transformers' float32 RMSNorms 6.4e-8, `float64_model` 3.4e-15. 1e-9 sits two
+orders above the worst case, whatever the kernels, and seven below what a real bug does (a row
+left out or a normaliser off by 5/8 moves a gradient by more than 1e-2 of its scale). Compare
+float32 or bf16 paths this way by running both in float64 (`float64_model`), not by widening a
+float32 tolerance until one machine passes."""
+
+
+def _rms_norm_in_input_dtype(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm (Llama, Qwen3) with its arithmetic in the input's dtype: the same
+    formula, without the cast to float32 that would round a float64 model's activations."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def float64_model(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in float64 throughout, in place: parameters and buffers, and its RMSNorms, which
+    transformers computes in float32 whatever the model's dtype (so `.double()` alone leaves float32
+    rounding, 6e-8, inside every layer: a shared-prefix gradient then differs from the plain one at
+    float32's scale). Returns the model."""
+    import types
+
+    model.double()
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(_rms_norm_in_input_dtype, module)
+    return model
+
+
+def assert_same_sum(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Each float64 tensor of `actual` equals the one of `expected` up to summation order:
+    |a − e| ≤ REORDERED_SUM_RTOL · max|e|, elementwise; an all-zero `expected` must be exactly 0."""
+    assert actual.keys() == expected.keys(), f"different tensors: {sorted(actual.keys() ^ expected.keys())}"
+    for name, want in expected.items():
+        got = actual[name]
+        assert got.dtype == want.dtype == torch.float64, f"{name}: compare in float64, got {got.dtype} and {want.dtype}"
+        scale = float(want.detach().abs().max())
+        torch.testing.assert_close(got, want, atol=REORDERED_SUM_RTOL * scale, rtol=0, msg=name)

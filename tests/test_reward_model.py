@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from helpers_references import assert_same_sum, float64_model
 from safetensors.torch import load_file
 
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
@@ -96,7 +97,7 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
     from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model
 
     classifier, tokenizer, _ = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
-    classifier = classifier.double()
+    classifier = float64_model(classifier)
     generator = torch.Generator().manual_seed(0)
     vocab = [i for i in range(1000) if i != tokenizer.pad_token_id]
     shared = [vocab[int(i)] for i in torch.randint(0, len(vocab), (24,), generator=generator)]
@@ -114,8 +115,8 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
     params = [p for p in classifier.parameters() if p.requires_grad]
     shared_grads = torch.autograd.grad(scores.sum(), params)
     plain_grads = torch.autograd.grad(expected.sum(), params)
-    for mine, theirs in zip(shared_grads, plain_grads):  # float32 RMSNorm inside: float32 rounding
-        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=1e-5)
+    # One sum in two orders (the prefix's gradient): equal up to float64 rounding, whatever the CPU.
+    assert_same_sum({str(i): g for i, g in enumerate(shared_grads)}, {str(i): g for i, g in enumerate(plain_grads)})
 
 
 def test_a_lora_reward_model_loads_back_from_its_folder_and_scores_as_trained(tmp_path):

@@ -16,16 +16,16 @@ class ToyObjective(BatchObjective):
     """Least squares on fresh random data each step, drawn from the GLOBAL torch RNG, so an
     exact resume needs the RNG state restored (accelerate's save_state does that)."""
 
-    def __init__(self, micro_batch_size: int = 8, batch_size: int = 8):
+    def __init__(self, micro_batch_size: int = 8, batch_size: int = 8, dtype: torch.dtype = torch.float32):
         self.micro_batch_size, self.batch_size = micro_batch_size, batch_size
-        self.target = torch.arange(4, dtype=torch.float32)
+        self.target = torch.arange(4, dtype=dtype)
 
     def bind(self, model, accelerator):
         self.model = model
 
     def next_batch(self, step):
-        x = torch.randn(self.batch_size, 4)  # (B, 4)
-        return x, x @ self.target + 0.1 * torch.randn(self.batch_size)
+        x = torch.randn(self.batch_size, 4, dtype=self.target.dtype)  # (B, 4)
+        return x, x @ self.target + 0.1 * torch.randn(self.batch_size, dtype=self.target.dtype)
 
     def micro_batches(self, batch):
         x, y = batch
@@ -39,23 +39,23 @@ class ToyObjective(BatchObjective):
 
 
 
-def _train(out, steps, micro=8, checkpoint_every=0, objective=None, schedule="cosine"):
+def _train(out, steps, micro=8, checkpoint_every=0, objective=None, schedule="cosine", dtype=torch.float32):
     accelerator = make_accelerator("no", seed=0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(4, 1).to(dtype)
     loop = LoopConfig(steps=steps, seed=0, output_dir=str(out), checkpoint_every=checkpoint_every, progress=False)
     optim = OptimConfig(lr=0.05, schedule=schedule, warmup_steps=2)
     run_dir = RunDir(out, loop, tensorboard=False)
-    history = run_training(objective or ToyObjective(micro), model, loop, optim, accelerator, run_dir)
+    history = run_training(objective or ToyObjective(micro, dtype=dtype), model, loop, optim, accelerator, run_dir)
     return accelerator.unwrap_model(model), history
 
 
 def test_accumulated_micro_batches_give_the_full_batch_update(tmp_path):
     """Guards against accumulation that averages micro-batch means (or forgets no_sync/zero_grad):
     1 × 8 and 4 × 2 micro-batches must give the same weights after several steps."""
-    full, _ = _train(tmp_path / "a", steps=3, micro=8)
-    split, history = _train(tmp_path / "b", steps=3, micro=2)
+    full, _ = _train(tmp_path / "a", steps=3, micro=8, dtype=torch.float64)  # float64: the same sum in another
+    split, history = _train(tmp_path / "b", steps=3, micro=2, dtype=torch.float64)  # order, ~1e-16 apart on any CPU
     for p, q in zip(full.parameters(), split.parameters()):
-        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(p, q, atol=1e-12, rtol=0)
     assert history[0]["sft/tokens"] == 2.0  # metrics are averaged over micro-batches
 
 
