@@ -55,7 +55,7 @@ class CubesEnv(ToolEnv):
     name = "cubes"
 
     def __init__(self, options):
-        super().__init__(tool_names=["cube"], max_turns=2)
+        super().__init__(tools=["cube"], max_turns=2)
         self.options = options
 
     def tasks(self, split, n=None, seed=0):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+"""The pages the README sends a user to for what it leaves out; their blocks are checked as its own."""
 
 
 def _python_blocks() -> list[str]:
@@ -23,7 +25,7 @@ def _python_blocks() -> list[str]:
 def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
     """Guards against a README that drifted from the API (the tutorial is many users' first contact)."""
     blocks = _python_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
@@ -69,7 +71,8 @@ def test_readme_is_a_users_document_short_and_free_of_lab_labels():
 
 
 def _blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.DOTALL)
+    """The README's blocks of `language`, then those of the docs pages it links."""
+    return [block for page in (README, *DOCS) for block in re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.DOTALL)]
 
 
 def _run_python(code: str, *args: str, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:

@@ -113,7 +113,7 @@ def test_correct_answer_ends_episode_with_summary_and_reward(env: _Env) -> None:
     assert result.info == {
         "step_tool_calls": 0, "step_tool_errors": 0, "correct": True, "final_answer": "72",
         "reference": "72", "format_ok": True, "tool_calls": 2, "tool_errors": 0, "turns": 3,
-        "finish": "answer",
+        "finish": "answer", "score": 1.0,
     }
 
 

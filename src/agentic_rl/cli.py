@@ -45,12 +45,13 @@ def _print_json(payload: Any) -> None:
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.base import env_options_class, list_envs
+    from agentic_rl.envs.base import env_factory, env_options_class, list_envs
     from agentic_rl.config_docs import describe
 
     for name in list_envs():
         options = env_options_class(name)
-        print(name)
+        catalogue = getattr(env_factory(name), "catalogue", None)  # a bridge: what its installed library offers
+        print(f"{name}: {catalogue()}" if catalogue else name)
         if args.verbose and options is not None:
             for line in describe(options):
                 print(f"    {line}")

@@ -46,8 +46,9 @@ class StepResult:
     """The per-step reward r_t for this turn."""
     done: bool
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Per-step facts (tool_calls, tool_errors, ...). At done, also the episode summary:
-    correct, final_answer, format_ok, tool_calls, tool_errors, turns."""
+    """Per-step facts (tool_calls, tool_errors, ...). At done, also the episode summary, whose
+    keys `EPISODE_INFO` lists with their meaning and the value every reader assumes when an env
+    leaves one out: an env fills what it knows, nothing more is required."""
     context: list[dict[str, Any]] | None = None
     """None (almost every env): the observation is appended to what the policy has seen, so the
     episode is one token sequence. Set (with done=False): the whole conversation the policy sees
@@ -56,6 +57,28 @@ class StepResult:
     closes the episode's token sequence and starts a new one rendered from `context` like a
     prompt (tool schemas included; a fresh KV cache); `observation` still goes to the episode's
     log. See `Trajectory.previous`."""
+
+
+EPISODE_INFO: dict[str, tuple[Any, str]] = {
+    "correct": (False, "the episode succeeded: a right final answer, or the goal reached (Env.final_answers)"),
+    "final_answer": (None, "the text after `Final Answer:`, None when the episode gave none"),
+    "reference": (None, "the task's reference answer, for the logs"),
+    "format_ok": (False, "the episode ended as the env's format asks (a final answer, where there is one)"),
+    "tool_calls": (0, "tool calls made in the whole episode"),
+    "tool_errors": (0, "of those, the calls that failed (each got an error observation)"),
+    "turns": (0, "policy turns played"),
+    "finish": ("", "why it ended: answer, no_answer, max_turns, solved, failed, no_call, error, ..."),
+    "score": (None, "the final answer's grade in [0, 1] (tool envs: 1.0 correct; a bridged verifier may give partial credit)"),
+}
+"""The episode summary in the last `StepResult.info`: key -> (value assumed when absent, meaning).
+Evaluation, the oracle runner and the reward terms read these keys through `episode_info`, so an
+env that leaves one out is read as its default, never a KeyError. Envs add keys of their own
+freely (plan's `rooms_visited`, the self-correction wrapper's `attempts`)."""
+
+
+def episode_info(info: dict[str, Any]) -> dict[str, Any]:
+    """`info` with every `EPISODE_INFO` key it lacks set to that key's default."""
+    return {**{key: default for key, (default, _meaning) in EPISODE_INFO.items()}, **info}
 
 
 class Env:
@@ -158,6 +181,14 @@ class EnvSpec(Config):
         return make_env(self.name, **self.options)
 
 
+def env_factory(name: str) -> EnvFactory:
+    """The class (or factory) registered as `name`."""
+    _ensure_builtin_envs()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
+    return _REGISTRY[name][0]
+
+
 def env_options_class(name: str) -> type | None:
     _ensure_builtin_envs()
     if name not in _REGISTRY:
@@ -172,6 +203,6 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import arith, gsm8k, memory, plan, self_correction  # noqa: F401
+    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env  # noqa: F401
 
     load_entry_points("agentic_rl.envs")

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from agentic_rl.envs.answer import answers_match
-from agentic_rl.envs.base import Env, StepResult, Task, make_env
+from agentic_rl.envs.base import Env, StepResult, Task, episode_info, make_env
 from agentic_rl.envs.tool_env import reference_step_values
 
 MAX_FAILURES_LISTED = 10
@@ -77,6 +77,8 @@ class OracleEpisode:
     prefix episode; a new list from each `StepResult.context` on (see Trajectory.previous)."""
     sequence_prompts: list[int] = dataclasses.field(default_factory=list)
     """How many leading messages of each sequence are its prompt (the reset messages, or the context)."""
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    """Each played turn's step reward r_t, in order."""
 
 
 def play_oracle(env: Env, task: Task) -> OracleEpisode:
@@ -89,9 +91,11 @@ def play_oracle(env: Env, task: Task) -> OracleEpisode:
     actions = env.oracle_actions(task)
     result = None
     tool_results: list[str] = []
+    rewards: list[float] = []
     played = 0
     for action in actions:
         result = env.step(action)
+        rewards.append(float(result.reward))
         played += 1
         conversation.append({"role": "assistant", "content": action})
         sequences[-1].append({"role": "assistant", "content": action})
@@ -105,7 +109,7 @@ def play_oracle(env: Env, task: Task) -> OracleEpisode:
         else:
             sequences[-1].extend(observation)
         tool_results += [message["content"] for message in observation if message["role"] == "tool"]
-    return OracleEpisode(conversation, result, tool_results, played, len(actions), sequences, prompts)
+    return OracleEpisode(conversation, result, tool_results, played, len(actions), sequences, prompts, rewards)
 
 
 def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
@@ -119,20 +123,27 @@ def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
         return _episode(result.info, f"episode ended after {episode.turns_played} of {episode.turns_planned} oracle turns")
     expected = reference_step_values(task)
     mismatches = sum(1 for got, want in zip(episode.tool_results, expected) if not answers_match(got, want))
-    summary = _episode(result.info, None if result.info["correct"] else
-                       f"graded wrong: answered {result.info['final_answer']!r}, reference {task.answer!r}")
+    info = episode_info(result.info)
+    if info["correct"]:
+        failure = None
+    elif env.final_answers:
+        failure = f"graded wrong: answered {info['final_answer']!r}, reference {task.answer!r}"
+    else:
+        failure = f"not solved (finish {info['finish']!r})"
+    summary = _episode(info, failure)
     summary["step_mismatches"] = mismatches
-    if result.info["tool_errors"] and summary["failure"] is None:
-        summary["failure"] = f"{result.info['tool_errors']} tool error(s)"
+    if info["tool_errors"] and summary["failure"] is None:
+        summary["failure"] = f"{info['tool_errors']} tool error(s)"
     return summary
 
 
 def _episode(info: dict[str, Any], failure: str | None) -> dict[str, Any]:
+    info = episode_info(info)
     return {
-        "correct": bool(info.get("correct")),
-        "tool_calls": info.get("tool_calls", 0),
-        "tool_errors": info.get("tool_errors", 0),
-        "turns": info.get("turns", 0),
+        "correct": bool(info["correct"]),
+        "tool_calls": info["tool_calls"],
+        "tool_errors": info["tool_errors"],
+        "turns": info["turns"],
         "step_mismatches": 0,
         "failure": failure,
     }

@@ -84,7 +84,7 @@ class SelfCorrectionEnv(Env):
             return StepResult(None, result.reward, True, info)
         self._attempts += 1
         info["attempts"] = self._attempts
-        tool_reward = result.reward - (1.0 if info["correct"] else 0.0)
+        tool_reward = result.reward - info["score"]  # what the tools earned, without the answer's score
         if info["correct"]:
             info["attempt_reward"] = self.options.decay ** (self._attempts - 1)
             return StepResult(None, tool_reward + info["attempt_reward"], True, info)

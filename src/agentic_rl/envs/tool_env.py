@@ -6,7 +6,7 @@ One policy turn goes through this decision:
         │                                           {"role": "tool", "name": ..., "content": ...}
         │ no                                        per call, done=False (done if turns == max_turns)
         ▼
-    `Final Answer:` present? ──yes──► grade it: done, finish="answer", reward 1.0 if correct
+    `Final Answer:` present? ──yes──► grade it: done, finish="answer", reward = its score
         │ no
         ▼
     done, finish="no_answer", format_ok=False, reward 0
@@ -17,7 +17,8 @@ fix, and it is counted in `info["tool_errors"]`. The episode continues. A python
 code fails (traceback, timeout, MemoryError, non-zero exit) is such a failed call. Only
 `ToolUnavailable` (the host cannot run the tool at all) goes through, and stops the run.
 
-Rewards: a correct final answer gives 1.0, everything else 0.0, plus `tool_success_reward`
+Rewards: a final answer earns its score, `score_answer` (1.0 when correct, else 0.0; a bridged
+verifier may give partial credit), plus `tool_success_reward`
 per successful tool call (default 0.0) so per-step rewards exist for discounted returns.
 Beware: a positive tool reward pays for tool use whether or not the answer is right; the
 reward functions in `agentic_rl.rewards` can gate it on correctness instead.
@@ -29,19 +30,30 @@ tool results reproduce in order, and `solution_steps_total`. The chain breaks at
 result (errors included) that is not the next reference value, so extra or guessed calls can
 only lose credit. The `solution_steps` reward term reads it.
 
+Stateful tools: besides registered tool names, `tools` takes the env's own bound methods
+(typed, with a Google-style docstring, exactly as a registered tool): their schema is derived the
+same way, and they read and change the episode's state on `self`. Inside one, `add_reward(r)`
+adds r to this turn's reward r_t (a cost per move, a bonus), and `end_episode(solved)` ends the
+episode after this turn, graded by `solved` instead of a final answer. An env whose episodes end
+that way sets `final_answers = False`; then a turn without a call ends the episode unsolved
+(finish "no_call"), since there is no answer to grade. The calls of a turn that reaches an
+env method run one after another, in order (they share the env's state); only calls of
+registered tools alone run concurrently. A guess-the-number game is the README's example.
+
 Subclasses implement `tasks` and `oracle_actions`, and call `ToolEnv.__init__` with their
-tool names and limits.
+tools and limits.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any
+import inspect
+from typing import Any, Callable, Sequence
 
 from agentic_rl.envs.answer import answers_match, extract_final_answer
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.errors import quoted
-from agentic_rl.tools.base import ToolError, ToolUnavailable, get_tool
+from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, get_tool
 from agentic_rl.tools.parse import ToolCall, parse_tool_calls
 
 MAX_CALLS_PER_TURN = 8
@@ -60,19 +72,56 @@ SYSTEM_PROMPT = (
 class ToolEnv(Env):
     """A final-answer task solved in turns, with tools. Stateful: one episode at a time."""
 
-    def __init__(self, tool_names: list[str] | tuple[str, ...], max_turns: int, tool_success_reward: float = 0.0):
+    def __init__(self, tools: Sequence[str | Callable[..., Any]] | None = None, max_turns: int = 8,
+                 tool_success_reward: float = 0.0, *, tool_names: Any = None):
+        """`tools`: registered tool names (`agentic-rl tools run --help`) and/or this env's own
+        bound methods, e.g. `["calculator", self.guess]`; `max_turns`: policy turns per episode;
+        `tool_success_reward`: added to a turn's reward for each call that succeeded."""
+        if tool_names is not None:
+            raise TypeError("ToolEnv's `tool_names` is now `tools` (names and the env's own methods): "
+                            f"write super().__init__(tools={list(tool_names)!r}, max_turns=...)")
+        tools = [] if tools is None else tools
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}; the answer needs a turn")
-        if isinstance(tool_names, str) or not isinstance(tool_names, (list, tuple)):
-            raise ValueError(f"tools must be a list of tool names, e.g. ['calculator'], got {quoted(tool_names)}")
-        if not tool_names:
-            raise ValueError("a ToolEnv needs at least one tool, e.g. ['calculator']")
-        self.tools = [get_tool(name) for name in tool_names]
+        if isinstance(tools, str) or not isinstance(tools, (list, tuple)):
+            raise ValueError(f"tools must be a list of tool names or methods, e.g. ['calculator'], got {quoted(tools)}")
+        self.tools = [self._tool(tool) for tool in tools]
         self._tools_by_name = {tool.name: tool for tool in self.tools}
+        if len(self._tools_by_name) < len(self.tools):
+            raise ValueError(f"two tools share a name: {[tool.name for tool in self.tools]}")
+        self._stateful = {tool.name for tool, given in zip(self.tools, tools) if not isinstance(given, str)}
         self.max_turns = max_turns
         self.tool_success_reward = tool_success_reward
         self._task: Task | None = None
         self._done = True
+        self._turn_reward = 0.0
+        self._solved: bool | None = None
+
+    def _tool(self, tool: str | Callable[..., Any]) -> Tool:
+        if isinstance(tool, str):
+            return get_tool(tool)
+        if not callable(tool):
+            raise ValueError(f"a tool is a registered name or a method of the env, got {quoted(tool)}")
+        if not inspect.ismethod(tool) or tool.__self__ is not self:
+            name = getattr(tool, "__name__", repr(tool))
+            raise ValueError(f"tool {name!r} is neither a registered name nor a method of this env: pass self.{name} "
+                             f"for per-episode state, or register it with @register_tool and pass its name")
+        try:
+            return Tool.from_function(tool)
+        except Exception as exc:  # transformers' schema error names the missing hint or docstring
+            raise ValueError(f"env method {tool.__name__!r} cannot be a tool: {exc}. A tool method needs type hints "
+                             f"on every argument and a Google-style docstring with an Args: section") from exc
+
+    # --- what an env's own tools call ---------------------------------------------------------
+
+    def add_reward(self, reward: float) -> None:
+        """Add `reward` to this turn's reward r_t (call it from a tool method: a cost, a bonus)."""
+        self._turn_reward += float(reward)
+
+    def end_episode(self, solved: bool) -> None:
+        """End the episode after this turn's calls, graded `solved` (correct) instead of by a final
+        answer; a solved episode earns the env's success reward of 1.0, as a right answer does."""
+        self._solved = bool(solved)
 
     # --- episode ---------------------------------------------------------------------------
 
@@ -94,6 +143,8 @@ class ToolEnv(Env):
         self._reference_steps = reference_step_values(task)
         self._steps_matched = 0
         self._chain_broken = False
+        self._turn_reward = 0.0
+        self._solved = None
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": task.question},
@@ -114,38 +165,61 @@ class ToolEnv(Env):
             raise RuntimeError("step() called with no episode running; call reset(task) first")
         self._turns += 1
         self._attempt_turns += 1
+        self._turn_reward = 0.0
         calls = parse_tool_calls(action_text)
         if calls:
             observation, succeeded = self._run_calls(calls)
             n_ok = sum(succeeded)
             n_errors = len(calls) - n_ok
-            reward = self.tool_success_reward * n_ok
+            reward = self.tool_success_reward * n_ok + self._turn_reward
             self._match_solution_steps(observation, succeeded)
             step_info = {"step_tool_calls": len(calls), "step_tool_errors": n_errors, **self._solution_info()}
+            if self._solved is not None:
+                return self._finish(None, "solved" if self._solved else "failed", reward, step_info)
             if self._attempt_turns >= self.max_turns:
                 return self._finish(None, "max_turns", reward, step_info)
             info = {"tool_calls": len(calls), "tool_errors": n_errors, **step_info}
             return StepResult(observation, reward, False, info)
-        answer = extract_final_answer(action_text)
         step_info = {"step_tool_calls": 0, "step_tool_errors": 0, **self._solution_info()}
+        if not self.final_answers:  # success is a state the episode reaches: a turn without a call gives up
+            return self._finish(None, "no_call", 0.0, step_info)
+        answer = self.extract_answer(action_text)
         return self._finish(answer, "answer" if answer is not None else "no_answer", 0.0, step_info)
 
     def _finish(self, answer: str | None, finish: str, reward: float, step_info: dict[str, Any]) -> StepResult:
         assert self._task is not None, "episode state lost: _finish without a task"
         self._done = True
-        correct = answer is not None and answers_match(answer, self._task.answer)
+        if self._solved is not None:
+            score = 1.0 if self._solved else 0.0
+        else:
+            score = self.score_answer(answer) if answer is not None else 0.0
+        correct = score >= 1.0
         info = {
             **step_info,
             "correct": correct,
             "final_answer": answer,
             "reference": self._task.answer,
-            "format_ok": answer is not None,
+            "format_ok": answer is not None if self.final_answers else finish != "no_call",
             "tool_calls": self._tool_calls,
             "tool_errors": self._tool_errors,
             "turns": self._turns,
             "finish": finish,
+            "score": score,
         }
-        return StepResult(None, reward + (1.0 if correct else 0.0), True, info)
+        return StepResult(None, reward + score, True, info)
+
+    # --- grading: override for another answer format or partial credit ---------------------------
+
+    def extract_answer(self, text: str) -> str | None:
+        """The answer in a turn without a tool call (None: none given): the cleaned value after the
+        last `Final Answer:`."""
+        return extract_final_answer(text)
+
+    def score_answer(self, answer: str) -> float:
+        """The answer's score in [0, 1], paid as the last turn's reward; 1.0 counts as correct.
+        Here 1.0 when it matches the task's reference numerically, else 0.0."""
+        assert self._task is not None, "score_answer outside an episode"
+        return 1.0 if answers_match(answer, self._task.answer) else 0.0
 
     # --- solution steps ----------------------------------------------------------------------
 
@@ -174,11 +248,15 @@ class ToolEnv(Env):
         costs about one call's time, not their sum; observations keep the calls' order."""
         observation, succeeded = [], []
         ran = calls[:MAX_CALLS_PER_TURN]
-        if len(ran) > 1:
+        if len(ran) > 1 and not any(call.ok and call.name in self._stateful for call in ran):
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(ran)) as pool:
                 results = list(pool.map(self._run_call, ran))
-        else:
-            results = [self._run_call(call) for call in ran]
+        else:  # in order: an env method reads and changes the episode's state, and may end it
+            results = []
+            for call in ran:
+                ended = self._solved is not None
+                results.append(("error", "Error: the episode has ended; this call was not run", False) if ended
+                               else self._run_call(call))
         results += [("error", f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run", False)] * (len(calls) - len(ran))
         for name, content, ok in results:
             observation.append({"role": "tool", "name": name, "content": content})

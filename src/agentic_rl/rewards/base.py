@@ -11,6 +11,15 @@ The composer sets `trajectory.reward` (the weighted sum) and `trajectory.reward_
 (each term's unweighted value), and every component is logged on its own (invariant 5).
 Terms see the episode through `Trajectory.info` (what the environment graded: correct,
 format_ok, tool_calls, tool_errors, ...), its policy tokens, turn rewards and messages.
+
+The environment's own per-step rewards r_t (`StepResult.reward`) enter the return through the
+`env_steps` term, Σ_t γ^t r_t, the default reward of GRPO and PPO. A tool env's step rewards are
+its success payout (1.0 on the last turn of a correct episode) plus whatever its tools add
+(a cost per move, `tool_success_reward`), so `env_steps` alone is the env's whole return. A list
+without `env_steps` leaves the step rewards out; that is allowed only while they are nothing but
+the success payout, which `accuracy` pays as well: an episode with any other step reward stops
+the run, naming the env and the reward, unless the list says `{name: env_steps, weight: 0}`
+(left out on purpose). A step reward never drops out silently.
 """
 
 from __future__ import annotations
@@ -105,6 +114,9 @@ class RewardComposer:
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> list[float]:
         """Score `trajectories` in place (reward, reward_components) and return the totals."""
+        if not any(spec.name == "env_steps" for spec in self.specs):
+            for traj in trajectories:
+                refuse_unpaid_step_rewards(traj)
         totals = [0.0] * len(trajectories)
         terms = [(s.name, get_reward(s.name), s.weight, s.params) for s in self.specs]
         terms += [(name, fn, weight, {}) for name, (fn, weight) in self.extra_terms.items()]
@@ -117,6 +129,22 @@ class RewardComposer:
         for traj, total in zip(trajectories, totals):
             traj.reward = total
         return totals
+
+
+def refuse_unpaid_step_rewards(traj: Trajectory) -> None:
+    """Raise when `traj`'s step rewards hold more than the success payout (module docstring): a
+    reward list without `env_steps` would leave them out of the return."""
+    payout = [0.0] * len(traj.turn_rewards)
+    if payout:
+        payout[-1] = 1.0 if traj.info.get("correct") else 0.0
+    if traj.turn_rewards == payout or (traj.finish_reason == "error" and not any(traj.turn_rewards)):
+        return
+    raise ValueError(
+        f"environment '{traj.env}' paid step rewards {[round(r, 6) for r in traj.turn_rewards]} on task "
+        f"{traj.task_id!r}, beyond its success payout, and the reward list has no env_steps term, so they would "
+        f"count for nothing. Add `{{name: env_steps}}` to `rewards` (the env's return Σ γ^t r_t, success payout "
+        f"included: drop `accuracy` beside it unless you mean to pay success twice), or `{{name: env_steps, "
+        f"weight: 0}}` to leave them out on purpose")
 
 
 def _ensure_builtin_rewards() -> None:

@@ -108,6 +108,7 @@ def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> li
         *earlier, last = [trajectory_from_messages(chat_format, messages, env.tool_schemas, env.name, task.id, prompt_messages=prompt)
                           for messages, prompt in zip(episode.sequences, episode.sequence_prompts)]
         last.info, last.messages, last.previous = dict(result.info), [dict(m) for m in episode.conversation], earlier
+        last.turn_rewards = list(episode.rewards)  # every turn of the episode, as the engine records them
         demos.append(last)
     return demos
 

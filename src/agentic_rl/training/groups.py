@@ -121,7 +121,6 @@ def guide(groups: list[Group], env_for: Callable[[Any], Any], chat_format: Any,
         if group.correct > 0:
             continue
         demo = oracle_demos(env_for(group.task), [group.task], chat_format)[0]
-        demo.turn_rewards = [0.0] * len(demo.policy_spans)
         demo.weights_version = weights_version
         demo.finish_reason = "answered"
         demo.info["off_policy"] = True

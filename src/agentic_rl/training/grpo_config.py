@@ -82,8 +82,10 @@ class GRPOConfig(PluginsConfig):
     """The policy and its adapters."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """The environment."""
-    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("accuracy")])
-    """Reward terms (see `agentic-rl rewards list`)."""
+    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("env_steps")])
+    """Reward terms (see `agentic-rl rewards list`). The default, env_steps, is the env's own return
+    Σ_t r_t (its success payout and every step reward); a list without env_steps is refused when
+    the env pays step rewards beyond success (rewards/base.py)."""
     reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
     """Optional reward-model term."""
     rollout: GRPORolloutConfig = dataclasses.field(default_factory=GRPORolloutConfig)

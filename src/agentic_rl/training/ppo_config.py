@@ -78,8 +78,9 @@ class PPOConfig(PluginsConfig):
     """The policy and its adapters."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """The environment."""
-    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("accuracy")])
-    """Reward terms (see `agentic-rl rewards list`). The env_steps term's share of each turn sits on
+    rewards: list[RewardSpec] = dataclasses.field(default_factory=lambda: [RewardSpec("env_steps")])
+    """Reward terms (see `agentic-rl rewards list`); the default, env_steps, is the env's own return
+    (rewards/base.py says how the terms combine). The env_steps term's share of each turn sits on
     that turn's last token, every other term on the episode's last policy token."""
     reward_model: RewardModelTerm = dataclasses.field(default_factory=RewardModelTerm)
     """Optional reward-model term."""

@@ -1,0 +1,184 @@
+"""`reasoning_gym`: any reasoning-gym dataset (or a weighted mix of them) as an environment.
+
+reasoning-gym (`pip install 'agentic-rl[reasoning-gym]'`) generates problems without end from
+100+ procedural generators, each with a config of difficulty knobs and a `score_answer` verifier.
+Here a dataset's question is the task, the policy ends with `Final Answer: <answer>`, and the
+dataset's own `score_answer` grades it. Its score in [0, 1] is the last turn's reward (partial
+credit kept: the `env_steps` reward pays it, `accuracy` pays only a full 1.0):
+
+    env: {name: reasoning_gym, options: {dataset: basic_arithmetic, config: {min_terms: 2, max_terms: 3}}}
+    env: {name: reasoning_gym, options: {datasets: [{name: chain_sum, weight: 2}, {name: gcd}]}}
+    env: {name: reasoning_gym, options: {dataset: gsm_symbolic, tools: [calculator]}}
+
+Splits: item i of seed s is drawn from reasoning-gym's generator seeded `base + i` (its own
+rule: `Random(dataset.seed + idx)`), with base = s·2·SPLIT_SPAN for train and that plus
+SPLIT_SPAN for test, so the two splits never share a generator seed for n < SPLIT_SPAN. Whether
+two seeds can produce the same problem is the generator's business: a problem space smaller
+than the draws (one-digit sums) repeats problems within and across splits.
+
+Tools are optional (`tools: [calculator]` or `[python]`); without them an episode is one turn.
+The oracle (SFT's demonstrations, `envs oracle`) is the task's own solution: a calculator call on
+the generator's recorded expression where there is one and a calculator is offered, the
+generator's worked solution (`answer_cot`, gsm_symbolic's) where it has one, then the answer.
+Nothing is downloaded: the generators ship their data. A dataset that fails to build or draw
+(an unknown name, a bad config key, data it would fetch) fails when the env is built, before a
+model loads, with reasoning-gym's own message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from agentic_rl.envs.base import Task, register_env
+from agentic_rl.envs.library_guard import missing_extra, offline
+from agentic_rl.envs.tool_env import ToolEnv
+from agentic_rl.tools.parse import format_tool_call
+
+SPLIT_SPAN = 1_000_000_000
+"""Generator seeds a split may use: train of seed s takes [2s·SPAN, 2s·SPAN + n), test the next SPAN."""
+
+SYSTEM_PROMPT = (
+    "Answer the question. Reason step by step if it helps. End with a line `Final Answer: <answer>`, "
+    "giving the answer in the form the question asks for."
+)
+TOOLS_PROMPT = " To compute something, call a tool ({tool_names}) with a <tool_call>...</tool_call> block and wait for its result."
+_FINAL_ANSWER = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
+
+
+@dataclasses.dataclass
+class ReasoningGymOptions:
+    dataset: str = "basic_arithmetic"
+    """A reasoning-gym dataset name (`agentic-rl envs list` shows those installed); ignored by name
+    when `datasets` is given, which must then be left at this default."""
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The dataset's config keys, its difficulty knobs (e.g. {min_terms: 2, max_terms: 3}); checked by reasoning-gym."""
+    datasets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """A weighted mix instead of one dataset: [{name, weight (default 1), config (default {})}, ...]."""
+    tools: list[str] = dataclasses.field(default_factory=list)
+    """Registered tools offered to the policy (e.g. [calculator]); none: one-turn episodes."""
+    max_turns: int = 4
+    """Policy turns per episode (1 is enough without tools)."""
+
+    def __post_init__(self) -> None:
+        if self.datasets and (self.dataset != "basic_arithmetic" or self.config):
+            raise ValueError("give either `dataset` (with `config`) or `datasets`, not both")
+        for spec in self.datasets:
+            unknown = sorted(set(spec) - {"name", "weight", "config"})
+            if "name" not in spec or unknown:
+                raise ValueError(f"each of `datasets` is {{name, weight, config}}; got {spec!r}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+
+
+@register_env("reasoning_gym", ReasoningGymOptions)
+class ReasoningGymEnv(ToolEnv):
+    """A reasoning-gym dataset: its question, its verifier, `Final Answer:` turns."""
+
+    name = "reasoning_gym"
+
+    def __init__(self, options: ReasoningGymOptions | None = None):
+        self.options = options or ReasoningGymOptions()
+        super().__init__(list(self.options.tools), self.options.max_turns)
+        self._datasets: dict[int, Any] = {}
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._dataset(0)  # an unknown dataset, a bad config or a download fails here, when the config loads
+
+    @property
+    def system_prompt(self) -> str:
+        tools = TOOLS_PROMPT.format(tool_names=", ".join(self._tools_by_name)) if self.tools else ""
+        return SYSTEM_PROMPT + tools
+
+    @classmethod
+    def catalogue(cls) -> str:
+        """What the installed reasoning-gym offers, for `agentic-rl envs list`."""
+        try:
+            from reasoning_gym.factory import DATASETS
+        except ImportError:
+            return missing_extra("reasoning_gym", "reasoning-gym")
+        return f"{len(DATASETS)} reasoning-gym datasets: {', '.join(sorted(DATASETS))}"
+
+    def _dataset(self, base_seed: int) -> Any:
+        """The reasoning-gym dataset whose item i is drawn with generator seed base_seed + i."""
+        if base_seed not in self._datasets:
+            try:
+                import reasoning_gym
+                from reasoning_gym.composite import DatasetSpec
+            except ImportError as exc:
+                raise ValueError(missing_extra("reasoning_gym", "reasoning-gym")) from exc
+            options = self.options
+            what = options.dataset if not options.datasets else f"mix {[spec['name'] for spec in options.datasets]}"
+            try:
+                with offline(f"reasoning-gym dataset {what}"):
+                    if options.datasets:
+                        specs = [DatasetSpec(spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("config", {})))
+                                 for spec in options.datasets]
+                        dataset = reasoning_gym.create_dataset("composite", datasets=specs, seed=base_seed, size=SPLIT_SPAN)
+                    else:
+                        dataset = reasoning_gym.create_dataset(options.dataset, seed=base_seed, size=SPLIT_SPAN, **options.config)
+                    dataset[0]  # a generator that needs data it does not ship fails on its first draw
+            except Exception as exc:  # noqa: BLE001 - reasoning-gym raises assorted types for a bad name or config
+                raise ValueError(f"reasoning-gym cannot build {what} with config {options.datasets or options.config}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+            self._datasets[base_seed] = dataset
+        return self._datasets[base_seed]
+
+    def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}; reasoning_gym has 'train' and 'test'")
+        if n is None:
+            raise ValueError("reasoning-gym generates problems without end; pass n, the number of tasks")
+        if not 0 <= n < SPLIT_SPAN:
+            raise ValueError(f"n must be in [0, {SPLIT_SPAN}), got {n}")
+        base = seed * 2 * SPLIT_SPAN + (SPLIT_SPAN if split == "test" else 0)
+        dataset = self._dataset(base)
+        out = []
+        for index in range(n):
+            entry = dataset[index]
+            source = entry.get("metadata", {}).get("source_dataset", self.options.dataset)
+            task_id = f"reasoning_gym/{source}/{split}/{seed}/{index}"
+            self._entries[task_id] = entry
+            out.append(Task(task_id, entry["question"], str(entry["answer"]),
+                            {"source_dataset": source, "split_base": base, "index": index}))
+        return out
+
+    def extract_answer(self, text: str) -> str | None:
+        """The text after the last `Final Answer:`, as written: its first line, or every line up to
+        the end of the turn when the reference answer spans lines (a grid)."""
+        matches = list(_FINAL_ANSWER.finditer(text))
+        if not matches:
+            return None
+        rest = text[matches[-1].end():].strip()
+        if not rest:
+            return None
+        multiline = self.task is not None and "\n" in self.task.answer.strip()
+        return rest if multiline else rest.split("\n", 1)[0].strip()
+
+    def score_answer(self, answer: str) -> float:
+        """reasoning-gym's own verifier of the task's dataset, clipped to [0, 1]."""
+        assert self.task is not None, "score_answer outside an episode"
+        entry = self._entry(self.task)
+        dataset = self._dataset(self.task.meta["split_base"])
+        try:
+            score = float(dataset.score_answer(answer, entry))
+        except Exception:  # noqa: BLE001 - a verifier that chokes on hostile text scores it 0, never crashes a run
+            return 0.0
+        return min(1.0, max(0.0, score)) if score == score else 0.0
+
+    def oracle_actions(self, task: Task) -> list[str]:
+        """The task's own solution (module docstring): never a guess, and never more than the
+        generator recorded."""
+        metadata = self._entry(task).get("metadata", {})
+        expression, worked = metadata.get("expression"), metadata.get("answer_cot")
+        if expression and "calculator" in self._tools_by_name:
+            return [format_tool_call("calculator", {"expression": str(expression)}), f"Final Answer: {task.answer}"]
+        if worked:
+            steps = str(worked).split("####")[0].strip()
+            return [f"{steps}\nFinal Answer: {task.answer}"]
+        return [f"Final Answer: {task.answer}"]
+
+    def _entry(self, task: Task) -> dict[str, Any]:
+        if task.id not in self._entries:  # a task drawn by another instance: draw it again (deterministic)
+            self._entries[task.id] = self._dataset(task.meta["split_base"])[task.meta["index"]]
+        return self._entries[task.id]
