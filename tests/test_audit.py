@@ -109,9 +109,9 @@ def test_the_mask_check_reads_every_token_sequence_of_a_non_prefix_episode(qwen3
     assert (sequence, position) == (1, start + 1) and "has mask 1 but is not the model's text" in message
     result = check_masks(chat_format, [demo, shifted])
     assert not result.passed and "token sequence 1" in result.summary
-    lost = dataclasses.replace(demo, previous=demo.previous[1:])
     turns = sum(1 for m in demo.messages if m["role"] == "assistant")
     lost_turns = len(demo.previous[0].policy_spans)
+    lost = dataclasses.replace(demo, previous=demo.previous[1:], turn_rewards=demo.turn_rewards[lost_turns:])  # its rewards go too
     assert mask_problem(chat_format, lost)[2] == f"{turns - lost_turns} masked runs for {turns} assistant turns"
 
 

@@ -15,8 +15,10 @@ from helpers_training import grpo_cfg, ppo_cfg  # registers the token_parity rew
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.training.start_audit import AuditFailed
 
-# ragged_arith asks for a second turn after a first turn of odd length: episodes with an observation
-MULTI_TURN = ["env.name=ragged_arith", "env.options={}", "rollout.max_turns=2"]
+# ragged_arith asks for a second turn after a first turn of odd length: episodes with an observation.
+# It pays that turn 0.2, which these audits leave out of the return on purpose (env_steps at weight 0).
+MULTI_TURN = ["env.name=ragged_arith", "env.options={}", "rollout.max_turns=2",
+              "rewards=[{name: token_parity}, {name: format, weight: 0.5}, {name: env_steps, weight: 0}]"]
 
 
 def _shift_one_mask_onto_an_observation(monkeypatch) -> list[tuple]:
