@@ -159,6 +159,7 @@ class ToolEnv(Env):
             raise RuntimeError("resume() before reset(): there is no episode to continue")
         self._done = False
         self._attempt_turns = 0
+        self._solved = None
 
     def step(self, action_text: str) -> StepResult:
         if self._task is None or self._done:
