@@ -161,3 +161,16 @@ def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tm
                        "print(get_tool('unit_price').call({'total': 9.0, 'count': 4}))\n", cwd=tmp_path, pythonpath=site)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["[('accuracy', 1.0, {}), ('short_and_right', 0.5, {'budget': 150})]", "my_tasks", "2.25"]
+
+
+def test_every_relative_link_of_the_readme_and_its_docs_pages_resolves():
+    """Guards against a README that sends a user to a docs page, config or file that was moved or
+    never written (what left the README for docs/ must still be one click away)."""
+    broken = []
+    for page in (README, *DOCS):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)} -> {target}")
+    assert not broken, broken
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text()))
+    assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page the README never links"
