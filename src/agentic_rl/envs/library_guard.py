@@ -1,5 +1,6 @@
-"""What the bridges to environment libraries share: the message for a missing optional extra, and
-running a library's setup with the network refused.
+"""What the bridges to environment libraries share: the message for a missing optional extra,
+running a library's setup with the network refused, and the disjoint train/test seeds of a
+library whose problems (or games) are drawn from a seeded generator without end.
 
 agentic-rl never downloads at run time. A library that would (textarena's word games fetch NLTK
 corpora when first built) must fail before a model loads, saying what it wanted; `offline` makes
@@ -15,6 +16,9 @@ import threading
 from typing import Iterator
 
 _LOCK = threading.Lock()
+
+SPLIT_SPAN = 1_000_000_000
+"""Generator seeds a split may use: train of seed s takes [2s·SPAN, 2s·SPAN + n), test the next SPAN."""
 
 
 def missing_extra(module: str, extra: str) -> str:
@@ -38,3 +42,15 @@ def offline(what: str) -> Iterator[None]:
             yield
         finally:
             socket.socket.connect = original  # type: ignore[method-assign]
+
+
+def split_base(library: str, split: str, n: int | None, seed: int) -> int:
+    """The first generator seed of `n` tasks of `split` under `seed`: task i is drawn with seed
+    base + i, so train and test (and two seeds) never share a generator seed for n < SPLIT_SPAN."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; {library} has 'train' and 'test'")
+    if n is None:
+        raise ValueError(f"{library} draws tasks from a seeded generator without end; pass n, the number of tasks")
+    if not 0 <= n < SPLIT_SPAN:
+        raise ValueError(f"n must be in [0, {SPLIT_SPAN}), got {n}")
+    return seed * 2 * SPLIT_SPAN + (SPLIT_SPAN if split == "test" else 0)

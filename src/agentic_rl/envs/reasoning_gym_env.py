@@ -32,12 +32,9 @@ import re
 from typing import Any
 
 from agentic_rl.envs.base import Task, register_env
-from agentic_rl.envs.library_guard import missing_extra, offline
+from agentic_rl.envs.library_guard import SPLIT_SPAN, missing_extra, offline, split_base
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.tools.parse import format_tool_call
-
-SPLIT_SPAN = 1_000_000_000
-"""Generator seeds a split may use: train of seed s takes [2s·SPAN, 2s·SPAN + n), test the next SPAN."""
 
 SYSTEM_PROMPT = (
     "Answer the question. Reason step by step if it helps. End with a line `Final Answer: <answer>`, "
@@ -125,13 +122,7 @@ class ReasoningGymEnv(ToolEnv):
         return self._datasets[base_seed]
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; reasoning_gym has 'train' and 'test'")
-        if n is None:
-            raise ValueError("reasoning-gym generates problems without end; pass n, the number of tasks")
-        if not 0 <= n < SPLIT_SPAN:
-            raise ValueError(f"n must be in [0, {SPLIT_SPAN}), got {n}")
-        base = seed * 2 * SPLIT_SPAN + (SPLIT_SPAN if split == "test" else 0)
+        base = split_base("reasoning_gym", split, n, seed)
         dataset = self._dataset(base)
         out = []
         for index in range(n):

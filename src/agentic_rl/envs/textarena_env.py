@@ -40,10 +40,8 @@ import threading
 from typing import Any, Callable
 
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
-from agentic_rl.envs.library_guard import missing_extra, offline
+from agentic_rl.envs.library_guard import missing_extra, offline, split_base
 
-SPLIT_SPAN = 1_000_000_000
-"""Game seeds a split may use: train of seed s takes [2s·SPAN, 2s·SPAN + n), test the next SPAN."""
 SYSTEM_PROMPT = "You are playing a text game. Follow its rules, and write one move per turn in the form the game asks for."
 _GAME_LOCK = threading.Lock()
 
@@ -92,13 +90,7 @@ class TextArenaEnv(Env):
     # --- tasks ------------------------------------------------------------------------------
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; textarena has 'train' and 'test'")
-        if n is None:
-            raise ValueError("a textarena game is seeded without end; pass n, the number of tasks")
-        if not 0 <= n < SPLIT_SPAN:
-            raise ValueError(f"n must be in [0, {SPLIT_SPAN}), got {n}")
-        base = seed * 2 * SPLIT_SPAN + (SPLIT_SPAN if split == "test" else 0)
+        base = split_base("textarena", split, n, seed)
         game = self.options.game
         return [Task(f"textarena/{game}/{split}/{seed}/{i}", f"{game}, game seed {base + i}", "win", {"game_seed": base + i})
                 for i in range(n)]
