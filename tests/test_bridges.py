@@ -47,6 +47,26 @@ def test_reasoning_gym_tasks_are_the_datasets_own_items_from_disjoint_generator_
                                                                          config={"min_terms": 2, "max_terms": 3}).tasks("test", n=3, seed=1)]
 
 
+def test_reasoning_gym_datasets_that_draw_every_item_when_built_are_built_at_the_splits_size():
+    """Guards against building gsm_symbolic (which draws its whole item list in its constructor)
+    at a billion items (it never returns), and against grading a task of such a dataset with an
+    item drawn at another size: acre shuffles its items by the size, so item 1 of 5 is not item 1 of 50."""
+    import reasoning_gym
+
+    env = make_env("reasoning_gym", dataset="gsm_symbolic")
+    tasks = env.tasks("test", n=5, seed=2)
+    reference = reasoning_gym.create_dataset("gsm_symbolic", seed=5 * 1_000_000_000, size=5)
+    assert [(t.question, t.answer) for t in tasks] == [(e["question"], e["answer"]) for e in reference]
+
+    acre = make_env("reasoning_gym", dataset="acre")
+    small, large = acre.tasks("test", n=5), acre.tasks("test", n=50)  # the same ids, other problems
+    assert [t.id for t in small] == [t.id for t in large[:5]] and [t.question for t in small] != [t.question for t in large[:5]]
+    for grader in (acre, make_env("reasoning_gym", dataset="acre")):
+        for task in small:
+            grader.reset(task)
+            assert grader.step(f"Final Answer: {task.answer}").info["correct"], task
+
+
 def test_reasoning_gym_grades_with_its_own_verifier_partial_credit_kept_as_the_reward():
     """Guards against grading a non-numeric answer with our numeric matcher, or rounding the
     verifier's partial credit to 0/1 (the `env_steps` reward pays it; `accuracy` only a full 1.0)."""
@@ -87,6 +107,18 @@ def test_reasoning_gym_with_a_calculator_is_a_multi_turn_tool_env():
     observed = env.step(format_tool_call("calculator", {"expression": expression}))
     assert not observed.done and observed.observation[0]["content"] == task.answer
     assert env.step(f"Final Answer: {task.answer}").info["correct"]
+
+
+def test_reasoning_gym_keeps_the_prompt_a_model_was_trained_with_when_given_one():
+    """Guards against GRPO on gsm_symbolic showing a GSM8K SFT model a system prompt it never saw
+    (item 4 of issue 64 gives the gsm8k env's prompt; `{tool_names}` filled as the env fills it)."""
+    gsm8k_prompt = make_env("gsm8k", tools=["calculator"]).system_prompt
+    template = gsm8k_prompt.replace("calculator", "{tool_names}")
+    env = make_env("reasoning_gym", dataset="gsm_symbolic", tools=["calculator"], system_prompt=template)
+    messages = env.reset(env.tasks("test", n=1)[0])
+    assert messages[0] == {"role": "system", "content": gsm8k_prompt}
+    default = make_env("reasoning_gym", dataset="gsm_symbolic", tools=["calculator"])
+    assert default.reset(default.tasks("test", n=1)[0])[0]["content"].startswith("Answer the question.")
 
 
 def test_a_bad_reasoning_gym_dataset_or_config_stops_the_config_before_a_model_loads():

@@ -14,7 +14,9 @@ Splits: item i of seed s is drawn from reasoning-gym's generator seeded `base + 
 rule: `Random(dataset.seed + idx)`), with base = s·2·SPLIT_SPAN for train and that plus
 SPLIT_SPAN for test, so the two splits never share a generator seed for n < SPLIT_SPAN. Whether
 two seeds can produce the same problem is the generator's business: a problem space smaller
-than the draws (one-digit sums) repeats problems within and across splits.
+than the draws (one-digit sums) repeats problems within and across splits. A dataset is built at
+the split's n items: the few generators that draw every item when built (gsm_symbolic,
+list_functions, acre) would never finish a billion, and acre's items depend on the size.
 
 Tools are optional (`tools: [calculator]` or `[python]`); without them an episode is one turn.
 The oracle (SFT's demonstrations, `envs oracle`) is the task's own solution: a calculator call on
@@ -57,6 +59,10 @@ class ReasoningGymOptions:
     """Registered tools offered to the policy (e.g. [calculator]); none: one-turn episodes."""
     max_turns: int = 4
     """Policy turns per episode (1 is enough without tools)."""
+    system_prompt: str = ""
+    """The system message; "": the bridge's own (answer, then `Final Answer: <answer>`; with tools,
+    how to call them). Give the prompt a model was trained with to keep it (`{tool_names}` is
+    filled in), e.g. the `gsm8k` env's for a GSM8K SFT model on `gsm_symbolic`."""
 
     def __post_init__(self) -> None:
         if self.datasets and (self.dataset != "basic_arithmetic" or self.config):
@@ -78,12 +84,14 @@ class ReasoningGymEnv(ToolEnv):
     def __init__(self, options: ReasoningGymOptions | None = None):
         self.options = options or ReasoningGymOptions()
         super().__init__(list(self.options.tools), self.options.max_turns)
-        self._datasets: dict[int, Any] = {}
-        self._entries: dict[str, dict[str, Any]] = {}
-        self._dataset(0)  # an unknown dataset, a bad config or a download fails here, when the config loads
+        self._datasets: dict[tuple[int, int], Any] = {}
+        self._entries: dict[tuple[str, int], dict[str, Any]] = {}
+        self._dataset(0, 1)  # an unknown dataset, a bad config or a download fails here, when the config loads
 
     @property
     def system_prompt(self) -> str:
+        if self.options.system_prompt:
+            return self.options.system_prompt.replace("{tool_names}", ", ".join(self._tools_by_name))
         tools = TOOLS_PROMPT.format(tool_names=", ".join(self._tools_by_name)) if self.tools else ""
         return SYSTEM_PROMPT + tools
 
@@ -96,9 +104,13 @@ class ReasoningGymEnv(ToolEnv):
             return missing_extra("reasoning_gym", "reasoning-gym")
         return f"{len(DATASETS)} reasoning-gym datasets: {', '.join(sorted(DATASETS))}"
 
-    def _dataset(self, base_seed: int) -> Any:
-        """The reasoning-gym dataset whose item i is drawn with generator seed base_seed + i."""
-        if base_seed not in self._datasets:
+    def _dataset(self, base_seed: int, size: int) -> Any:
+        """The reasoning-gym dataset of `size` items whose item i is drawn with generator seed
+        base_seed + i. The size is the split's n, never more: a few generators (gsm_symbolic,
+        list_functions, acre) draw all their items when built, so item i of those depends on
+        the size, which `tasks` records in each task."""
+        key = (base_seed, size)
+        if key not in self._datasets:
             try:
                 import reasoning_gym
                 from reasoning_gym.composite import DatasetSpec
@@ -111,27 +123,29 @@ class ReasoningGymEnv(ToolEnv):
                     if options.datasets:
                         specs = [DatasetSpec(spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("config", {})))
                                  for spec in options.datasets]
-                        dataset = reasoning_gym.create_dataset("composite", datasets=specs, seed=base_seed, size=SPLIT_SPAN)
+                        dataset = reasoning_gym.create_dataset("composite", datasets=specs, seed=base_seed, size=size)
                     else:
-                        dataset = reasoning_gym.create_dataset(options.dataset, seed=base_seed, size=SPLIT_SPAN, **options.config)
+                        dataset = reasoning_gym.create_dataset(options.dataset, seed=base_seed, size=size, **options.config)
                     dataset[0]  # a generator that needs data it does not ship fails on its first draw
             except Exception as exc:  # noqa: BLE001 - reasoning-gym raises assorted types for a bad name or config
                 raise ValueError(f"reasoning-gym cannot build {what} with config {options.datasets or options.config}: "
                                  f"{type(exc).__name__}: {exc}") from exc
-            self._datasets[base_seed] = dataset
-        return self._datasets[base_seed]
+            self._datasets[key] = dataset
+        return self._datasets[key]
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
         base = split_base("reasoning_gym", split, n, seed)
-        dataset = self._dataset(base)
+        if n == 0:
+            return []
+        dataset = self._dataset(base, n)
         out = []
         for index in range(n):
             entry = dataset[index]
             source = entry.get("metadata", {}).get("source_dataset", self.options.dataset)
             task_id = f"reasoning_gym/{source}/{split}/{seed}/{index}"
-            self._entries[task_id] = entry
+            self._entries[task_id, n] = entry
             out.append(Task(task_id, entry["question"], str(entry["answer"]),
-                            {"source_dataset": source, "split_base": base, "index": index}))
+                            {"source_dataset": source, "split_base": base, "split_size": n, "index": index}))
         return out
 
     def extract_answer(self, text: str) -> str | None:
@@ -150,7 +164,7 @@ class ReasoningGymEnv(ToolEnv):
         """reasoning-gym's own verifier of the task's dataset, clipped to [0, 1]."""
         assert self.task is not None, "score_answer outside an episode"
         entry = self._entry(self.task)
-        dataset = self._dataset(self.task.meta["split_base"])
+        dataset = self._dataset(self.task.meta["split_base"], self.task.meta["split_size"])
         try:
             score = float(dataset.score_answer(answer, entry))
         except Exception:  # noqa: BLE001 - a verifier that chokes on hostile text scores it 0, never crashes a run
@@ -170,6 +184,7 @@ class ReasoningGymEnv(ToolEnv):
         return [f"Final Answer: {task.answer}"]
 
     def _entry(self, task: Task) -> dict[str, Any]:
-        if task.id not in self._entries:  # a task drawn by another instance: draw it again (deterministic)
-            self._entries[task.id] = self._dataset(task.meta["split_base"])[task.meta["index"]]
-        return self._entries[task.id]
+        key = (task.id, task.meta["split_size"])
+        if key not in self._entries:  # a task drawn by another instance: draw it again (deterministic)
+            self._entries[key] = self._dataset(task.meta["split_base"], task.meta["split_size"])[task.meta["index"]]
+        return self._entries[key]
