@@ -209,6 +209,6 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env  # noqa: F401
+    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env, verifiers_env  # noqa: F401
 
     load_entry_points("agentic_rl.envs")
