@@ -239,8 +239,8 @@ def test_the_verifiers_rubric_scores_an_episode_each_function_a_term_the_weighte
     long_right = env.step("The sum of 3 and 11 is 14")
     assert (long_right.reward, long_right.info["correct"]) == (1.0, True)
     env.reset(task)
-    short_wrong = env.step("15")  # 0.5 reaches verifiers' default pass_threshold 0.5: its own rule, kept
-    assert (short_wrong.reward, short_wrong.info["correct"], short_wrong.info["reward_terms"]["rubric.correct_answer"]) == (0.5, True, 0.0)
+    short_wrong = env.step("15")  # 0.5: below the env's pass_threshold 1.0 (verifiers' default, 0.5, would pass it)
+    assert (short_wrong.reward, short_wrong.info["correct"], short_wrong.info["reward_terms"]["rubric.correct_answer"]) == (0.5, False, 0.0)
     env.reset(task)
     assert env.step("I cannot say, sorry, it is hard").reward == 0.0
 

@@ -4,7 +4,8 @@ returns a `vf.Environment`. The bridge loads it by module name (`env_id: vf_tiny
 must stay importable from tests/ (pytest puts tests/ on sys.path; CLI tests add it to PYTHONPATH).
 
     single    SingleTurnEnv: "What is a + b?", a system prompt and one few-shot pair; rubric
-              correct_answer (weight 1) + short_answer (weight 0.5) + length metric (weight 0)
+              correct_answer (weight 1) + short_answer (weight 0.5) + length metric (weight 0);
+              pass_threshold 1.0 (a short wrong answer's 0.5 does not pass)
     guess     MultiTurnEnv: guess a secret from 1 to 8; env_response says higher/lower and reads the
               guess with a bare int() (a naive env: hostile text makes it raise; `lenient: true` asks
               again instead); a right guess is its final_env_response (the episode ends); rubric
@@ -63,7 +64,7 @@ def _single(rubric: vf.Rubric | None = None, train_rows: int = 12, eval_rows: in
     parser = vf.Parser(extract_fn=_last_number)
     rubric = rubric or vf.Rubric(funcs=[correct_answer, short_answer, length], weights=[1.0, 0.5, 0.0], parser=parser)
     return vf.SingleTurnEnv(dataset=_sums(range(train_rows), True), eval_dataset=_sums(range(eval_rows), False, first=30),
-                            system_prompt=SYSTEM_PROMPT, few_shot=FEW_SHOT, parser=parser, rubric=rubric)
+                            system_prompt=SYSTEM_PROMPT, few_shot=FEW_SHOT, parser=parser, rubric=rubric, pass_threshold=1.0)
 
 
 class GuessEnv(vf.MultiTurnEnv):
