@@ -1,8 +1,10 @@
-"""The bridges to environment libraries others wrote: reasoning-gym's datasets and textarena's
-single-player games as envs (the `[reasoning-gym]` and `[textarena]` extras, which `make test`
-installs). What a user relies on: the library's own verifier and rules decide, splits never share
-a generator seed, what would need a download fails before a model loads, and a short GRPO runs
-through each on tiny-qwen3 (one evaluation through each on the embedded model is a slow test)."""
+"""The bridges to environment libraries others wrote: reasoning-gym's datasets, textarena's
+single-player games and verifiers' environments as envs (the `[reasoning-gym]`, `[textarena]` and
+`[verifiers]` extras, which `make test` installs). What a user relies on: the library's own
+verifier, rules and rubric decide, splits never share a generator seed (or a dataset row), what
+would need a download fails before a model loads, and a short GRPO runs through each on tiny-qwen3
+(one evaluation through each on the embedded model is a slow test). The verifiers environments are
+tests/vf_tiny_envs.py, loaded by module name as an installed environment package would be."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")]), **(env or {})}  # tests/: vf_tiny_envs
     return subprocess.run([sys.executable, "-m", "agentic_rl.cli", *args], cwd=cwd, env=environ, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -194,14 +197,29 @@ def test_envs_list_shows_what_each_installed_library_offers(tmp_path):
     lines = {line.split(":")[0]: line for line in done.stdout.splitlines()}
     assert "106 reasoning-gym datasets" in lines["reasoning_gym"] and "gsm_symbolic" in lines["reasoning_gym"]
     assert "TowerOfHanoi-v0" in lines["textarena"] and "ConnectFour-v0" not in lines["textarena"]
+    assert "verifiers 0.3.1; environment packages installed:" in lines["verifiers"] and "JudgeRubric" not in lines["verifiers"]
+    assert "refuses judge rubrics, group rewards, CliAgentEnv" in lines["verifiers"]
+
+
+def test_envs_list_names_an_installed_verifiers_environment_package(tmp_path, monkeypatch):
+    """Guards against a verifiers catalogue that misses installed environment packages (a distribution
+    requiring verifiers), or lists one that needs verifiers only for an optional extra."""
+    from agentic_rl.envs.verifiers_env import environment_packages
+
+    for name, requirement in (("vf-word-count", "verifiers>=0.1.3"), ("other-tool", 'verifiers; extra == "vf"')):
+        info = tmp_path / f"{name.replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\nRequires-Dist: {requirement}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "vf_word_count" in environment_packages() and "other_tool" not in environment_packages()
 
 
 def test_a_bridge_whose_library_is_missing_says_which_extra_to_install(tmp_path):
     """Guards against a raw ImportError when an optional library is not installed."""
-    code = ("import sys; sys.modules['reasoning_gym'] = None; sys.modules['textarena'] = None\n"
+    code = ("import sys; sys.modules['reasoning_gym'] = None; sys.modules['textarena'] = None; sys.modules['verifiers'] = None\n"
             "from agentic_rl.envs.base import make_env\n"
-            "for name in ('reasoning_gym', 'textarena'):\n"
-            "    try: make_env(name)\n"
+            "for name, options in (('reasoning_gym', {}), ('textarena', {}), ('verifiers', {'env_id': 'vf_tiny_envs'})):\n"
+            "    try: make_env(name, **options)\n"
             "    except ValueError as exc: print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
@@ -209,7 +227,157 @@ def test_a_bridge_whose_library_is_missing_says_which_extra_to_install(tmp_path)
         "the reasoning_gym bridge needs the optional package 'reasoning-gym', which is not installed: pip install "
         "'agentic-rl[reasoning-gym]' (or pip install reasoning-gym)",
         "the textarena bridge needs the optional package 'textarena', which is not installed: pip install "
-        "'agentic-rl[textarena]' (or pip install textarena)"], done.stderr[-2000:]
+        "'agentic-rl[textarena]' (or pip install textarena)",
+        "the verifiers bridge needs the optional package 'verifiers', which is not installed: pip install "
+        "'agentic-rl[verifiers]' (or pip install verifiers)"], done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------- verifiers
+
+
+def _vf(**env_args):
+    return make_env("verifiers", env_id="vf_tiny_envs", env_args=env_args)
+
+
+def test_verifiers_tasks_are_the_envs_own_rows_rendered_as_verifiers_renders_them():
+    """Guards against a bridge that rebuilds the prompt (dropping the env's system prompt or few-shot
+    turns), reads the eval set for training, or draws a seed's tasks unreproducibly."""
+    import vf_tiny_envs
+
+    env = _vf()
+    train, test = env.tasks("train", n=12), env.tasks("test", n=50)
+    assert [t.answer for t in train[:3]] == ["14", "20", "26"] and len(test) == 6  # the eval set has 6 rows
+    assert not {t.question for t in train} & {t.question for t in test}
+    messages = env.reset(train[0])
+    assert messages == [{"role": "system", "content": vf_tiny_envs.SYSTEM_PROMPT}, *vf_tiny_envs.FEW_SHOT,
+                        {"role": "user", "content": "What is 3 + 11?"}]
+    shuffled = env.tasks("train", n=12, seed=3)
+    assert shuffled == _vf().tasks("train", n=12, seed=3) != train and sorted(t.id for t in shuffled) == sorted(t.id for t in train)
+    assert env.max_turns == 1  # a SingleTurnEnv's own limit
+
+
+def test_the_verifiers_rubric_scores_an_episode_each_function_a_term_the_weighted_sum_the_reward():
+    """Guards against a bridge that pays its own notion of correct instead of the rubric's weighted
+    sum, drops a function's value from the logs, or ignores the env's pass_threshold."""
+    env = _vf()
+    task = env.tasks("train", n=1)[0]
+    assert env.reward_terms == ("rubric.correct_answer", "rubric.short_answer", "rubric.length", "rubric.num_turns")
+    env.reset(task)
+    right = env.step("14")  # correct_answer 1 x 1.0 + short_answer 1 x 0.5 + length 2 x 0.0
+    assert (right.done, right.reward, right.info["correct"]) == (True, 1.5, True)
+    assert right.info["reward_terms"] == {"rubric.correct_answer": 1.0, "rubric.short_answer": 1.0, "rubric.length": 2.0,
+                                          "rubric.num_turns": 1.0}
+    env.reset(task)
+    long_right = env.step("The sum of 3 and 11 is 14")
+    assert (long_right.reward, long_right.info["correct"]) == (1.0, True)
+    env.reset(task)
+    short_wrong = env.step("15")  # 0.5: below the env's pass_threshold 1.0 (verifiers' default, 0.5, would pass it)
+    assert (short_wrong.reward, short_wrong.info["correct"], short_wrong.info["reward_terms"]["rubric.correct_answer"]) == (0.5, False, 0.0)
+    env.reset(task)
+    assert env.step("I cannot say, sorry, it is hard").reward == 0.0
+
+
+def test_a_verifiers_multi_turn_env_answers_with_its_env_response_and_ends_on_its_own_signal():
+    """Guards against observations that are not the env's env_response, an episode that runs past
+    the env's final_env_response, or a turn limit that leaves an episode unscored."""
+    env = _vf(kind="guess")
+    task = env.tasks("test", n=1)[0]  # secret 6
+    assert env.reset(task) == [{"role": "user", "content": task.question}] and task.answer == "6"
+    assert env.step("4").observation == [{"role": "user", "content": "higher"}]
+    assert env.step("7").observation == [{"role": "user", "content": "lower"}]
+    found = env.step("6")
+    assert found.done and found.info["correct"] and found.reward == pytest.approx(1.0 - 0.1 * 3)
+    assert found.info["finish"] == "has_final_env_response" and found.info["reward_terms"]["rubric.guesses"] == 3.0
+    capped = make_env("verifiers", env_id="vf_tiny_envs", env_args={"kind": "guess"}, max_turns=2)
+    capped.reset(task)
+    capped.step("1")
+    cut = capped.step("2")
+    assert cut.done and cut.info["finish"] == "max_turns" and cut.reward == pytest.approx(-0.2) and not cut.info["correct"]
+
+
+def test_a_verifiers_tool_env_runs_its_own_tools_from_the_policys_tool_call_blocks():
+    """Guards against a ToolEnv whose tools never run (the policy's <tool_call> text not turned into
+    the tool calls verifiers expects), or whose schema never reaches the prompt."""
+    from agentic_rl.tools.parse import format_tool_call
+
+    env = _vf(kind="tool")
+    assert [schema["function"]["name"] for schema in env.tool_schemas] == ["add"]
+    task = env.tasks("train", n=1)[0]
+    env.reset(task)
+    called = env.step("Let me add.\n" + format_tool_call("add", {"a": 17, "b": 25}))
+    assert called.observation == [{"role": "tool", "name": "add", "content": "42"}] and called.info["tool_calls"] == 1
+    answered = env.step("42")
+    assert answered.done and answered.info["correct"] and answered.info["reward_terms"]["rubric.add_calls"] == 1.0
+
+
+@pytest.mark.parametrize("kind, turns", [
+    ("guess", ["boom"]),  # its env_response calls int() on the turn and raises ValueError
+    ("guess", ["\x00" * 50_000]),
+    ("tool", ['<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', '<tool_call>{"name": "rm -rf"}</tool_call>', "7"]),
+    ("tool", ["<tool_call>{not json</tool_call>"]),
+    ("single", ["<tool_call>" * 1000]),
+])
+def test_hostile_output_ends_a_verifiers_episode_scored_and_never_raises(kind, turns):
+    """Guards against model output that crashes the run through a verifiers env: an env_response that
+    raises on it, a tool call with missing arguments or an unknown tool, a malformed block."""
+    env = _vf(kind=kind)
+    env.reset(env.tasks("train", n=1)[0])
+    results = [env.step(turn) for turn in turns]
+    assert results[-1].done and not any(r.done for r in results[:-1]) and not results[-1].info["correct"]
+    assert results[-1].reward <= 0.0
+    if kind == "guess":
+        assert results[-1].info["error"].startswith("Error: ValueError: invalid literal for int()")
+        assert results[-1].info["finish"] == "has_error" and results[-1].reward == pytest.approx(-0.1)
+    if kind == "tool" and len(turns) == 3:
+        assert [r.observation[0]["content"] for r in results[:2]] == ["add() missing 1 required positional argument: 'b'", "'rm -rf'"]
+        assert results[-1].info["tool_errors"] == 1  # the unknown tool
+
+
+@pytest.mark.parametrize("kind", ["single", "guess", "tool"])
+def test_verifiers_reference_completions_are_oracle_demos_that_its_rubric_passes(kind):
+    """Guards against SFT demonstrations that are not the dataset's own reference completions, or
+    that the env's rubric would not pass (replayed through env_response, they must win)."""
+    summary = run_oracle("verifiers", n=4, split="train", env_id="vf_tiny_envs", env_args={"kind": kind})
+    assert summary["accuracy"] == 1.0 and summary["n"] == 4, summary["failures"]
+    env = _vf()
+    with pytest.raises(NotImplementedError, match="has no reference completion"):
+        env.oracle_actions(env.tasks("test", n=1)[0])  # the eval rows carry none
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("judge", "is refused: its rubric holds a JudgeRubric, which asks a judge model through an OpenAI client"),
+    ("group", r"is refused: rubric function\(s\) \['relative_length'\] score a group of rollouts together"),
+    ("own_model", "is refused: AskingEnv overrides get_model_response, so it calls the model through its own client"),
+    ("group_env", "is refused: EnvGroup is of kind EnvGroup, which routes each task to one of its member envs"),
+])
+def test_verifiers_kinds_that_need_their_own_client_are_refused_by_name_when_the_config_loads(kind, reason):
+    """Guards against a verifiers env that would ask a model or a service through its own client
+    being run anyway, or failing only after a model loaded."""
+    with pytest.raises(ConfigError, match=f"verifiers environment 'vf_tiny_envs' \\(env_args {{'kind': '{kind}'}}\\) {reason}"):
+        load_config(GRPOConfig, None, overrides=["env.name=verifiers", f"env.options={{env_id: vf_tiny_envs, env_args: {{kind: {kind}}}}}"])
+
+
+def test_a_verifiers_env_that_would_download_or_is_not_installed_fails_before_a_model_loads(tmp_path):
+    """Guards against a verifiers env that fetches its dataset at run time, or a missing module,
+    failing only after a model loaded, or without naming what is missing."""
+    done = _cli("grpo", "--set", "env.name=verifiers", "--set", "env.options={env_id: vf_tiny_envs, env_args: {kind: download}}",
+                "--set", f"train.output_dir={tmp_path / 'run'}", cwd=tmp_path, env={"HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode != 0
+    assert "verifiers environment 'vf_tiny_envs' (env_args {'kind': 'download'}) needs data it would download at run time" in done.stderr
+    assert "agentic-rl-tests/no-such-dataset" in done.stderr
+    assert not (tmp_path / "run").exists()  # stopped at the config: no run folder, no model
+    with pytest.raises(ConfigError, match="cannot import verifiers environment 'vf_no_such_env'.*No module named 'vf_no_such_env'"):
+        load_config(GRPOConfig, None, overrides=["env.name=verifiers", "env.options={env_id: vf_no_such_env}"])
+
+
+def test_sft_trains_on_a_verifiers_envs_reference_completions(tmp_path):
+    """Guards against SFT that cannot read a verifiers env's demonstrations (`kind: oracle`) in a real run."""
+    source = "[{kind: oracle, env: {name: verifiers, options: {env_id: vf_tiny_envs, env_args: {kind: guess}}}, n: 4}]"
+    done = _cli("sft", "--set", "model.name=tiny-qwen3", "--set", "model.lora.r=4", "--set", f"sources={source}", "--set",
+                "batch_size=4", "--set", "micro_batch_size=4", "--set", "train.steps=1", "--set", "train.progress=false",
+                "--set", f"train.output_dir={tmp_path / 'sft'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "sft" / "final" / "adapter_model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------------- GRPO and evaluation through each bridge
@@ -222,6 +390,7 @@ TINY_GRPO = ["--set", "model.name=tiny-qwen3", "--set", "model.lora.r=4", "--set
 @pytest.mark.parametrize("env_name, options, turns", [
     ("reasoning_gym", "{dataset: chain_sum, config: {max_terms: 3}}", 1),
     ("textarena", "{game: GuessTheNumber-v0}", 3),
+    ("verifiers", "{env_id: vf_tiny_envs, env_args: {kind: guess, lenient: true}}", 6),
 ])
 def test_a_short_grpo_runs_through_each_bridge_on_tiny_qwen3(tmp_path, env_name, options, turns):
     """Guards against a bridge that works in-process but not in a real GRPO run (spawned envs, rewards, metrics)."""
@@ -231,12 +400,18 @@ def test_a_short_grpo_runs_through_each_bridge_on_tiny_qwen3(tmp_path, env_name,
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["step"] == 1 and "reward/env_steps/mean" in row
     assert (tmp_path / "run" / "final" / "adapter_model.safetensors").is_file()
+    if env_name == "verifiers":  # each rubric function logged, at weight 0: the total is the env's return alone
+        assert {"reward/rubric.found_secret/mean", "reward/rubric.guesses/mean", "reward/rubric.num_turns/mean"} <= set(row)
+        assert row["rollout/turns/mean"] > 1.0  # its env_response asked again: multi-turn episodes through the engine
+        assert row["reward/total/mean"] == pytest.approx(row["reward/env_steps/mean"])
+        assert row["reward/env_steps/mean"] == pytest.approx(row["reward/rubric.found_secret/mean"] - 0.1 * row["reward/rubric.guesses/mean"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env_name, options", [
     ("reasoning_gym", "{dataset: chain_sum, config: {min_terms: 2, max_terms: 2}}"),
     ("textarena", "{game: GuessTheNumber-v0}"),
+    ("verifiers", "{env_id: vf_tiny_envs}"),
 ])
 def test_the_embedded_model_is_evaluated_through_each_bridge(tmp_path, env_name, options):
     """Guards against a bridge the evaluation command cannot drive on the real model."""
@@ -245,3 +420,5 @@ def test_the_embedded_model_is_evaluated_through_each_bridge(tmp_path, env_name,
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["n"] == 4 and 0.0 <= result["pass@1"] <= 1.0
+    if env_name == "verifiers":
+        assert set(result["reward_terms"]) == {"rubric.correct_answer", "rubric.short_answer", "rubric.length", "rubric.num_turns"}

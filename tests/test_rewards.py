@@ -81,6 +81,22 @@ def test_composer_records_each_component_unweighted_and_the_weighted_total():
     assert trajs[1].reward == 0.0
 
 
+def test_an_envs_reported_reward_parts_are_logged_at_weight_zero_and_never_paid_twice():
+    """Guards against an env's named reward parts (a verifiers rubric's functions) that are invisible,
+    added to the total a second time beside env_steps, or missing from another env's episodes in a mix
+    (every episode of a batch must log the same columns)."""
+    from agentic_rl.rewards.base import reported_terms
+
+    rubric = make_traj(turn_rewards=[0.0, 1.5], info={"reward_terms": {"rubric.correct": 1.0, "rubric.short": 1.0}})
+    other = make_traj(turn_rewards=[1.0])
+    composer = RewardComposer([RewardSpec("env_steps")], reported_terms(["rubric.correct", "rubric.short"]))
+    assert composer([rubric, other]) == [1.5, 1.0]
+    assert rubric.reward_components == {"env_steps": 1.5, "rubric.correct": 1.0, "rubric.short": 1.0}
+    assert other.reward_components == {"env_steps": 1.0, "rubric.correct": 0.0, "rubric.short": 0.0}
+    with pytest.raises(ValueError, match=r"reward term\(s\) \['env_steps'\] are both in the reward list and reported"):
+        RewardComposer([RewardSpec("env_steps")], reported_terms(["env_steps"]))
+
+
 def test_unknown_reward_and_parameter_are_rejected_with_the_options():
     """Guards against a typo'd reward or parameter being ignored (invariant 6): the error lists the rewards or
     parameters that exist."""

@@ -69,6 +69,8 @@ EPISODE_INFO: dict[str, tuple[Any, str]] = {
     "turns": (0, "policy turns played"),
     "finish": ("", "why it ended: answer, no_answer, max_turns, solved, failed, no_call, error, ..."),
     "score": (None, "the final answer's grade in [0, 1] (tool envs: 1.0 correct; a bridged verifier may give partial credit)"),
+    "reward_terms": ({}, "the named parts of the env's reward, unweighted (a verifiers rubric's functions), whose weighted "
+                         "sum its step rewards already pay: each is logged as a reward term (Env.reward_terms)"),
 }
 """The episode summary in the last `StepResult.info`: key -> (value assumed when absent, meaning).
 Evaluation, the oracle runner and the reward terms read these keys through `episode_info`, so an
@@ -91,6 +93,10 @@ class Env:
     """Episodes end with a final answer that `correct` judges. False where success is a state the
     episode reaches (plan: the goal room): there is nothing to vote on, and evaluation reports no
     maj@k rather than a 0."""
+    reward_terms: tuple[str, ...] = ()
+    """Names of the parts of its reward the env reports in the last step's `info["reward_terms"]`
+    (name -> unweighted value). Training logs each as the reward term `reward/<name>` with weight 0:
+    the step rewards already pay their weighted sum, so they are shown, never paid twice."""
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
         """The first `n` tasks (all if None) of `split` ("train" or "test"), deterministic in `seed`."""
@@ -203,6 +209,6 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env  # noqa: F401
+    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env, verifiers_env  # noqa: F401
 
     load_entry_points("agentic_rl.envs")

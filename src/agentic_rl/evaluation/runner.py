@@ -8,7 +8,8 @@ decoding gives pass@1; with k > 1, k more episodes per problem are sampled (at
 `rollout.sampling.temperature`, flag `--temperature`) for the unbiased pass@k and maj@k. Reported
 alongside: format-error rate (no parseable final answer), mean policy tokens, tool calls per
 episode and their success rate, accuracy by difficulty (arith) or by number of solution steps
-(GSM8K), and a few failed transcripts.
+(GSM8K), the mean of each named part of the env's reward (`reward_terms`: a verifiers rubric's
+functions), and a few failed transcripts.
 
 Per problem (`per_task`, for `agentic-rl compare`): the task id, the greedy outcome (1/0), the
 greedy episode's tool calls (in `plan`, the actions it took: its plan's length), and with k > 1
@@ -123,6 +124,10 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
     # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
     # finish: a high share means the limits, not the model, decide the accuracy
     result["truncated_rate"] = sum(share for reason, share in result["finish_reasons"].items() if reason in TRUNCATED)
+    reported = [t.info.get("reward_terms") or {} for t in trajs]
+    names = list(dict.fromkeys(name for terms in reported for name in terms))
+    if names:  # the env's named reward parts (Env.reward_terms: a verifiers rubric's functions), each a mean
+        result["reward_terms"] = {name: mean([float(terms.get(name, 0.0)) for terms in reported]) for name in names}
     with_steps = [t for t in trajs if t.info.get("solution_steps_total")]
     if with_steps:  # the mean share of reference intermediate results reproduced, in order
         result["solution_steps"] = mean([solution_steps(t) for t in with_steps])

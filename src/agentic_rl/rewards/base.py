@@ -20,6 +20,11 @@ without `env_steps` leaves the step rewards out; that is allowed only while they
 the success payout, which `accuracy` pays as well: an episode with any other step reward stops
 the run, naming the env and the reward, unless the list says `{name: env_steps, weight: 0}`
 (left out on purpose). A step reward never drops out silently.
+
+An env whose reward has named parts of its own (a verifiers rubric's functions: `Env.reward_terms`)
+reports their values in the episode's `info["reward_terms"]`; `reported_terms` turns them into
+terms of weight 0, so each is logged as `reward/<name>` beside the others while `env_steps` pays
+their weighted sum, once.
 """
 
 from __future__ import annotations
@@ -109,6 +114,10 @@ class RewardComposer:
     def __init__(self, specs: Sequence[RewardSpec], extra_terms: dict[str, tuple[RewardFn, float]] | None = None):
         if not specs and not extra_terms:
             raise ValueError("at least one reward term is needed, e.g. rewards: [{name: accuracy}]")
+        clashes = sorted({spec.name for spec in specs} & set(extra_terms or {}))
+        if clashes:
+            raise ValueError(f"reward term(s) {clashes} are both in the reward list and reported by the env or the reward "
+                             "model; rename the registered term")
         self.specs = list(specs)
         self.extra_terms = dict(extra_terms or {})
 
@@ -129,6 +138,20 @@ class RewardComposer:
         for traj, total in zip(trajectories, totals):
             traj.reward = total
         return totals
+
+
+def reported_terms(names: Sequence[str]) -> dict[str, tuple[RewardFn, float]]:
+    """Extra terms of weight 0 (module docstring) for the env's reward parts `names`: each reads its
+    value from an episode's `info["reward_terms"]`, 0.0 where an episode reports none (another env's
+    task in a mix, an episode that failed)."""
+
+    def term(name: str) -> RewardFn:
+        def values(trajectories: Sequence[Trajectory], **params: Any) -> list[float]:
+            return [float((traj.info.get("reward_terms") or {}).get(name, 0.0)) for traj in trajectories]
+
+        return values
+
+    return {name: (term(name), 0.0) for name in names}
 
 
 def refuse_unpaid_step_rewards(traj: Trajectory) -> None:

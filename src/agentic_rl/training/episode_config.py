@@ -81,6 +81,11 @@ class EnvConfig(EnvSpec):
                 for k, (options, size) in enumerate(zip(self.part_options(), self.part_sizes()))
                 for task in make_env(self.name, **options).tasks("train", n=size, seed=seed)]
 
+    def reward_terms(self) -> list[str]:
+        """The named parts of the env's reward its episodes report (`Env.reward_terms`), over every mix part."""
+        envs = [make_env(self.name, **options) for options in self.part_options()] if self.mix else [self.make()]
+        return list(dict.fromkeys(name for env in envs for name in env.reward_terms))
+
     def env_for(self, task: Task) -> Env:
         """A fresh env to run `task` in: its mix part's, or env.options' without a mix."""
         if not self.mix:

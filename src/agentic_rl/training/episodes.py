@@ -46,7 +46,7 @@ import torch
 
 from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.algorithms.rollout_correction import rollout_correction
-from agentic_rl.rewards.base import RewardComposer, RewardSpec
+from agentic_rl.rewards.base import RewardComposer, RewardSpec, reported_terms
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
 from agentic_rl.training.gather import combine_drift, gather_in_global_order, gather_objects, sum_over_processes
 from agentic_rl.training.groups import Group, PromptSelector
@@ -107,6 +107,7 @@ class Episodes:
             from agentic_rl.rewards.reward_model import RewardModelReward
 
             extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
+        extra.update(reported_terms(cfg.env.reward_terms()))  # the env's named reward parts, logged at weight 0
         self.composer = RewardComposer(cfg.rewards, extra)
         self.cached: Any = None
         self.selector = PromptSelector(self.task_pool, cfg.selection)
