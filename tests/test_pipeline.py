@@ -136,6 +136,19 @@ def test_every_shipped_config_loads_and_validates(path):
     assert cfg.evals and cfg.grpo.rollout.batch_size % cfg.grpo.rollout.group_size == 0
 
 
+def test_gsm_symbolic_shows_grpo_the_prompt_its_gsm8k_sft_model_trained_with():
+    """Guards configs/gsm-symbolic.yaml's copy of the gsm8k env's system prompt against drifting from
+    the env's own (GRPO on gsm_symbolic would then train a GSM8K SFT model under a prompt it never saw)."""
+    from agentic_rl.config import load_config
+    from agentic_rl.envs.base import make_env
+    from agentic_rl.pipeline import PipelineConfig
+
+    cfg = load_config(PipelineConfig, Path(__file__).parent.parent / "configs" / "gsm-symbolic.yaml")
+    gsm8k = make_env("gsm8k", tools=["calculator"]).system_prompt
+    for env in (cfg.grpo.env, cfg.evals[1].env):
+        assert env.name == "reasoning_gym" and env.make().system_prompt == gsm8k
+
+
 EXPERIMENT_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "experiments").glob("*.yaml"))
 
 
