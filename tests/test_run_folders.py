@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from agentic_rl import cli
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.training.checkpoint import CheckpointError
 from agentic_rl.training.grpo_config import GRPOConfig
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.run_dir import LOCK, read_metrics, unlock_run_folder
 from agentic_rl.training.sft import SFTConfig, train_sft
 
 TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "batch_size=4", "micro_batch_size=4",
@@ -37,10 +40,7 @@ def finished_run(tmp_path_factory):
 @pytest.fixture
 def run_copy(finished_run, tmp_path) -> Path:
     out = tmp_path / "run"
-    shutil.copytree(finished_run[0], out)
-    record = out / "run.json"  # the record names its final/ folder: point it at the copy's
-    if record.exists():
-        record.write_text(record.read_text().replace(str(finished_run[0]), str(out)))
+    shutil.copytree(finished_run[0], out)  # as a user copies one: the record names final/ relative to its folder
     return out
 
 
@@ -57,7 +57,9 @@ def no_model_loading(monkeypatch):
 
 
 def _fingerprints(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file's hash, but the lock's (run.lock names whichever process last held the folder)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != LOCK}
 
 
 def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_copy, no_model_loading):
@@ -216,3 +218,82 @@ def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its
     assert "error: pipeline stage 'sft' (keys are those of the `sft:` section)" in err
     assert "optim.lr: 0.01 (recorded) -> 0.001 (now)" in err
     assert not (root / "sft" / "DONE.json").exists()
+
+
+def _hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process holding `folder`'s lock, as a running launch does, until killed."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from agentic_rl.training.run_dir import "
+         "lock_run_folder; lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)", str(folder)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_second_launch_into_a_folder_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path, no_model_loading):
+    """Guards against two launches into one train.output_dir both training (metrics.jsonl got 6 rows
+    for 3 steps, both exited 0), and against the lock of a killed run blocking its folder for ever."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = _hold_lock(out)
+    try:
+        with pytest.raises(ConfigError, match=rf"train.output_dir={out} is in use by another run \(pid {holder.pid} on "):
+            train_sft(_sft_cfg(out))
+        assert sorted(p.name for p in out.iterdir()) == [LOCK]  # refused before its record was read or written
+    finally:
+        holder.kill()
+        holder.wait()
+    try:  # the holder died: its lock is free, and the next launch gets past the folder check to the model
+        with pytest.raises(AssertionError, match="a model was loaded"):
+            train_sft(_sft_cfg(out))
+        assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    finally:
+        unlock_run_folder(out)
+
+
+def test_a_second_pipeline_into_a_folder_in_use_is_refused_before_any_stage(tmp_path):
+    """Guards against two pipelines into one output_dir racing through the same stages."""
+    from agentic_rl.pipeline import PipelineConfig, run_pipeline
+
+    holder = _hold_lock(tmp_path)
+    try:
+        cfg = load_config(PipelineConfig, Path(__file__).parent.parent / "configs" / "smoke.yaml",
+                          overrides=[f"output_dir={tmp_path}"])
+        with pytest.raises(ConfigError, match=rf"output_dir={tmp_path} is in use by another run \(pid {holder.pid} on "):
+            run_pipeline(cfg, log=lambda message: None)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_tilde_output_dir_is_the_home_folder_not_a_folder_named_tilde(tmp_path, monkeypatch):
+    """Guards against train.output_dir=~/x making a folder named `~` in the current directory."""
+    from agentic_rl.pipeline import PipelineConfig
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert _sft_cfg(Path("~/runs/x")).train.output_dir == str(tmp_path / "home" / "runs" / "x")
+    assert load_config(PipelineConfig, None, overrides=["output_dir=~/runs/p"]).output_dir == str(tmp_path / "home" / "runs" / "p")
+
+
+@pytest.mark.parametrize("finished", ['"yes"', '{"step": 2}', '{"step": "2", "result": {}}', '{"step": 2, "result": {"final": 7}}'])
+def test_a_corrupt_record_is_an_error_naming_the_file_and_the_way_on(run_copy, no_model_loading, finished):
+    """Guards against a hand-edited or truncated run.json ending in a raw TypeError or KeyError."""
+    record = json.loads((run_copy / "run.json").read_text())
+    (run_copy / "run.json").write_text(json.dumps({**record, "finished": json.loads(finished)}))
+    with pytest.raises(ConfigError, match=rf"{run_copy / 'run.json'} cannot be read \(TypeError: its finished.*train.resume=false"):
+        train_sft(_sft_cfg(run_copy))
+
+
+def test_a_finished_record_naming_a_result_outside_its_folder_is_refused(run_copy, tmp_path, no_model_loading):
+    """Guards against a record whose `final` points at another folder being returned as this run's
+    result (a copied folder of old returned the original's absolute final/; an edited one, anything)."""
+    elsewhere = tmp_path / "elsewhere" / "final"
+    shutil.copytree(run_copy / "final", elsewhere)
+    record = json.loads((run_copy / "run.json").read_text())
+    assert record["finished"]["result"]["final"] == "final"  # recorded relative to the folder
+    record["finished"]["result"]["final"] = str(elsewhere)
+    (run_copy / "run.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=rf"names its result {elsewhere}, outside {run_copy}"):
+        train_sft(_sft_cfg(run_copy))

@@ -285,3 +285,25 @@ def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokeniz
         assert sum(short) / len(short) > 3 * sum(long) / len(long)
     with pytest.raises(ValueError, match=r"SFTConfig: 'normaliser' must be one of \['step', 'dataset'\], got 'tokens'"):
         SFTConfig(normaliser="tokens")
+
+
+def test_merge_and_eval_refuse_a_stage_output_with_a_non_finite_weight(sft_run, tmp_path, capsys):
+    """Guards against NaN adapters leaving the run: `merge` wrote a NaN model and `eval` reported
+    accuracy 0, both exit 0. Every load of a stage output (models/stage_output.py) refuses it."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from agentic_rl import cli
+
+    final = tmp_path / "final"
+    shutil.copytree(sft_run[0] / "final", final)
+    adapters = load_file(final / "adapter_model.safetensors")
+    name = sorted(key for key in adapters if "lora_B" in key)[0]
+    adapters[name][0, 0] = float("nan")
+    save_file(adapters, final / "adapter_model.safetensors")
+    assert cli.main(["merge", "--adapters", str(final), "--out", str(tmp_path / "merged")]) == 2
+    err = capsys.readouterr().err
+    assert f"'{final}': its weight " in err and "is not finite" in err and not any((tmp_path / "merged").iterdir())
+    assert cli.main(["eval", "--model", str(final), "--env", "arith", "--n", "2", "--out", str(tmp_path / "eval.json")]) == 2
+    assert "is not finite" in capsys.readouterr().err and not (tmp_path / "eval.json").exists()

@@ -111,7 +111,8 @@ class PipelineConfig(PluginsConfig):
     model: str = "smollm2-135m-instruct"
     """Base model for every stage (built-in name, local directory or hub id)."""
     output_dir: str = "runs/demo"
-    """Run directory; each stage writes a subfolder."""
+    """Run directory (`~` expanded); each stage writes a subfolder. One pipeline at a time: a second
+    launch into it is refused while the first runs."""
     evals: list[PipelineEvalConfig] = dataclasses.field(default_factory=lambda: [PipelineEvalConfig()])
     """Evaluations of the base model and of each trained one (each entry's `stages` says which)."""
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
@@ -139,6 +140,7 @@ class PipelineConfig(PluginsConfig):
         if not self.output_dir.strip():
             raise ValueError("output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
                              "path would write them into the current directory")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~/runs/x`, not a folder named `~` in the cwd
         unknown = sorted(set(self.skip) - set(STAGES))
         if unknown:
             raise ValueError(f"skip: unknown stage(s) {unknown}; stages are {list(STAGES)}")
@@ -190,12 +192,22 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     optimizer states and KV caches is returned to the system when it ends; one process for all
     stages grew past 20 GB on the demo and was killed by the OOM killer.
     """
-    import multiprocessing
-
-    from agentic_rl.training.run_dir import RunDir
+    from agentic_rl.training.run_dir import lock_run_folder, unlock_run_folder
     from agentic_rl.training.run_record import usable_output_dir
 
     root = usable_output_dir(cfg.output_dir, "output_dir")
+    lock_run_folder(root, "output_dir")  # one pipeline per folder; each stage locks its own subfolder
+    try:
+        return _run_stages(cfg, root, log)
+    finally:
+        unlock_run_folder(root)
+
+
+def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    import multiprocessing
+
+    from agentic_rl.training.run_dir import RunDir
+
     _check_devices(cfg)
     recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}

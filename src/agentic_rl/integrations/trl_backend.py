@@ -264,4 +264,5 @@ def train_grpo_trl(cfg) -> dict[str, Any]:
         write_stage_record(final, "lora" if cfg.model.lora.enabled else "full", info["base_name"])
     result = {"final": str(final), "history": list(trainer.state.log_history)}
     run_dir.finish(cfg.train.steps, result)
+    run_dir.close()
     return result

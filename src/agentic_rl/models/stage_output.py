@@ -7,8 +7,9 @@
 
 `base` may itself be a stage's `final/` folder (GRPO after SFT), so loading follows the chain
 down to real weights and merges each level's adapters on the way up. Every command that takes
-a model name (eval, the trainers, merge, serve) loads through `load_base_and_tokenizer`; trainers
-(ours and the TRL backend) write the record through `write_stage_record`.
+a model name (eval, the trainers, merge, serve, chat) loads through `load_base_and_tokenizer`,
+which refuses a stage output with a non-finite weight; trainers (ours and the TRL backend) write
+the record through `write_stage_record`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from agentic_rl.errors import quoted
+from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
 from agentic_rl.strict_json import read_json, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,10 +76,23 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
             _require_adapters(Path(name))
             with unloadable_weights(name):
                 merged = PeftModel.from_pretrained(base, name).merge_and_unload()
+            _require_finite(merged, name)
             return merged, tokenizer, root
-        return (*load_model(name, dtype=DTYPES[dtype], device=device), record["base"])
+        model, tokenizer = load_model(name, dtype=DTYPES[dtype], device=device)
+        _require_finite(model, name)
+        return model, tokenizer, record["base"]
     model, tokenizer = load_model(name, dtype=DTYPES[dtype], device=device)
     return model, tokenizer, name
+
+
+def _require_finite(model: torch.nn.Module, folder: str) -> None:
+    """ValueError naming the stage output `folder` and its first non-finite weight: a NaN model is
+    never merged, served, chatted with or scored (models/finite.py)."""
+    bad = first_non_finite(model, trainable_only=False)
+    if bad is not None:
+        what = "the norm of its weights overflows" if bad == NORM_OVERFLOW else f"its weight {bad!r} is not finite"
+        raise ValueError(f"'{folder}': {what}, so the run that wrote it diverged; nothing is loaded from it. Use an "
+                         "earlier checkpoint's weights, or rerun the stage")
 
 
 def _require_adapters(folder: Path) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from typing import Any, Callable, Literal, Protocol, Sequence
 
@@ -42,6 +43,7 @@ from transformers import get_scheduler
 
 from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from agentic_rl.errors import RunStopped
+from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
 from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, load_latest_checkpoint, save_checkpoint
 from agentic_rl.training.common import fit_deepspeed_to_loop
 from agentic_rl.training.run_dir import RunDir
@@ -81,8 +83,9 @@ class LoopConfig(Config):
     """Seed for initialisation, data order and sampling."""
     output_dir: str = "runs/train"
     """Run directory (run.json, config.yaml, metrics.jsonl, tb/, checkpoints/, final/); created if
-    missing. Empty, a file, or a path that cannot be created is an error. A folder holds one run:
-    see `resume` for what a rerun into it does."""
+    missing, `~` expanded. Empty, a file, or a path that cannot be created is an error. A folder
+    holds one run at a time (a second launch into it is refused while the first runs): see
+    `resume` for what a rerun into it does."""
     checkpoint_every: NonNegativeInt = 0
     """Save a checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: PositiveInt = 2
@@ -109,6 +112,7 @@ class LoopConfig(Config):
         if not self.output_dir.strip():
             raise ValueError("train.output_dir is empty; set it to a folder for this run (e.g. runs/sft): an empty path "
                              "would write the run into the current directory")
+        self.output_dir = os.path.expanduser(self.output_dir)  # `~/runs/x`, not a folder named `~` in the cwd
 
 
 class NonFiniteError(RunStopped):
@@ -310,7 +314,7 @@ def _maybe_resume(objective, model, loop: LoopConfig, accelerator, run_dir: RunD
     if step > loop.steps:
         raise CheckpointError(f"{path} is at step {step}, beyond train.steps={loop.steps}; set train.steps >= {step} "
                               "to continue it, train.resume=false to start over, or choose another train.output_dir.")
-    bad = _first_non_finite(model, trainable_only=False)
+    bad = first_non_finite(model, trainable_only=False)
     if bad is not None:
         raise CheckpointError(f"{path} holds a non-finite weight ({bad!r}), though its checksums match: no finite run "
                               "writes one (the loop stops first). Delete that checkpoint to resume from an older one, "
@@ -327,27 +331,9 @@ def _require_finite(value: float, quantity: str, step: int) -> None:
 
 
 def _require_finite_weights(model: torch.nn.Module, step: int) -> None:
-    bad = _first_non_finite(model)
+    bad = first_non_finite(model)
     if bad is None:
         return
-    if bad == _NORM_OVERFLOW:  # finite, |w| ~ 1e19 in float32, but a diverged run all the same
+    if bad == NORM_OVERFLOW:  # finite, |w| ~ 1e19 in float32, but a diverged run all the same
         raise NonFiniteError(f"step {step + 1}: the weights' norm overflowed after the optimizer step")
     raise NonFiniteError(f"step {step + 1}: weight {bad!r} is not finite after the optimizer step")
-
-
-_NORM_OVERFLOW = "(the norm of the weights)"
-
-
-def _first_non_finite(model: torch.nn.Module, trainable_only: bool = True) -> str | None:
-    """The name of the first non-finite parameter, _NORM_OVERFLOW if only a norm overflows, else
-    None. One fused pass (a norm per tensor), then a scan only when something is wrong."""
-    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad or not trainable_only]
-    if not params:
-        return None
-    norms = torch._foreach_norm([p.detach() for _, p in params])  # one kernel per dtype/device group
-    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
-        return None
-    for name, param in params:
-        if not bool(torch.isfinite(param.detach()).all()):
-            return name
-    return _NORM_OVERFLOW

@@ -3,6 +3,7 @@
     runs/<name>/
       run.json           the command and config that made the run, and its result once finished
                          (training/run_record.py: the rule for reusing a folder)
+      run.lock           held by the running process: one run at a time (training/run_record.py)
       config.yaml        the config object actually used (never a hand-made copy)
       metrics.jsonl      one JSON object per logged step: {"step": k, "loss/total": ..., ...}, every key
                          defined in training/metric_keys.py;
@@ -15,19 +16,65 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agentic_rl.config import settings
+from agentic_rl.config import ConfigError, settings
 from agentic_rl.strict_json import dumps, loads_strict, write_json
 from agentic_rl.training.metric_keys import glossary_key
 
 RECORD = "run.json"
 """What made the run: {"command", "config", "finished"} (training/run_record.py)."""
+LOCK = "run.lock"
+"""The folder's lock file: {"pid", "host", "started"} of the process that holds it."""
+_HELD: dict[str, int] = {}
+"""Folders (real paths) this process holds locked -> the lock file's descriptor."""
+
+
+class RunFolderError(ConfigError):
+    """A run folder that cannot be used as asked; the message names it and the way on."""
+
+
+def lock_run_folder(folder: Path, key: str = "train.output_dir") -> None:
+    """Hold `folder`'s lock until `unlock_run_folder` or this process ends (an advisory flock: the
+    kernel drops it with its process, so a lock a dead run left is simply taken). A second holder is
+    refused, naming the first; a folder this process already holds (a run of it that stopped on an
+    error) is held on. The rule it serves: training/run_record.py."""
+    real = os.path.realpath(folder)
+    if real in _HELD:
+        return
+    handle = os.open(Path(folder) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(handle, 4096).decode("utf-8", "replace")
+        os.close(handle)
+        try:
+            who = json.loads(holder)
+            named = f"pid {who['pid']} on {who['host']}, started {who['started']}"
+        except (ValueError, KeyError, TypeError):
+            named = "a process that has not yet written its pid"
+        raise RunFolderError(f"{key}={folder} is in use by another run ({named}); wait for it to end, stop it, or "
+                             f"choose another {key}") from None
+    os.ftruncate(handle, 0)
+    os.write(handle, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
+    _HELD[real] = handle
+
+
+def unlock_run_folder(folder: Path) -> None:
+    """Release `folder`'s lock if this process holds it (the lock file stays: its next holder rewrites it)."""
+    handle = _HELD.pop(os.path.realpath(folder), None)
+    if handle is not None:
+        os.close(handle)  # closing the last descriptor drops the flock
 
 
 class RunDir:
@@ -88,13 +135,21 @@ class RunDir:
 
     def finish(self, step: int, result: dict[str, Any]) -> None:
         """Mark the run finished at `step` with `result` (what the trainer returns, JSON-ready), after
-        final/ is written: a rerun with the same config returns this instead of running again."""
+        final/ is written: a rerun with the same config returns this instead of running again. The
+        result's `final` is recorded relative to the folder, so a copied or moved folder names its own."""
         if self.enabled and self._record is not None:
+            if "final" in result:
+                final = Path(os.path.relpath(Path(result["final"]).resolve(), self.path.resolve()))
+                if final.parts[:1] == ("..",):
+                    raise ValueError(f"the run's result {result['final']} is outside its folder {self.path}")
+                result = {**result, "final": str(final)}
             write_json(self.path / RECORD, {**self._record, "finished": {"step": step, "result": result}})
 
     def close(self) -> None:
+        """End the run: TensorBoard flushed, the folder's lock released (training/run_record.py)."""
         if self._writer is not None:
             self._writer.close()
+        unlock_run_folder(self.path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -6,6 +6,10 @@ A run folder records what made it, in `run.json` (strict JSON, written before an
     {"command": "sft", "config": {...the resolved config...}, "finished": null}
     {"command": "sft", "config": {...}, "finished": {"step": 25, "result": {...}}}   after final/
 
+Its paths are relative to the folder (`"final": "final"`), so a copied or moved folder returns its
+own final/; a record whose result lies outside its folder, or that is not what a run writes (a
+hand edit, a truncation), stops the rerun naming the file and the way on.
+
 A rerun into the same `train.output_dir` with `train.resume: true` (the default):
 
     no record, no checkpoint       a new run
@@ -16,6 +20,11 @@ A rerun into the same `train.output_dir` with `train.resume: true` (the default)
     finished, same config          says so and returns the recorded result (config.yaml is left
                                    as it was); a larger train.steps trains on from the last step
     otherwise                      resumes from the newest intact checkpoint (training/loop.py)
+
+One run at a time: the folder is locked (`run.lock`, an advisory flock held by the main process)
+before its record is read, and released when the run ends or its process dies. A second launch
+into a folder in use stops at once, naming the holder's pid, host and start; a lock left by a
+process that died is free again (the kernel drops it with the process), so it is simply taken.
 
 `train.resume: false` starts over: the folder's previous run (run.json, config.yaml,
 metrics.jsonl, tb/, checkpoints/, final/) is deleted first, and the deletion is printed. A folder
@@ -36,10 +45,10 @@ from typing import Any
 
 import yaml
 
-from agentic_rl.config import ConfigError, settings
+from agentic_rl.config import settings
 from agentic_rl.strict_json import dumps, loads_strict
 from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, step_of
-from agentic_rl.training.run_dir import RECORD, RunDir
+from agentic_rl.training.run_dir import RECORD, RunDir, RunFolderError, lock_run_folder, unlock_run_folder
 
 LOOP_KEYS_WITHOUT_EFFECT = ("train.progress", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
                             "train.resume")
@@ -50,10 +59,6 @@ schedule then follows the new length from the resumed step on); one below the ne
 step is refused. train.output_dir: the folder may be named by another path or moved."""
 _SHOWN = 20  # differing keys listed in full; a folder of another kind of run differs in hundreds
 _PREVIOUS_RUN = (RECORD, "config.yaml", "metrics.jsonl", "tb", "checkpoints", "final")
-
-
-class RunFolderError(ConfigError):
-    """A run folder that cannot be used as asked; the message names it and the way on."""
 
 
 def usable_output_dir(path: str | Path, key: str = "train.output_dir") -> Path:
@@ -80,6 +85,8 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
     When the folder holds this same run, finished, `run_dir.finished` is its recorded result and
     nothing was written; the caller returns it."""
     folder = usable_output_dir(cfg.train.output_dir)
+    if process.is_main_process:
+        lock_run_folder(folder)  # before the record is read: a second launch stops here
     config = _json_ready(cfg)
     finished = None
     if cfg.train.resume:
@@ -91,6 +98,7 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
                       "train.resume=false to start over, or choose another train.output_dir.")
         run_dir = RunDir(folder, enabled=False)
         run_dir.finished = _restore_history(finished["result"])
+        unlock_run_folder(folder)
         return run_dir
     if not cfg.train.resume and process.is_main_process:
         _delete_previous_run(folder, process.print)
@@ -128,7 +136,15 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
     if finished is None or finished["step"] != steps:
         return None  # running, killed, or finished at fewer steps: the loop resumes
     final = finished["result"].get("final")
-    return finished if final is None or Path(final).exists() else None  # final/ deleted: resume re-exports it
+    if final is None:
+        return finished
+    inside = (folder / final).resolve()  # recorded relative to the folder; an older record's absolute path alike
+    if not inside.is_relative_to(folder.resolve()):
+        raise RunFolderError(f"{record['source']} names its result {final}, outside {folder}: a finished run's result is "
+                             "its own final/. Set train.resume=false to start over there, or choose another train.output_dir")
+    if not inside.exists():
+        return None  # final/ deleted: resume re-exports it
+    return {**finished, "result": {**finished["result"], "final": str(folder / final)}}
 
 
 def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
@@ -152,8 +168,10 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
     if path.exists():
         try:
             record = loads_strict(path.read_text())
-            return {"command": record["command"], "config": record["config"], "finished": record.get("finished"),
-                    "source": str(path)}
+            checked = {"command": record["command"], "config": record["config"], "finished": record.get("finished"),
+                       "source": str(path)}
+            _check_record(checked)
+            return checked
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RunFolderError(f"{path} cannot be read ({type(exc).__name__}: {exc}); set train.resume=false to start "
                                  "over in that folder, or choose another train.output_dir") from None
@@ -169,6 +187,21 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
         raise RunFolderError(f"{legacy} is not a run's config; choose another train.output_dir, or set "
                              "train.resume=false to start over there (it is deleted)")
     return {"command": None, "config": _json_ready(config), "finished": None, "source": str(legacy)}
+
+
+def _check_record(record: dict[str, Any]) -> None:
+    """TypeError naming the first field of a run.json record that is not what a run writes."""
+    if not isinstance(record["command"], str) or not isinstance(record["config"], dict):
+        raise TypeError("its command must be a string and its config an object")
+    finished = record["finished"]
+    if finished is None:
+        return
+    if not isinstance(finished, dict) or set(finished) != {"step", "result"}:
+        raise TypeError(f"its finished must be null or {{step, result}}, got {_show(finished)}")
+    if type(finished["step"]) is not int or finished["step"] < 0 or not isinstance(finished["result"], dict):
+        raise TypeError(f"its finished.step must be a whole number and finished.result an object, got {_show(finished)}")
+    if not isinstance(finished["result"].get("final", ""), str):
+        raise TypeError(f"its finished.result.final must be a path, got {_show(finished['result']['final'])}")
 
 
 def _delete_previous_run(folder: Path, log) -> None:
