@@ -134,3 +134,63 @@ def test_the_short_plan_pipeline_is_the_plan_pipeline_with_its_stated_changes():
     assert (short.sft.batch_size, short.sft.micro_batch_size) == (8, 4)
     assert (short.grpo.rollout.group_size, short.grpo.rollout.sampling.temperature, short.grpo.optim.lr,
             short.grpo.advantage.mode, short.grpo.env.options["progress_reward"]) == (4, 0.5, 3e-4, "turn_position", 0.1)
+
+
+# ---------------------------------------------------------------------- bounded parsing (issue 65)
+
+
+def test_extends_reads_regular_files_only(tmp_path):
+    """Guards against `extends: /dev/zero` reading until memory runs out."""
+    child = write(tmp_path / "child.yaml", "extends: /dev/zero\n")
+    with pytest.raises(ConfigError, match=r"child.yaml: 'extends': config file /dev/zero is not a regular file"):
+        load_config(Example, child)
+
+
+def test_a_config_file_over_the_size_cap_is_refused_unparsed(tmp_path):
+    """Guards against a multi-megabyte file being parsed (and held) whole."""
+    from agentic_rl.config import MAX_CONFIG_BYTES
+
+    big = write(tmp_path / "big.yaml", "tags: [" + "a, " * (MAX_CONFIG_BYTES // 3 + 1) + "]\n")
+    with pytest.raises(ConfigError, match=rf"big.yaml is larger than {MAX_CONFIG_BYTES} bytes"):
+        load_config(Example, big)
+
+
+def test_a_yaml_alias_bomb_stops_at_the_value_bound(tmp_path):
+    """Guards against nine levels of nine aliases (9^9 values once expanded) exhausting memory."""
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = write(tmp_path / "bomb.yaml", "\n".join(levels) + "\n")
+    with pytest.raises(ConfigError, match=r"bomb.yaml: holds more than 100000 values once its aliases"):
+        load_config(Example, bomb)
+    flow = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    with pytest.raises(ConfigError, match=r"override 'tags=\[&a0 .*: holds more than 100000 values"):  # --set: the same bound
+        load_config(Example, None, overrides=[f"tags=[{', '.join(flow)}]"])
+
+
+def test_yaml_nested_beyond_the_depth_bound_is_an_error_not_a_recursion_error(tmp_path):
+    """Guards against 20,000 nested lists ending in a raw RecursionError."""
+    deep = write(tmp_path / "deep.yaml", "tags: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(ConfigError, match=r"deep.yaml: nested deeper than 100 levels"):
+        load_config(Example, deep)
+
+
+def test_files_whose_sections_extend_the_next_twice_over_stop_at_the_bound(tmp_path):
+    """Guards against 25 files, each with two sections extending the next, never finishing (2^24 copies)."""
+    import time
+
+    for i in range(25):
+        write(tmp_path / f"f{i}.yaml", "steps: 1\n" if i == 24 else f"sft: {{extends: f{i + 1}.yaml}}\ngrpo: {{extends: f{i + 1}.yaml}}\n")
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"more than 100000 values once its `extends` are expanded"):
+        load_config(Example, tmp_path / "f0.yaml")
+    assert time.perf_counter() - started < 30
+
+
+@pytest.mark.parametrize("flag, pair", [("--option", "difficulty=[1,"), ("--arg", "expression=[1,")])
+def test_a_flag_value_that_is_not_yaml_names_the_flag(flag, pair, capsys):
+    """Guards against `--option 'difficulty=[1,'` and `--arg 'expression=[1,'` ending in a raw YAML traceback."""
+    from agentic_rl import cli
+
+    argv = ["envs", "oracle", "arith", "--n", "1", "--option", pair] if flag == "--option" else ["tools", "run", "calculator", "--arg", pair]
+    assert cli.main(argv) == 2
+    assert f"error: {flag} '{pair}': its value is not YAML" in capsys.readouterr().err

@@ -192,8 +192,42 @@ def test_a_plugin_that_fails_to_import_stops_the_command_naming_it_and_the_error
     broken.write_text("import dataclasses\nimport no_such_package_for_tasks\n")
     done = _cli("envs", "list", "--plugin", str(broken))
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"error: plugin '{broken}' failed to import: ModuleNotFoundError: No module named "
-                                   f"'no_such_package_for_tasks' (at {broken}:2)")
+    assert done.stderr.strip().splitlines() == [
+        f"plugin {broken}: importing {broken} (named by --plugin)",
+        f"error: plugin '{broken}' failed to import: ModuleNotFoundError: No module named 'no_such_package_for_tasks' "
+        f"(at {broken}:2)"]
+
+
+def test_a_plugin_inherited_through_extends_is_announced_with_its_file_and_the_configs_that_named_it(tmp_path, capsys):
+    """Guards against a `plugins:` entry in a base file running a .py file the user never opened, with
+    nothing printed."""
+    from agentic_rl.config import load_config
+    from agentic_rl.evaluation.config import EvalCommandConfig
+
+    plugin = tmp_path / "inherited_plugin.py"
+    plugin.write_text("RAN = True\n")
+    (tmp_path / "base.yaml").write_text(f"plugins: [{plugin}]\n")
+    (tmp_path / "mine.yaml").write_text("extends: base.yaml\nmodel: tiny-qwen3\n")
+    load_config(EvalCommandConfig, tmp_path / "mine.yaml")
+    assert sys.modules["inherited_plugin"].RAN
+    assert (f"plugin {plugin}: importing {plugin} (named by {tmp_path / 'mine.yaml'}, extending "
+            f"{(tmp_path / 'base.yaml').resolve()})") in capsys.readouterr().err
+
+
+def test_a_plugin_that_exits_on_import_is_an_error_naming_it_not_a_success(tmp_path):
+    """Guards against a plugin's sys.exit(0) on import making the command exit 0 having done nothing."""
+    quitter = tmp_path / "quitter.py"
+    quitter.write_text("import sys\nsys.exit(0)\n")
+    done = _cli("envs", "oracle", "arith", "--n", "2", "--plugin", str(quitter))
+    assert done.returncode == 2
+    assert f"error: plugin '{quitter}' called sys.exit(0) while it was imported" in done.stderr
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_envs_oracle_refuses_fewer_than_one_task(n):
+    """Guards against `envs oracle arith --n 0` reporting accuracy 0.0 and exiting 1, as if the oracle had failed."""
+    done = _cli("envs", "oracle", "arith", "--n", n)
+    assert done.returncode == 2 and f"argument --n: {n} tasks: give at least 1" in done.stderr
 
 
 def test_a_missing_plugin_file_or_module_is_named(tmp_path):

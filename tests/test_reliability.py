@@ -344,6 +344,34 @@ def test_eval_json_and_the_final_model_record_are_strict_json(tmp_path, capsys, 
     assert loads_strict((final / "agentic_rl_model.json").read_text()) == {"kind": "full", "base": "tiny-qwen3"}
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "folder"])
+def test_an_output_path_that_is_not_a_regular_file_is_refused_and_left_as_it_was(tmp_path, capsys, kind):
+    """Guards against the atomic rename replacing what the path points at: `eval --out /dev/full`
+    (as root) replaced the host's /dev/full with a JSON file; a FIFO or a symlink was replaced by
+    a file likewise. A FIFO and a symlink stand in for the device node (same code path, no root)."""
+    import os
+
+    from agentic_rl.strict_json import write_json
+
+    target = tmp_path / "out.json"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text("keep\n")
+        target.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        target.mkdir()
+    expected = {"fifo": "is a FIFO", "symlink": "is a symbolic link (to ", "folder": "is a folder"}[kind]
+    with pytest.raises(ValueError, match=re.escape(f"'{target}' {expected}")):
+        write_json(target, {"a": 1})
+    if kind != "folder":  # a folder is eval's own earlier check ("give a file name")
+        assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "1", "--out", str(target)]) == 2
+        assert f"'{target}' {expected}" in capsys.readouterr().err
+    assert target.is_fifo() if kind == "fifo" else target.is_symlink() if kind == "symlink" else target.is_dir()
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere.json").read_text() == "keep\n"
+
+
 def test_no_module_writes_json_except_through_the_strict_writer():
     """Guards against a new call site bypassing strict_json (json.dump to a file, or
     write_text(json.dumps(...)) / print(json.dumps(...)))."""

@@ -73,7 +73,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
     from agentic_rl.tools.base import ToolError, get_tool
 
     tool = get_tool(args.tool)
-    arguments = parse_options(args.arg)
+    arguments = parse_options(args.arg, flag="--arg")
     if args.expression is not None:
         arguments["expression"] = args.expression
     if args.code is not None:
@@ -134,15 +134,33 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    """argparse type of a count: a whole number >= 1 (`envs oracle --n 0` reported accuracy 0.0 and
+    exited 1, as if the oracle had failed)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} tasks: give at least 1")
+    return value
+
+
 def _prepare_out(out: str, folder: bool = False) -> None:
     """`--out`: its missing parent folders are created (eval's --out FILE; merge's --out FOLDER);
     a folder where a file goes, a file where a folder goes, or a path under a file is a ValueError
     naming it (eval raised a raw traceback after the whole evaluation; merge "succeeded", writing nothing)."""
     from pathlib import Path
 
+    from agentic_rl.strict_json import require_file_path
+
     path = Path(out)
     if not folder and path.is_dir():
         raise ValueError(f"--out '{out}' is a folder; give a file name, e.g. --out {path / 'eval.json'}")
+    if not folder:
+        require_file_path(path)  # before the evaluation, not after it: a device node, FIFO or symlink is refused
     if folder and path.exists() and not path.is_dir():
         raise ValueError(f"--out '{out}' is a file; merge writes a model folder: give a folder path")
     try:
@@ -292,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_envs_list)
     p = envs.add_parser("oracle", help="run the oracle policy through the environment API; last line is a JSON summary")
     p.add_argument("env", help="environment name (see `agentic-rl envs list`)")
-    p.add_argument("--n", type=int, default=50, help="number of tasks")
+    p.add_argument("--n", type=_at_least_one, default=50, help="number of tasks (at least 1)")
     p.add_argument("--split", default="test", choices=["train", "test"], help="task split")
     p.add_argument("--seed", type=int, default=0, help="task seed")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable (e.g. difficulty=3)")

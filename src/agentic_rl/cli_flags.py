@@ -9,16 +9,25 @@ import argparse
 from typing import Any
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """`--option key=value` pairs -> {key: the value read as YAML}."""
+def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, Any]:
+    """`--option key=value` pairs (or `--arg`'s) -> {key: the value read as YAML, as a config
+    value is}; a value that is not YAML is a ValueError naming the flag and the pair."""
     import yaml
+
+    from agentic_rl.config import ConfigBoundError, load_yaml
+    from agentic_rl.errors import quoted
 
     options: dict[str, Any] = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise SystemExit(f"error: option '{pair}' must look like key=value")
         key, raw = pair.split("=", 1)
-        options[key] = yaml.safe_load(raw)
+        try:
+            options[key] = load_yaml(raw)
+        except (yaml.YAMLError, ConfigBoundError) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"{flag} {quoted(pair)}: its value is not YAML ({problem}); quote a string, e.g. "
+                             f"{flag} '{key}=\"{raw}\"'") from None
     return options
 
 

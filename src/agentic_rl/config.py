@@ -185,16 +185,39 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     return from_dict(cls, data, prefix="", source=source)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this (1 MiB) is refused: configs are a few kilobytes."""
+MAX_CONFIG_VALUES = 100_000
+"""Values (scalars, lists, mappings) a config may hold once its YAML aliases and `extends` are
+expanded; the largest shipped config holds a few hundred. An alias bomb or a chain of files that
+extend the next twice over stops here, before it fills memory."""
+MAX_CONFIG_DEPTH = 100
+"""Nesting a config may have (the deepest shipped one: 6)."""
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping a YAML config file holds (an empty file is {}), strictly parsed (no repeated keys)."""
+    """The mapping a YAML config file holds (an empty file is {}), strictly parsed (no repeated keys),
+    within the bounds above; a path that is not a regular file (`/dev/zero`, a FIFO) is refused unread."""
+    file = Path(path)
+    if file.exists() and not file.is_file():
+        raise ConfigError(f"config file {path} is not a regular file; give the path of a YAML file")
     try:
-        text = Path(path).read_text()
+        with open(file, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes")
     try:
-        loaded = _load_yaml(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        loaded = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    except ConfigBoundError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -211,10 +234,11 @@ def _import_plugins(cls: type, data: dict[str, Any], extra: list[str], source: s
         raise ConfigError(f"{cls.__name__} has no plugins key: this command loads no plugins")
     if not has_plugins:
         return  # a `plugins` key is then an unknown key, which from_dict names
+    own = _coerce(list[str], data["plugins"], "plugins", source) if "plugins" in data else []
+    load_plugins(own, named_by=source)
+    load_plugins(extra)
     if extra:
-        data["plugins"] = [*_coerce(list[str], data.get("plugins") or [], "plugins", source), *extra]
-    if "plugins" in data:
-        load_plugins(_coerce(list[str], data["plugins"], "plugins", source))
+        data["plugins"] = [*own, *extra]
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -245,8 +269,37 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+class ConfigBoundError(ValueError):
+    """YAML beyond MAX_CONFIG_VALUES or MAX_CONFIG_DEPTH; the caller names where it came from."""
+
+
+def load_yaml(text: str) -> Any:
+    """`text` as YAML, strictly (no repeated key) and within the config bounds (ConfigBoundError)."""
+    try:
+        value = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigBoundError(f"nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+    check_config_bounds(value)
+    return value
+
+
+def check_config_bounds(value: Any) -> None:
+    """ConfigBoundError when `value`, its aliases expanded (each use counted: YAML shares the object),
+    holds more than MAX_CONFIG_VALUES values or nests deeper than MAX_CONFIG_DEPTH. Iterative and
+    stopping at the bound, so an alias bomb costs at most MAX_CONFIG_VALUES steps."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigBoundError(f"holds more than {MAX_CONFIG_VALUES} values once its aliases and `extends` are "
+                                   "expanded (a YAML alias bomb?); a config holds a few hundred")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigBoundError(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if isinstance(node, dict):
+            stack.extend((item, depth + 1) for pair in node.items() for item in pair)
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
 
 
 def _shown(override: str) -> str:
@@ -259,9 +312,9 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {quoted(override)} must look like key.subkey=value")
     key, raw = override.split("=", 1)
     try:
-        value = _load_yaml(raw) if raw.strip() else ""
-    except DuplicateKeyError as exc:
-        raise ConfigError(f"override {quoted(override)}: {exc}") from exc
+        value = load_yaml(raw) if raw.strip() else ""
+    except (DuplicateKeyError, ConfigBoundError) as exc:
+        raise ConfigError(f"override {_shown(override)}: {exc}") from exc
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")

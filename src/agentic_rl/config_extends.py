@@ -24,10 +24,11 @@ used or rejected, and a run records the config it used in full (`config.yaml`), 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.config import ConfigError, read_config_file
+from agentic_rl.config import MAX_CONFIG_VALUES, ConfigError, read_config_file
 from agentic_rl.errors import quoted
 
 EXTENDS = "extends"
@@ -36,10 +37,23 @@ EXTENDS = "extends"
 
 def resolve_extends(data: dict[str, Any], path: str | Path) -> tuple[dict[str, Any], list[Path]]:
     """`data` (the mapping read from `path`) with every `extends` replaced by the file it names, and
-    the files it read that way, in the order read (for error messages: a key may come from any)."""
+    the files it read that way, in the order read (for error messages: a key may come from any).
+
+    Each file is read once however often it is extended, and the whole expansion counts against
+    MAX_CONFIG_VALUES as it is built: 25 files whose two sections each extend the next expand to
+    2^24 copies, and stop at the bound instead of never finishing."""
     here = Path(path).resolve()
     read: list[Path] = []
-    return _resolve(data, here, (here,), "", read), read
+    state = _Expansion(files={}, values=0)
+    return _resolve(data, here, (here,), "", read, state), read
+
+
+@dataclasses.dataclass
+class _Expansion:
+    files: dict[Path, dict[str, Any]]
+    """Each file read, by resolved path: read once per load."""
+    values: int
+    """Values built so far, against MAX_CONFIG_VALUES."""
 
 
 def refuse_extends(data: Any, source: str, prefix: str = "") -> None:
@@ -55,14 +69,18 @@ def refuse_extends(data: Any, source: str, prefix: str = "") -> None:
             refuse_extends(value, source, _key(prefix, key))
 
 
-def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: list[Path]) -> Any:
+def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: list[Path], state: _Expansion) -> Any:
     """`node` from file `here` with its `extends` keys resolved; `chain` is the files being extended,
     and each file read is appended to `read`."""
+    state.values += 1
+    if state.values > MAX_CONFIG_VALUES:
+        raise ConfigError(f"{here}: the config holds more than {MAX_CONFIG_VALUES} values once its `extends` are "
+                          f"expanded (at '{prefix}'); do sections extend files that extend others several times over?")
     if isinstance(node, list):
-        return [_resolve(item, here, chain, f"{prefix}[{index}]", read) for index, item in enumerate(node)]
+        return [_resolve(item, here, chain, f"{prefix}[{index}]", read, state) for index, item in enumerate(node)]
     if not isinstance(node, dict):
         return node
-    own = {key: _resolve(value, here, chain, _key(prefix, key), read) for key, value in node.items() if key != EXTENDS}
+    own = {key: _resolve(value, here, chain, _key(prefix, key), read, state) for key, value in node.items() if key != EXTENDS}
     if EXTENDS not in node:
         return own
     where = f"{here}: '{_key(prefix, EXTENDS)}'"
@@ -73,12 +91,13 @@ def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: 
     if other in chain:
         raise ConfigError(f"{where}: {target} extends itself: {' -> '.join(map(str, (*chain, other)))}; "
                           "remove one `extends` of the chain")
-    try:
-        base = read_config_file(other)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    read.append(other)
-    return _merge(_resolve(base, other, (*chain, other), "", read), own)
+    if other not in state.files:
+        try:
+            state.files[other] = read_config_file(other)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        read.append(other)
+    return _merge(_resolve(state.files[other], other, (*chain, other), "", read, state), own)
 
 
 def _merge(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

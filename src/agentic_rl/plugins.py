@@ -58,20 +58,44 @@ class PluginsConfig(Config):
     before the rest of the config is read, in every process of the run (`--plugin` appends one)."""
 
 
-def load_plugins(specs: Sequence[str]) -> None:
-    """Import each plugin of `specs` (module names or .py paths), once per process, in order."""
+def load_plugins(specs: Sequence[str], named_by: str = "--plugin") -> None:
+    """Import each plugin of `specs` (module names or .py paths), once per process, in order. Each
+    is announced on stderr first, with the file it runs and `named_by` (the config file, and the
+    files it extends, that listed it): a plugin inherited through `extends:` runs code from a file
+    the user may never have opened."""
     if not specs:
         return
     _load_registries()  # built-ins and entry points first: a plugin that reuses a name is the one named second
     for spec in specs:
         if not isinstance(spec, str) or not spec.strip():
             raise PluginError(f"plugin {spec!r} must be a module name or the path of a .py file")
+        if spec not in _ANNOUNCED:
+            print(f"plugin {spec}: importing {_plugin_file(spec)} (named by {named_by})", file=sys.stderr, flush=True)
+            _ANNOUNCED.add(spec)
         try:
             _import_plugin(spec)
         except PluginError:
             raise
+        except SystemExit as exc:  # sys.exit() on import: the command would exit 0, having done nothing
+            raise PluginError(f"plugin '{spec}' called sys.exit({exc.code!r}) while it was imported; a plugin registers "
+                              "envs, tools and rewards, and must not end the command") from None
         except Exception as exc:  # SyntaxError, ImportError, or whatever the plugin's own code raised
             raise PluginError(f"plugin '{spec}' failed to import: {_describe(exc)}") from exc
+
+
+_ANNOUNCED: set[str] = set()
+"""Plugins already announced in this process (a pipeline stage reloads the config's list)."""
+
+
+def _plugin_file(spec: str) -> str:
+    """The file importing `spec` runs, found without running it ('not found': the import then says why)."""
+    if spec.endswith(".py") or "/" in spec:
+        return str(Path(spec).expanduser().resolve())
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        found = None
+    return str(found.origin) if found is not None and found.origin else "(not found)"
 
 
 def _import_plugin(spec: str) -> None:

@@ -46,12 +46,29 @@ def dumps(value: Any, indent: int | None = None) -> str:
 
 
 def write_json(path: str | Path, value: Any, indent: int | None = 1) -> Path:
-    """Write `value` to `path` atomically (a temporary file, then os.replace)."""
-    path = Path(path)
+    """Write `value` to `path` atomically (a temporary file, then os.replace). A `path` that exists
+    and is not a regular file is refused (`require_file_path`): the rename would replace it."""
+    path = require_file_path(path)
     staging = path.with_name(f".{path.name}.tmp")
     staging.write_text(dumps(value, indent=indent) + "\n")
     os.replace(staging, path)
     return path
+
+
+def require_file_path(path: str | Path) -> Path:
+    """`path` as a Path, if writing a file there replaces nothing but a regular file; else a
+    ValueError naming it and what it is. An atomic write renames over its target: onto a device
+    node (as root, `--out /dev/full` replaced the host's /dev/full), a FIFO or a symlink it would
+    replace the node or the link itself, silently."""
+    path = Path(path)
+    if path.is_symlink():
+        kind = f"a symbolic link (to {os.readlink(path)})"
+    elif not path.exists() or path.is_file():
+        return path
+    else:
+        kind = "a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a socket" if path.is_socket() else "a device node"
+    raise ValueError(f"'{path}' is {kind}, and agentic-rl writes a regular file there, which would replace it: give the "
+                     "path of a regular file (or of none yet)")
 
 
 def _reject_constant(name: str) -> Any:
