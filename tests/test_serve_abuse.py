@@ -188,3 +188,38 @@ def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_toke
         assert time.monotonic() - started < 0.5, "the event loop waited for the slow request's parsing"
         slow.join()
         assert replies[0].choices[0].message.content == "It is 24."
+
+
+def test_a_request_that_breaks_its_engine_batch_fails_alone(qwen3_tokenizer):
+    """Guards against one bad request failing every request batched with it: a lone surrogate in a
+    message (the chat format cannot encode it) made its whole engine batch raise, and every good
+    request in it got a 500 too. The batch is run again one request at a time."""
+    from helpers_serve import LIMITS, ScriptRunner
+
+    from agentic_rl.envs.base import Task
+    from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.rollout.backend import RunnerBackend
+    from agentic_rl.rollout.engine import EpisodeOptions, RolloutEngine
+    from agentic_rl.rollout.sampling import SamplingParams
+    from agentic_rl.serving.batcher import EngineWorker
+    from agentic_rl.serving.episodes import ClientToolsEnv
+
+    chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
+    script = qwen3_tokenizer("It is 24.<|im_end|>", add_special_tokens=False)["input_ids"]
+    engine = RolloutEngine(RunnerBackend(ScriptRunner([script], len(qwen3_tokenizer)), chat_format), chat_format,
+                           qwen3_tokenizer, LIMITS, SamplingParams(temperature=1.0))
+    worker = EngineWorker(engine, max_concurrent=4, batch_window_s=1.0)  # both submissions land in one batch
+    try:
+        contents = {"good": "What is 48/2?", "bad": "a\ud800b", "also good": "And 50/2?"}
+        futures = {name: worker.submit(ClientToolsEnv([{"role": "user", "content": text}], []), Task(name, text, ""),
+                                       EpisodeOptions(sampling=SamplingParams(temperature=1.0, seed=1)))
+                   for name, text in contents.items()}
+        for name in ("good", "also good"):
+            trajectory = futures[name].result(timeout=120)
+            reply = [token for token, mask in zip(trajectory.input_ids, trajectory.loss_mask) if mask]
+            assert qwen3_tokenizer.decode(reply) == "It is 24.<|im_end|>"
+        with pytest.raises(TypeError, match="TextEncodeInput"):  # the tokenizer's own error; a 400 naming the field is item 4's
+            futures["bad"].result(timeout=120)
+        assert worker.batch_sizes[0] == 3  # they did share the batch that failed
+    finally:
+        worker.stop()

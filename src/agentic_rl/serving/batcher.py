@@ -82,14 +82,20 @@ class EngineWorker:
             self._run(batch)
 
     def _run(self, batch: list[_Job]) -> None:
+        """Run `batch` as one engine batch. When it raises, each of its requests runs again alone, so
+        the one that raised (a message the chat format cannot encode, a tool that breaks) fails alone
+        and the others get their answers: one bad request never fails the batch it shared."""
         self.batch_sizes.append(len(batch))
         try:
             # Every served episode has its own sampling (and seed), so the run's seed is never drawn from.
             trajectories = self.engine.run([job.env for job in batch], [job.task for job in batch], seed=0,
                                            options=[job.options for job in batch])
         except BaseException as exc:  # noqa: BLE001 - the requests fail (500), the server goes on
-            for job in batch:
-                job.future.set_exception(exc)
+            if len(batch) > 1:
+                for job in batch:
+                    self._run([job])
+                return
+            batch[0].future.set_exception(exc)
             return
         for job, trajectory in zip(batch, trajectories):
             job.future.set_result(trajectory)
