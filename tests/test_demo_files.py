@@ -135,3 +135,19 @@ def test_a_demonstration_longer_than_the_models_context_is_refused(tmp_path):
                                         r"\(the model's context, max_position_embeddings=4096\)"):
         build_demos([DemoSource(kind="jsonl", path=str(path))], tokenizer, 0, context=context_length(policy))
     assert len(build_demos([DemoSource(kind="jsonl", path=str(path), max_tokens=None)], tokenizer, 0, context=None)) == 2
+
+
+def test_a_message_with_a_repeated_key_is_refused_naming_the_key(tmp_path, chat_format):
+    """Guards against a demonstration message with "role" twice keeping the last one silently."""
+    path = tmp_path / "demos.jsonl"
+    line = json.dumps(GOOD).replace('{"role": "user", ', '{"role": "assistant", "role": "user", ', 1)
+    path.write_text(json.dumps(GOOD) + "\n" + line + "\n")
+    with pytest.raises(DemoError, match=rf"^{re.escape(str(path))}:2: not valid JSON \(the key 'role' appears twice in one object"):
+        load_jsonl_demos(path, chat_format)
+
+
+def test_text_that_is_not_unicode_is_refused_naming_the_line_and_field(tmp_path, chat_format):
+    """Guards against a lone surrogate in a demonstration ending in the tokenizer's raw TypeError."""
+    message = _refused(tmp_path, chat_format, {"messages": _messages((0, {"role": "user", "content": "a\ud800b"}))},
+                       r"messages\[0\]\.content holds a lone surrogate")
+    assert "fix the text there" in message

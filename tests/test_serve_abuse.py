@@ -193,7 +193,8 @@ def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_toke
 def test_a_request_that_breaks_its_engine_batch_fails_alone(qwen3_tokenizer):
     """Guards against one bad request failing every request batched with it: a lone surrogate in a
     message (the chat format cannot encode it) made its whole engine batch raise, and every good
-    request in it got a 500 too. The batch is run again one request at a time."""
+    request in it got a 500 too. The batch is run again one request at a time. (The server now
+    refuses that text when it parses the body; this is the guard for whatever else raises.)"""
     from helpers_serve import LIMITS, ScriptRunner
 
     from agentic_rl.envs.base import Task
@@ -218,8 +219,26 @@ def test_a_request_that_breaks_its_engine_batch_fails_alone(qwen3_tokenizer):
             trajectory = futures[name].result(timeout=120)
             reply = [token for token, mask in zip(trajectory.input_ids, trajectory.loss_mask) if mask]
             assert qwen3_tokenizer.decode(reply) == "It is 24.<|im_end|>"
-        with pytest.raises(TypeError, match="TextEncodeInput"):  # the tokenizer's own error; a 400 naming the field is item 4's
+        with pytest.raises(TypeError, match="TextEncodeInput"):  # the tokenizer's own error, raised in the engine
             futures["bad"].result(timeout=120)
         assert worker.batch_sizes[0] == 3  # they did share the batch that failed
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("body, message, param", [
+    ('{"model": "scripted", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+     "the request body: messages[0].content holds a lone surrogate", "messages[0].content"),
+    ('{"model": "scripted", "messages": [{"role": "assistant", "role": "user", "content": "hi"}]}',
+     "the request body is not valid JSON: the key 'role' appears twice in one object", None)])
+def test_a_body_with_text_that_is_not_unicode_or_a_repeated_key_is_a_400_naming_it(qwen3_tokenizer, body, message, param):
+    """Guards against a lone surrogate being a 500 (the tokenizer's TypeError) and a repeated key
+    keeping its last value silently (the message's role decided by whichever came last)."""
+    with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
+        request = urllib.request.Request(f"{client.base_url}chat/completions", data=body.encode(),
+                                         headers={"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request)
+        assert caught.value.code == 400
+        error = json.load(caught.value)["error"]
+        assert error["message"].startswith(message) and error["param"] == param, error

@@ -80,6 +80,59 @@ def loads_strict(text: str) -> Any:
     return json.loads(text, parse_constant=_reject_constant)
 
 
+def loads_data(text: str | bytes) -> Any:
+    """JSON from outside (a demonstration line, a request body) as data that stays data: a key
+    repeated in one object is a ValueError (readers disagree on which value counts, and the
+    record's `role` must not be decided by the last one), and so is text that is not Unicode (a
+    lone surrogate, `"a\\ud800b"`: no tokenizer can encode it), naming where it is."""
+    value = json.loads(text, object_pairs_hook=_without_repeated_keys)
+    where = first_unencodable(value)
+    if where is not None:
+        raise NotUnicodeError(where)
+    return value
+
+
+class NotUnicodeError(ValueError):
+    """A string of parsed JSON that is not Unicode text; `where` is its path (`messages[0].content`)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"{where or 'the value'} holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
+        self.where = where
+
+
+def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice in one object; keep one")
+        out[key] = value
+    return out
+
+
+def first_unencodable(value: Any) -> str | None:
+    """The path (`messages[0].content`) of the first string or key in `value` that UTF-8 cannot
+    encode, "" for `value` itself, or None. Iterative: no recursion limit."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_path = f"{path}.{key}" if path else str(key)
+                try:
+                    str(key).encode("utf-8")
+                except UnicodeEncodeError:
+                    return child_path.encode("utf-8", "backslashreplace").decode()
+                stack.append((child, child_path))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{index}]") for index, child in enumerate(item))
+    return None
+
+
 def read_json(path: str | Path, fix: str) -> Any:
     """The JSON value in the file `path`; a ValueError naming the file, the line and column, and
     `fix` (what the user can do) when it is not UTF-8 JSON. For the toolkit's own records

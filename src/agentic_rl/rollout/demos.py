@@ -36,6 +36,7 @@ from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.demo_schema import DemoError, check_demo_record
 from agentic_rl.rollout.trajectory import Span, Trajectory
+from agentic_rl.strict_json import NotUnicodeError, loads_data
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, assistant_turn_text
 
 
@@ -159,8 +160,10 @@ def load_jsonl_demos(path: str | Path, chat_format: ChatFormat, max_tokens: int 
             continue
         where = f"{path}:{line_number}"
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # also: too deeply nested, integers too long
+            record = loads_data(line)  # a repeated key or a lone surrogate: named with the file and line
+        except NotUnicodeError as exc:
+            raise DemoError(f"{where}: {exc}; fix the text there") from None
+        except (ValueError, RecursionError) as exc:  # also: a repeated key, too deeply nested, integers too long
             message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
             raise DemoError(f"{where}: not valid JSON ({message}); each line must be one JSON object") from None
         check_demo_record(record, where)

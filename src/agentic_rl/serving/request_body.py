@@ -16,13 +16,13 @@ serving/connections.py; the bound on requests in flight is in server.py.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from starlette.requests import Request
 
 from agentic_rl.serving.config import HTTPLimits
 from agentic_rl.serving.openai_api import APIError, ChatRequest, parse_chat_request
+from agentic_rl.strict_json import NotUnicodeError, loads_data
 
 
 async def read_body(request: Request, limits: HTTPLimits) -> bytes:
@@ -57,9 +57,11 @@ def decode_chat_request(raw: bytes, model_id: str, rollout_limits: Any, agent_mo
 def parse_json(raw: bytes | str, max_depth: int, what: str = "the request body", param: str | None = None) -> Any:
     """`raw` as JSON nested at most `max_depth` levels, or an APIError 400 naming `what` (and the field `param`)."""
     try:
-        value = json.loads(raw)
+        value = loads_data(raw)  # a repeated key or a lone surrogate is a 400 naming where it is
     except RecursionError:
         raise _too_deep(what, "about a thousand", max_depth, param) from None
+    except NotUnicodeError as exc:
+        raise APIError(400, f"{what}: {exc}", param or exc.where or None) from None
     except ValueError as exc:  # UnicodeDecodeError is one
         raise APIError(400, f"{what} is not valid JSON: {exc}", param) from None
     depth = json_depth(value)
