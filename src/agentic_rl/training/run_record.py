@@ -90,7 +90,11 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
     config = _json_ready(cfg)
     finished = None
     if cfg.train.resume:
-        finished = _check_previous(folder, command, config, cfg.train.steps, defaults=_json_ready(type(cfg)()))
+        try:
+            finished = _check_previous(folder, command, config, cfg.train.steps, defaults=_json_ready(type(cfg)()))
+        except BaseException:
+            unlock_run_folder(folder)  # refused: the folder is free for the rerun the message suggests
+            raise
     process.wait_for_everyone()  # every rank has read the old record before the main one replaces it
     if finished is not None:
         process.print(f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
