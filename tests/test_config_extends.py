@@ -148,7 +148,7 @@ def test_extends_reads_regular_files_only(tmp_path):
 
 def test_a_config_file_over_the_size_cap_is_refused_unparsed(tmp_path):
     """Guards against a multi-megabyte file being parsed (and held) whole."""
-    from agentic_rl.config import MAX_CONFIG_BYTES
+    from agentic_rl.config_yaml import MAX_CONFIG_BYTES
 
     big = write(tmp_path / "big.yaml", "tags: [" + "a, " * (MAX_CONFIG_BYTES // 3 + 1) + "]\n")
     with pytest.raises(ConfigError, match=rf"big.yaml is larger than {MAX_CONFIG_BYTES} bytes"):

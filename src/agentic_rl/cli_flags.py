@@ -14,7 +14,7 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, 
     value is}; a value that is not YAML is a ValueError naming the flag and the pair."""
     import yaml
 
-    from agentic_rl.config import ConfigBoundError, load_yaml
+    from agentic_rl.config_yaml import ConfigBoundError, load_yaml
     from agentic_rl.errors import quoted
 
     options: dict[str, Any] = {}

@@ -28,7 +28,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.config import MAX_CONFIG_VALUES, ConfigError, read_config_file
+from agentic_rl.config import ConfigError, read_config_file
+from agentic_rl.config_yaml import MAX_CONFIG_VALUES
 from agentic_rl.errors import quoted
 
 EXTENDS = "extends"

@@ -1,0 +1,81 @@
+"""Reading YAML for configs: strictly (a repeated key is an error, never the last value silently)
+and within bounds (size, values once aliases are expanded, depth), so a hostile or broken file
+stops with an error instead of exhausting memory or the recursion limit. `config.read_config_file`
+reads files through it, `--set`/`--option`/`--arg` values too, and `config_extends` counts its
+expansion against the same bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file larger than this (1 MiB) is refused: configs are a few kilobytes."""
+MAX_CONFIG_VALUES = 100_000
+"""Values (scalars, lists, mappings) a config may hold once its YAML aliases and `extends` are
+expanded; the largest shipped config holds a few hundred. An alias bomb or a chain of files that
+extend the next twice over stops here, before it fills memory."""
+MAX_CONFIG_DEPTH = 100
+"""Nesting a config may have (the deepest shipped one: 6)."""
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping repeats a key; plain YAML would silently keep the last value."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a repeated key in a mapping, naming the key and lines."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` merges may be overridden by explicit keys, by design
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            if key in first_line:
+                raise DuplicateKeyError(f"duplicate key {key!r} at line {line} (first at line {first_line[key]}); "
+                                        "YAML would keep only the last value: remove one of them")
+            first_line[key] = line
+        except TypeError:  # an unhashable key: construct_mapping below reports it
+            break
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
+
+
+class ConfigBoundError(ValueError):
+    """YAML beyond MAX_CONFIG_VALUES or MAX_CONFIG_DEPTH; the caller names where it came from."""
+
+
+def load_yaml(text: str) -> Any:
+    """`text` as YAML, strictly (no repeated key) and within the config bounds (ConfigBoundError)."""
+    try:
+        value = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML composes nested nodes recursively
+        raise ConfigBoundError(f"nested deeper than {MAX_CONFIG_DEPTH} levels") from None
+    check_config_bounds(value)
+    return value
+
+
+def check_config_bounds(value: Any) -> None:
+    """ConfigBoundError when `value`, its aliases expanded (each use counted: YAML shares the object),
+    holds more than MAX_CONFIG_VALUES values or nests deeper than MAX_CONFIG_DEPTH. Iterative and
+    stopping at the bound, so an alias bomb costs at most MAX_CONFIG_VALUES steps."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigBoundError(f"holds more than {MAX_CONFIG_VALUES} values once its aliases and `extends` are "
+                                   "expanded (a YAML alias bomb?); a config holds a few hundred")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigBoundError(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if isinstance(node, dict):
+            stack.extend((item, depth + 1) for pair in node.items() for item in pair)
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
