@@ -110,8 +110,8 @@ def _without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def first_unencodable(value: Any) -> str | None:
-    """The path (`messages[0].content`) of the first string or key in `value` that UTF-8 cannot
-    encode, "" for `value` itself, or None. Iterative: no recursion limit."""
+    """The path (`messages[0].content`) of a string or key in `value` that UTF-8 cannot encode (one
+    of them, when several), "" for `value` itself, or None. Iterative: no recursion limit."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
