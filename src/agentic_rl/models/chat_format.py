@@ -32,12 +32,15 @@ tokenizing the delta alone gives the same ids as tokenizing the whole rendering 
 
 Message contents are data, never control tokens (models/data_tokens.py): the content of every
 message but the policy's own (system, user, tool: the env's prompt, tool output, a serve client's
-text) is encoded as plain text, so a tool result that prints `<|im_end|>\n<|im_start|>assistant`
-(or Qwen3's `</tool_response>`, `<think>`) cannot forge a turn boundary. Only the template's own
-text gives control tokens; assistant contents keep theirs (the policy's `<tool_call>` is a token).
-To know which text is content, each content is rendered as a sentinel and put back, and the result
-is checked to be the template's own rendering of the real contents (else `ChatFormatError`: a
-template that rewrites contents). For contents without control strings the ids are unchanged.
+text), a message's name and the tool schemas' strings are encoded as plain text, so a tool result
+that prints `<|im_end|>\n<|im_start|>assistant` (or Qwen3's `</tool_response>`, `<think>`) cannot
+forge a turn boundary. An assistant content (a demonstration's turn, a serve client's history, a
+context's earlier turns) keeps only the policy's own markers: `<think>`, `</think>`, `<tool_call>`,
+`</tool_call>` where they are added tokens (Qwen3); the arguments inside a call are plain text.
+Only the template's own text gives every control token. To know which text is which, each value is
+rendered as a sentinel and put back, and the result is checked to be the template's own rendering
+of the real values (else `ChatFormatError`: a template that rewrites contents). For values without
+control strings the ids are unchanged.
 
 Where a full re-render of the conversation is NOT token-identical to the episode (documented,
 and shown in tests/test_chat_format.py):
@@ -70,12 +73,13 @@ Tools for templates without tool support (SmolLM2's plain ChatML; detected by th
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+import re
+from typing import Any, Callable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from agentic_rl.models.data_tokens import DataSafeEncoder, DataTokensError, Piece, drop_prefix
-from agentic_rl.tools.parse import TOOL_CALL_CLOSE
+from agentic_rl.models.data_tokens import DATA, POLICY, STRUCTURE, DataSafeEncoder, DataTokensError, Kind, Piece, drop_prefix
+from agentic_rl.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 Message = dict[str, Any]
 
@@ -83,11 +87,11 @@ Message = dict[str, Any]
 # "</think>" and no special markers, so no template rewrites it.
 _ASSISTANT_PLACEHOLDER = "\u2983ASSISTANT-TURN-{index}\u2984"
 
-# Where a message's content is in the rendering (a data content; see `render_pieces`). Qwen3's
-# template tests whether a user content starts with "<tool_response>" and ends with
-# "</tool_response>" (a tool turn, not a query), so a sentinel keeps those ends of its content.
-_DATA_SENTINEL = "\u2983DATA-{index}\u2984"
+# Where a value from outside the template is in the rendering (see `render_pieces`).
+_SENTINEL = "\u2983VALUE-{index}\u2984"
+_SENTINEL_PATTERN = re.compile("\u2983VALUE-[0-9]+\u2984")
 _TOOL_RESPONSE_OPEN, _TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 _HERMES_TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -132,8 +136,10 @@ class ChatFormat:
         """Text that also ends a turn. One special token in Qwen3 (151658), five in SmolLM2."""
         self.supports_tools: bool = "tools" in str(tokenizer.chat_template)
         """True when the template renders `tools=` and role "tool" itself (Qwen3); else Hermes injection."""
+        self._splits_reasoning = "reasoning_content" in str(tokenizer.chat_template)
         try:
-            self.data_encoder = DataSafeEncoder(tokenizer)
+            self.data_encoder = DataSafeEncoder(tokenizer, policy_tokens=(_THINK_OPEN, _THINK_CLOSE),
+                                                call=(TOOL_CALL_OPEN, TOOL_CALL_CLOSE))
             """Encodes rendered pieces so message contents never become control tokens."""
         except DataTokensError as exc:
             raise ChatFormatError(str(exc)) from None
@@ -165,37 +171,61 @@ class ChatFormat:
     def render_pieces(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
     ) -> list[Piece]:
-        """`render`'s text as (text, is_data) pieces: every non-assistant content is data.
+        """`render`'s text as pieces (models/data_tokens.py): what comes from outside the template is
+        DATA (contents, names, tool-schema strings) or POLICY (assistant contents); the rest is STRUCTURE.
 
-        Each data content is rendered as a sentinel and put back; the joined pieces are checked to
-        equal the template's rendering of the real contents, so a template that rewrites or tests a
-        content in a way the sentinel hides is refused (ChatFormatError), never encoded wrongly."""
-        contents: dict[str, str] = {}
-        marked = []
-        for index, message in enumerate(messages):
-            content = message.get("content")
-            if message.get("role") != "assistant" and isinstance(content, str) and content:
-                head = _TOOL_RESPONSE_OPEN if content.startswith(_TOOL_RESPONSE_OPEN) else ""
-                tail = _TOOL_RESPONSE_CLOSE if content.endswith(_TOOL_RESPONSE_CLOSE) else ""
-                sentinel = head + _DATA_SENTINEL.format(index=index) + tail
-                contents[sentinel] = content
-                message = {**message, "content": sentinel}
-            marked.append(message)
-        text = self.render(marked, tools, add_generation_prompt)
+        Each such value is rendered as a sentinel and put back; the joined pieces are checked to equal
+        the template's rendering of the real values, so a template that rewrites or tests a value in a
+        way the sentinel hides is refused (ChatFormatError), never encoded wrongly."""
+        values: dict[str, tuple[Piece, str, str]] = {}  # sentinel -> (its piece, the head and tail kept around it)
+
+        def mark(text: str, kind: Kind, written: str | None = None, head: str = "", tail: str = "") -> str:
+            sentinel = _SENTINEL.format(index=len(values))
+            values[sentinel] = ((text if written is None else written, kind), head, tail)
+            return head + sentinel + tail
+
+        marked = [self._marked_message(message, mark) for message in messages]
+        text = self.render(marked, _marked_tools(tools, mark, self.data_encoder.holds_control) if tools else tools,
+                           add_generation_prompt)
         pieces: list[Piece] = []
         at = 0
-        for sentinel, content in sorted(contents.items(), key=lambda item: text.find(item[0])):
-            found = text.find(sentinel)
-            if found < at or text.count(sentinel) != 1:
-                raise ChatFormatError(f"the chat template rendered a message content {text.count(sentinel)} times (expected "
-                                      "once, as written); contents cannot be kept apart from the template's control tokens")
-            pieces += [(text[at:found], False), (content, True)]
-            at = found + len(sentinel)
-        pieces.append((text[at:], False))
+        for match in _SENTINEL_PATTERN.finditer(text):
+            piece, head, tail = values[match.group()]
+            start, end = match.start() - len(head), match.end() + len(tail)
+            if start < at or text[start:match.start()] != head or text[match.end():end] != tail:
+                raise ChatFormatError("the chat template split a message content from its <tool_response> ends; contents "
+                                      "cannot be kept apart from its control tokens")
+            pieces += [(text[at:start], STRUCTURE), piece]
+            at = end
+        pieces.append((text[at:], STRUCTURE))
         if "".join(piece for piece, _ in pieces) != self.render(messages, tools, add_generation_prompt):
             raise ChatFormatError("the chat template rewrites message contents (it does not write each one as it is), so "
                                   "contents cannot be kept apart from its control tokens; only such templates are supported")
         return [piece for piece in pieces if piece[0]]
+
+    def _marked_message(self, message: Message, mark: Callable[..., str]) -> Message:
+        """`message` with its content and name as sentinels (`render_pieces`). Qwen3's template tests
+        whether a user content starts with "<tool_response>" and ends with "</tool_response>" (a tool
+        turn, not a query), so a data sentinel keeps those ends; it splits an assistant content at
+        `</think>` into reasoning and answer, so such a content is split here the same way."""
+        out = dict(message)
+        if isinstance(message.get("name"), str) and message["name"]:
+            out["name"] = mark(message["name"], DATA)
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            return out
+        if message.get("role") != "assistant":
+            head = _TOOL_RESPONSE_OPEN if content.startswith(_TOOL_RESPONSE_OPEN) else ""
+            tail = _TOOL_RESPONSE_CLOSE if content.endswith(_TOOL_RESPONSE_CLOSE) else ""
+            out["content"] = mark(content, DATA, head=head, tail=tail)
+        elif self._splits_reasoning and _THINK_CLOSE in content and "reasoning_content" not in message:
+            reasoning = content.split(_THINK_CLOSE)[0].rstrip("\n").split(_THINK_OPEN)[-1].strip("\n")
+            answer = content.split(_THINK_CLOSE)[-1].lstrip("\n")
+            out["reasoning_content"] = mark(reasoning, POLICY) if reasoning else ""
+            out["content"] = mark(answer, POLICY) if answer else ""
+        else:
+            out["content"] = mark(content, POLICY)
+        return out
 
     def render_ids(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
@@ -204,9 +234,15 @@ class ChatFormat:
         return self.data_encoder.encode(self.render_pieces(messages, tools, add_generation_prompt))
 
     def encode(self, text: str) -> list[int]:
-        """Tokenize the policy's own text (its control tokens kept; no BOS/EOS added). Never for
-        message contents from tools, envs or clients: those go through `render_ids`/`observation_ids`."""
+        """Tokenize the template's own text (every added-token string a control token; no BOS/EOS added).
+        Never for text from outside: an assistant turn goes through `policy_ids`, contents through
+        `render_ids`/`observation_ids`."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def policy_ids(self, text: str) -> list[int]:
+        """An assistant turn's text as the policy's tokens: its think and tool-call markers are control
+        tokens, anything else (a demonstration's `<|im_end|>`, a call's arguments) plain text."""
+        return self.data_encoder.encode([(text, POLICY)])
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The episode's prompt: `messages` rendered with the assistant generation prompt, contents as data."""
@@ -311,6 +347,23 @@ def with_placeholder_assistants(messages: Sequence[Message]) -> list[Message]:
             message = {"role": "assistant", "content": _ASSISTANT_PLACEHOLDER.format(index=index)}
         out.append(message)
     return out
+
+
+def _marked_tools(tools: Sequence[dict[str, Any]], mark: Callable[..., str], holds_control: Callable[[str], bool]) -> list[Any]:
+    """The tool schemas with each key and string that holds a control string as a DATA sentinel
+    (`render_pieces`), written back as JSON writes it: templates write tool schemas as JSON. Others
+    are left as they are (their ids are the same either way), so a template that reads a schema's
+    keys still finds them."""
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return mark(value, DATA, written=json.dumps(value, ensure_ascii=False)[1:-1]) if holds_control(value) else value
+        if isinstance(value, dict):
+            return {walk(key): walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        return value
+
+    return [walk(tool) for tool in tools]
 
 
 def _tool_messages_as_user(messages: list[Message]) -> list[Message]:

@@ -2,7 +2,8 @@
 
 What SFT teaches must be what RL samples, so a demonstration goes through the same ChatFormat:
 the prompt and observations are rendered by the chat template (mask 0), and each assistant
-turn is tokenized as policy tokens (mask 1). A turn that calls a tool ends at `</tool_call>`
+turn is tokenized as policy tokens (mask 1): its think and tool-call markers are control tokens,
+any other control string in it (`<|im_end|>` in a file's content, a call's arguments) plain text. A turn that calls a tool ends at `</tool_call>`
 with no end-of-turn token, as the engine stops it; a final turn ends with the end-of-turn
 token, which is trained (the model must learn to stop).
 
@@ -77,7 +78,7 @@ def trajectory_from_messages(
             observations.append(messages[index])
             index += 1
         calls_tool = text.rstrip().endswith(TOOL_CALL_CLOSE)
-        turn_ids = chat_format.encode(text) + ([] if calls_tool else [chat_format.end_of_turn_id])
+        turn_ids = chat_format.policy_ids(text) + ([] if calls_tool else [chat_format.end_of_turn_id])
         _append(ids, mask, spans, turn_ids, "policy")
         generated = text if calls_tool else text + chat_format.end_of_turn
         history.append({"role": "assistant", "content": text})

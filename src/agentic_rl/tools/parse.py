@@ -83,8 +83,11 @@ def _short_reason(exc: BaseException) -> str:
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The canonical text of one call, as demonstrations and oracles write it."""
-    return f'{TOOL_CALL_OPEN}\n{json.dumps({"name": name, "arguments": arguments})}\n{TOOL_CALL_CLOSE}'
+    """The canonical text of one call, as demonstrations and oracles write it. A closing marker inside
+    a string is written `<\\/tool_call>` (JSON's escaped solidus, the same string once parsed), so the
+    block ends where the call does and `parse_tool_calls` gives the arguments back exactly."""
+    body = json.dumps({"name": name, "arguments": arguments}).replace(TOOL_CALL_CLOSE, "<\\/tool_call>")
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 def assistant_turn_text(message: dict[str, Any]) -> str:
