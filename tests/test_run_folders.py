@@ -297,3 +297,85 @@ def test_a_finished_record_naming_a_result_outside_its_folder_is_refused(run_cop
     (run_copy / "run.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match=rf"names its result {elsewhere}, outside {run_copy}"):
         train_sft(_sft_cfg(run_copy))
+
+
+@pytest.mark.parametrize("record", ["deleted", "edited"])
+def test_a_checkpoint_resumes_only_under_the_config_that_trained_it_whatever_run_json_says(run_copy, no_model_loading, record):
+    """Guards against a folder whose run.json and config.yaml were deleted, or whose run.json was edited
+    to the new config, resuming its checkpoint under another lr and seed ("resumed from step-000002",
+    exit 0): each checkpoint carries the record of the run that wrote it."""
+    shutil.rmtree(run_copy / "final")
+    if record == "deleted":
+        (run_copy / "run.json").unlink(), (run_copy / "config.yaml").unlink()
+    else:
+        forged = json.loads((run_copy / "run.json").read_text())
+        forged["config"]["optim"]["lr"], forged["config"]["train"]["seed"], forged["finished"] = 1e-3, 3, None
+        (run_copy / "run.json").write_text(json.dumps(forged))
+    before = _fingerprints(run_copy)
+    with pytest.raises(ConfigError) as caught:
+        train_sft(_sft_cfg(run_copy, "train.steps=3", "optim.lr=1e-3", "train.seed=3"))
+    message = str(caught.value)
+    assert f"another config ({run_copy / 'checkpoints' / 'step-000002' / 'run.json'})" in message
+    assert "optim.lr: 0.01 (recorded) -> 0.001 (now)" in message and "train.seed: 0 (recorded) -> 3 (now)" in message
+    assert _fingerprints(run_copy) == before
+
+
+def test_a_checkpoint_without_its_record_in_a_folder_without_run_json_is_refused(run_copy, no_model_loading):
+    """Guards against the same resume through a checkpoint written before checkpoints carried records."""
+    checkpoint = run_copy / "checkpoints" / "step-000002"
+    (checkpoint / "run.json").unlink()
+    checksums = json.loads((checkpoint / "checksums.json").read_text())
+    del checksums["run.json"]
+    (checkpoint / "checksums.json").write_text(json.dumps(checksums))
+    (run_copy / "run.json").unlink(), (run_copy / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"step-000002 carries no record of the config that trained it and .* has no run.json"):
+        train_sft(_sft_cfg(run_copy, "train.steps=3"))
+
+
+def test_a_checkpoint_under_its_own_config_resumes_with_run_json_deleted(run_copy, capsys):
+    """The same config is not refused: the checkpoint's record matches, and training goes on from it."""
+    (run_copy / "run.json").unlink(), (run_copy / "config.yaml").unlink()
+    result = train_sft(_sft_cfg(run_copy, "train.steps=3"))
+    assert f"resumed from {run_copy / 'checkpoints' / 'step-000002'} at step 2" in capsys.readouterr().out
+    assert len(result["history"]) == 1  # step 3 only
+    assert [row["step"] for row in read_metrics(run_copy / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_resume_false_refuses_a_folder_that_is_not_a_run_and_deletes_nothing(tmp_path, no_model_loading):
+    """Guards against `train.resume=false` in a user's own folder deleting its config.yaml, final/ and
+    checkpoints/ (and saying so only afterwards): without a run.json, nothing there is a run's."""
+    folder = tmp_path / "mine"
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "weights.bin").write_bytes(b"precious")
+    (folder / "checkpoints").mkdir()
+    (folder / "config.yaml").write_text("my: notes\n")
+    before = _fingerprints(folder)
+    with pytest.raises(ConfigError, match=r"holds config.yaml, checkpoints, final but no run.json: it is not a run folder"):
+        train_sft(_sft_cfg(folder, "train.resume=false"))
+    assert _fingerprints(folder) == before and (folder / "checkpoints").is_dir()
+
+
+def test_a_stage_records_base_is_read_against_its_own_folder_from_any_working_directory(tmp_path, monkeypatch):
+    """Guards against a stage record's `base` ("runs/sft/final", as typed) being resolved against the
+    working directory: loaded from elsewhere it picked up another folder of that name. A stage base is
+    recorded relative to the record, so a moved run tree follows its own chain."""
+    from agentic_rl.models.stage_output import STAGE_RECORD, read_stage_record, write_stage_record
+
+    monkeypatch.chdir(tmp_path)
+    sft, grpo, plain = Path("runs/sft/final"), Path("runs/grpo/final"), tmp_path / "my-model"
+    for folder in (sft, grpo, plain):
+        folder.mkdir(parents=True)
+    write_stage_record(sft, "lora", "tiny-qwen3")
+    write_stage_record(grpo, "lora", "runs/sft/final")  # as the user named it
+    assert json.loads((grpo / STAGE_RECORD).read_text())["base"] == "../../sft/final"
+    write_stage_record(plain, "full", "my-model")
+    assert json.loads((plain / STAGE_RECORD).read_text())["base"] == str(plain)  # a plain folder: absolute
+
+    moved = tmp_path / "elsewhere" / "runs"
+    shutil.move("runs", moved)
+    decoy = tmp_path / "runs" / "sft" / "final"  # the name the user typed, now another folder
+    decoy.mkdir(parents=True)
+    write_stage_record(decoy, "full", "tiny-qwen3")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert read_stage_record(moved / "grpo" / "final")["base"] == str(moved / "sft" / "final")
+    assert read_stage_record(moved / "sft" / "final")["base"] == "tiny-qwen3"

@@ -6,7 +6,11 @@
         agentic_rl_model.json        {"kind": "lora" | "full", "base": the model the weights sit on}
 
 `base` may itself be a stage's `final/` folder (GRPO after SFT), so loading follows the chain
-down to real weights and merges each level's adapters on the way up. Every command that takes
+down to real weights and merges each level's adapters on the way up. A stage folder is recorded
+relative to the record's own folder (`../../sft/final`), a plain local model folder as an absolute
+path, a model name or hub id as given; so a record reads the same from any working directory, and a
+copied or moved run tree follows its own chain. (Records from before this rule hold the path as
+given on the command line, read against the working directory.) Every command that takes
 a model name (eval, the trainers, merge, serve, chat) loads through `load_base_and_tokenizer`,
 which refuses a stage output with a non-finite weight; trainers (ours and the TRL backend) write
 the record through `write_stage_record`.
@@ -22,6 +26,7 @@ import torch
 
 from agentic_rl.errors import quoted
 from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
+from agentic_rl.models.loader import BUILTIN_MODELS
 from agentic_rl.strict_json import read_json, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,8 +35,9 @@ STAGE_RECORD = "agentic_rl_model.json"
 
 
 def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
-    """`folder`'s stage record ({"kind", "base"}), or None when it is not a stage's output.
-    ValueError naming the file when the record is not valid JSON or lacks its two keys."""
+    """`folder`'s stage record ({"kind", "base"}, a relative base resolved against `folder`), or None
+    when it is not a stage's output. ValueError naming the file when the record is not valid JSON or
+    lacks its two keys."""
     path = Path(folder) / STAGE_RECORD
     if not path.exists():
         return None
@@ -41,10 +47,19 @@ def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
             and record["base"]):
         raise ValueError(f'{path}: a stage record is {{"kind": "lora" | "full", "base": "<model>"}}, got '
                          f"{quoted(record)}; {fix}")
+    if record["base"].startswith(("./", "../")):
+        return {**record, "base": os.path.normpath(Path(folder) / record["base"])}
     return record
 
 
 def write_stage_record(folder: str | Path, kind: str, base: str) -> None:
+    """Write `folder`'s stage record; `base` as the module docstring says."""
+    if Path(base).is_dir() and base not in BUILTIN_MODELS:
+        if read_stage_record(base) is not None:
+            relative = os.path.relpath(os.path.realpath(base), os.path.realpath(folder))
+            base = relative if relative.startswith("..") else os.path.join(".", relative)
+        else:
+            base = os.path.abspath(base)
     write_json(Path(folder) / STAGE_RECORD, {"kind": kind, "base": base})
 
 

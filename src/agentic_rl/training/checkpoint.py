@@ -5,6 +5,8 @@ trainer state, loaded as data, never as code (DESIGN.md invariant 8).
       step-000040/                 complete checkpoints only
         (accelerate save_state files: model, optimizer, scheduler, random_states_<rank>.pkl)
         trainer_state.pt           {"step": 40, "objective": {...}}  (data position, cached batch)
+        run.json                   {"command", "config"}: the run that wrote it (training/run_record.py
+                                   checks a resume against it, whatever the folder's run.json says)
         checksums.json             {"<file>": {"bytes": n, "sha256": ...}} for every file above
       .tmp-step-000050/            being written; never read; removed on the next save
 
@@ -41,6 +43,8 @@ from agentic_rl.training.batches import PPOBatch, RolloutBatch
 
 _NAME = re.compile(r"^step-(\d+)$")
 _CHECKSUMS = "checksums.json"
+RUN_RECORD = "run.json"
+"""The record of the run that wrote a checkpoint: {"command", "config"}."""
 _STATE_CLASSES = [Trajectory, Span, TrajectoryBatch, RolloutBatch, PPOBatch]  # the rollout batch kept across μ updates
 logger = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ class CheckpointError(RunStopped):
 
 def latest_checkpoint(folder: Path) -> Path | None:
     """The complete checkpoint with the highest step in `folder`, or None (not verified)."""
-    found = _complete(folder)
+    found = complete_checkpoints(folder)
     return found[-1] if found else None
 
 
@@ -60,8 +64,10 @@ def step_of(checkpoint: Path) -> int:
     return int(_NAME.match(checkpoint.name).group(1))
 
 
-def save_checkpoint(accelerator: Any, folder: Path, step: int, trainer_state: dict[str, Any], keep: int) -> Path:
-    """Write a complete checkpoint for `step` atomically; keep only the newest `keep`."""
+def save_checkpoint(accelerator: Any, folder: Path, step: int, trainer_state: dict[str, Any], keep: int,
+                    record: dict[str, Any] | None = None) -> Path:
+    """Write a complete checkpoint for `step` atomically; keep only the newest `keep`. `record`: the
+    run's {"command", "config"}, kept inside it (covered by its checksums)."""
     final = folder / f"step-{step:06d}"
     staging = folder / f".tmp-step-{step:06d}"
     if accelerator.is_main_process:
@@ -72,6 +78,8 @@ def save_checkpoint(accelerator: Any, folder: Path, step: int, trainer_state: di
     accelerator.save_state(str(staging), safe_serialization=False)
     if accelerator.is_main_process:
         torch.save(trainer_state, staging / "trainer_state.pt")
+        if record is not None:
+            write_json(staging / RUN_RECORD, record)
         write_json(staging / _CHECKSUMS, {name: _fingerprint(staging / name) for name in _files(staging)})
         if final.exists():
             shutil.rmtree(final)
@@ -85,7 +93,7 @@ def load_latest_checkpoint(accelerator: Any, folder: Path) -> tuple[Path, dict[s
     """(path, trainer state) of the newest intact checkpoint, restored into accelerate's objects;
     None when `folder` holds no checkpoint. Skipped ones are named in a warning."""
     skipped = []
-    for path in reversed(_complete(folder)):
+    for path in reversed(complete_checkpoints(folder)):
         problem = verify_checkpoint(path)
         if problem is None:
             if skipped:
@@ -96,6 +104,13 @@ def load_latest_checkpoint(accelerator: Any, folder: Path) -> tuple[Path, dict[s
         raise CheckpointError(f"no intact checkpoint in {folder}: {'; '.join(skipped)}. Delete the damaged "
                               "folders to start over, or set train.resume=false.")
     return None
+
+
+def checkpoint_record(path: Path) -> dict[str, Any] | None:
+    """The {"command", "config"} a checkpoint was written with, or None (one from before records were
+    kept). A record that is not valid JSON raises ValueError."""
+    file = path / RUN_RECORD
+    return loads_strict(file.read_text()) if file.exists() else None
 
 
 def verify_checkpoint(path: Path) -> str | None:
@@ -151,7 +166,7 @@ def _warn_if_rng_unreadable(path: Path, rank: int) -> None:
                        "sampling and data order will differ from an uninterrupted run", rng, type(exc).__name__, exc)
 
 
-def _complete(folder: Path) -> list[Path]:
+def complete_checkpoints(folder: Path) -> list[Path]:
     """Finished checkpoint folders (a trainer_state.pt inside), oldest step first."""
     if not folder.exists():
         return []

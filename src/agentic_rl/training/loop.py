@@ -297,7 +297,7 @@ def run_training(
 
 def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None:
     state = {"step": step, "objective": objective.state_dict()}
-    save_checkpoint(accelerator, run_dir.checkpoints, step, state, keep)
+    save_checkpoint(accelerator, run_dir.checkpoints, step, state, keep, record=run_dir.record)
 
 
 def _maybe_resume(objective, model, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:

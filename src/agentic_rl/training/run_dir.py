@@ -89,7 +89,9 @@ class RunDir:
         self.path = Path(path)
         self.enabled = enabled
         self.finished: dict[str, Any] | None = None
-        self._record = record
+        self.record = record
+        """{"command", "config"} of this run (None for a RunDir that records nothing): run.json and each
+        checkpoint carry it."""
         self._writer = None
         if not enabled:
             return
@@ -137,13 +139,13 @@ class RunDir:
         """Mark the run finished at `step` with `result` (what the trainer returns, JSON-ready), after
         final/ is written: a rerun with the same config returns this instead of running again. The
         result's `final` is recorded relative to the folder, so a copied or moved folder names its own."""
-        if self.enabled and self._record is not None:
+        if self.enabled and self.record is not None:
             if "final" in result:
                 final = Path(os.path.relpath(Path(result["final"]).resolve(), self.path.resolve()))
                 if final.parts[:1] == ("..",):
                     raise ValueError(f"the run's result {result['final']} is outside its folder {self.path}")
                 result = {**result, "final": str(final)}
-            write_json(self.path / RECORD, {**self._record, "finished": {"step": step, "result": result}})
+            write_json(self.path / RECORD, {**self.record, "finished": {"step": step, "result": result}})
 
     def close(self) -> None:
         """End the run: TensorBoard flushed, the folder's lock released (training/run_record.py)."""

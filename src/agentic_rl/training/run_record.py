@@ -27,8 +27,14 @@ into a folder in use stops at once, naming the holder's pid, host and start; a l
 process that died is free again (the kernel drops it with the process), so it is simply taken.
 
 `train.resume: false` starts over: the folder's previous run (run.json, config.yaml,
-metrics.jsonl, tb/, checkpoints/, final/) is deleted first, and the deletion is printed. A folder
-from before run.json existed is compared by its config.yaml (its command is then unknown).
+metrics.jsonl, tb/, checkpoints/, final/) is deleted first, named as it goes. A folder holding any
+of those without a run.json is not a run of ours (a user's own files) and is refused, never
+deleted. A folder from before run.json existed is compared by its config.yaml on resume (its
+command is then unknown).
+
+Each checkpoint carries its run's record too (training/checkpoint.py), so a resume is checked
+against the config that trained the weights it restores, not only the folder's run.json: a
+deleted or edited run.json cannot resume a checkpoint under another lr or seed.
 
 Why a record and not just the checkpoint: a checkpoint restores the optimizer and schedule of the
 config that wrote it, so a rerun with a new learning rate logged and trained on the old one while
@@ -47,7 +53,9 @@ import yaml
 
 from agentic_rl.config import settings
 from agentic_rl.strict_json import dumps, loads_strict
-from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, step_of
+from agentic_rl.training.checkpoint import RUN_RECORD as CHECKPOINT_RECORD
+from agentic_rl.training.checkpoint import (CheckpointError, checkpoint_record, complete_checkpoints, latest_checkpoint,
+                                            step_of)
 from agentic_rl.training.run_dir import RECORD, RunDir, RunFolderError, lock_run_folder, unlock_run_folder
 
 LOOP_KEYS_WITHOUT_EFFECT = ("train.progress", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
@@ -89,12 +97,14 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
         lock_run_folder(folder)  # before the record is read: a second launch stops here
     config = _json_ready(cfg)
     finished = None
-    if cfg.train.resume:
-        try:
+    try:
+        if cfg.train.resume:
             finished = _check_previous(folder, command, config, cfg.train.steps, defaults=_json_ready(type(cfg)()))
-        except BaseException:
-            unlock_run_folder(folder)  # refused: the folder is free for the rerun the message suggests
-            raise
+        else:
+            _previous_run(folder)  # refuses a folder that is not a run's before anything is deleted
+    except BaseException:
+        unlock_run_folder(folder)  # refused: the folder is free for the rerun the message suggests
+        raise
     process.wait_for_everyone()  # every rank has read the old record before the main one replaces it
     if finished is not None:
         process.print(f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
@@ -122,14 +132,9 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
     if record is not None:
         differing = differing_keys(record["config"], config, defaults)
         if differing:
-            lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
-            if len(differing) > _SHOWN:
-                lines += f"\n  ... and {len(differing) - _SHOWN} more keys"
-            raise RunFolderError(
-                f"train.output_dir={folder} holds a run made with another config ({record['source']}); resuming it "
-                f"would continue that run's weights, optimizer and schedule under this config's name. Differing keys:\n"
-                f"{lines}\nSet train.resume=false to delete that run and start over there, or choose another "
-                f"train.output_dir. Only {', '.join(RESUMABLE_KEYS)} may change on resume.")
+            raise RunFolderError(_another_config(folder, record["source"], differing))
+    for checkpoint in complete_checkpoints(folder / "checkpoints"):
+        _check_checkpoint_record(checkpoint, record, command, config, defaults)
     newest = latest_checkpoint(folder / "checkpoints")
     if newest is not None and step_of(newest) > steps:
         raise CheckpointError(
@@ -151,6 +156,33 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
     return {**finished, "result": {**finished["result"], "final": str(folder / final)}}
 
 
+def _check_checkpoint_record(checkpoint: Path, record: dict[str, Any] | None, command: str, config: dict[str, Any],
+                             defaults: dict[str, Any] | None) -> None:
+    """Raise unless `checkpoint` was written by this command under this config (by the record inside
+    it, whatever the folder's run.json says); one from before records were kept is resumed only
+    under the folder's record, which the caller checked."""
+    where = checkpoint / CHECKPOINT_RECORD
+    try:
+        own = checkpoint_record(checkpoint)
+    except (OSError, ValueError) as exc:
+        raise RunFolderError(f"{where} cannot be read ({type(exc).__name__}: {exc}); delete {checkpoint} to resume "
+                             "from an older checkpoint, or set train.resume=false to start over there") from None
+    if own is None:
+        if record is None:
+            raise RunFolderError(
+                f"{checkpoint} carries no record of the config that trained it and {checkpoint.parent.parent} has no "
+                f"{RECORD}: resuming it could continue another config's weights and optimizer. Set train.resume=false "
+                "to start over there, or choose another train.output_dir.")
+        return
+    if not isinstance(own, dict) or own.get("command") != command or not isinstance(own.get("config"), dict):
+        kind = own.get("command") if isinstance(own, dict) else None
+        raise RunFolderError(f"{checkpoint} was written by a `{kind}` run ({where}); `{command}` cannot resume it. Set "
+                             "train.resume=false to start over there, or choose another train.output_dir.")
+    differing = differing_keys(own["config"], config, defaults)
+    if differing:
+        raise RunFolderError(_another_config(checkpoint.parent.parent, str(where), differing))
+
+
 def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
                    defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """(dotted key, recorded value, current value) for each key that differs, outside RESUMABLE_KEYS.
@@ -163,6 +195,17 @@ def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
     return [(key, old.get(key, "(absent)"), new.get(key, "(absent)")) for key in sorted(set(old) | set(new))
             if key not in RESUMABLE_KEYS and old.get(key, missing) != new.get(key, missing)
             and not (key not in old and key in default and new.get(key, missing) == default[key])]
+
+
+def _another_config(folder: Path, source: str, differing: list[tuple[str, Any, Any]]) -> str:
+    """The refusal of a resume under another config than `source` recorded, naming each differing key."""
+    lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
+    if len(differing) > _SHOWN:
+        lines += f"\n  ... and {len(differing) - _SHOWN} more keys"
+    return (f"train.output_dir={folder} holds a run made with another config ({source}); resuming it would continue "
+            f"that run's weights, optimizer and schedule under this config's name. Differing keys:\n{lines}\nSet "
+            f"train.resume=false to delete that run and start over there, or choose another train.output_dir. Only "
+            f"{', '.join(RESUMABLE_KEYS)} may change on resume.")
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:
@@ -208,13 +251,26 @@ def _check_record(record: dict[str, Any]) -> None:
         raise TypeError(f"its finished.result.final must be a path, got {_show(finished['result']['final'])}")
 
 
-def _delete_previous_run(folder: Path, log) -> None:
+def _previous_run(folder: Path) -> list[str]:
+    """The names of what `folder`'s previous run wrote (those of _PREVIOUS_RUN it holds). RunFolderError
+    when it holds any but no run.json: a user's own config.yaml, final/ or checkpoints/, or a run from
+    before records were kept, which `train.resume=false` must not delete."""
     found = [name for name in _PREVIOUS_RUN if (folder / name).exists()]
+    if found and not (folder / RECORD).is_file():
+        raise RunFolderError(
+            f"train.output_dir={folder} holds {', '.join(found)} but no {RECORD}: it is not a run folder of this "
+            "toolkit (or one from before run records), so train.resume=false will not delete them. Move or delete "
+            "them yourself, or choose another train.output_dir.")
+    return found
+
+
+def _delete_previous_run(folder: Path, log) -> None:
+    found = _previous_run(folder)
+    if found:
+        log(f"train.resume=false: starting over in {folder}; deleting the previous run's {', '.join(found)}")
     for name in found:
         path = folder / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if found:
-        log(f"train.resume=false: starting over in {folder}; deleted the previous run's {', '.join(found)}")
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _restore_history(result: dict[str, Any]) -> dict[str, Any]:
