@@ -151,3 +151,34 @@ def test_text_that_is_not_unicode_is_refused_naming_the_line_and_field(tmp_path,
     message = _refused(tmp_path, chat_format, {"messages": _messages((0, {"role": "user", "content": "a\ud800b"}))},
                        r"messages\[0\]\.content holds a lone surrogate")
     assert "fix the text there" in message
+
+
+def test_a_line_of_too_many_messages_is_refused_before_anything_is_rendered(tmp_path, chat_format, monkeypatch):
+    """Guards against one line of 200k short messages running for > 300 s before any check (here 2,000): rendering
+    costs the square of a line's message count, so the count is checked first (MAX_MESSAGES)."""
+    from agentic_rl.rollout.demo_schema import MAX_MESSAGES
+
+    render = ChatFormat.render
+
+    def checked_first(self, messages, *args, **kwargs):
+        assert len(messages) <= MAX_MESSAGES, "rendered before the count was checked"
+        return render(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(ChatFormat, "render", checked_first)
+    turns = [{"role": role, "content": "a"} for _ in range(1000) for role in ("user", "assistant")]
+    _refused(tmp_path, chat_format, {"messages": turns}, rf"2000 messages in one demonstration, more than {MAX_MESSAGES}; split")
+
+
+def test_a_line_longer_than_the_line_limit_is_refused_before_it_is_parsed(tmp_path, chat_format, monkeypatch):
+    """Guards against a line of gigabytes read, parsed and kept in memory whole: past MAX_LINE_BYTES
+    (more text than any model's context) it is refused having read no more than that."""
+    monkeypatch.setattr("agentic_rl.rollout.demo_schema.MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr("agentic_rl.rollout.demos.MAX_LINE_BYTES", 1000)
+    long = {"messages": _messages((0, {"role": "user", "content": "x" * 1000}))}
+    _refused(tmp_path, chat_format, long, r"the line is longer than 1000 bytes, the most one line may hold; split it")
+    pad = 1000 - len(json.dumps({**GOOD, "messages": _messages((0, {"role": "user", "content": ""}))}))
+    exact = json.dumps({**GOOD, "messages": _messages((0, {"role": "user", "content": "x" * pad}))}).encode()
+    assert len(exact) == 1000
+    path = tmp_path / "fits.jsonl"
+    path.write_bytes(exact + b"\r\n" + exact + b"\r\n")  # at the limit, with Windows line ends: both load
+    assert len(load_jsonl_demos(path, chat_format)) == 2

@@ -116,16 +116,21 @@ def _resolve_path(source: str, split: str) -> Path:
     return path
 
 
-def utf8_lines(path: Path, error: type[Exception] | None = None) -> Iterator[tuple[int, str]]:
+def utf8_lines(path: Path, error: type[Exception] | None = None, max_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 text file. A missing file or a line that is
-    not UTF-8 raises `error` (DataError by default) naming the file, the line and the byte."""
+    not UTF-8 raises `error` (DataError by default) naming the file, the line and the byte; so does
+    a line longer than `max_bytes`, before more of it than that is read."""
     error = error or DataError
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror}") from None
     with handle:
-        for line_number, raw in enumerate(handle, start=1):
+        lines = iter(lambda: handle.readline(-1 if max_bytes is None else max_bytes + 2), b"")
+        for line_number, raw in enumerate(lines, start=1):
+            if max_bytes is not None and len(raw.rstrip(b"\r\n")) > max_bytes:
+                raise error(f"{path}:{line_number}: the line is longer than {max_bytes} bytes, the most one line may "
+                            "hold; split it")
             try:
                 yield line_number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:

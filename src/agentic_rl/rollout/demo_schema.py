@@ -33,6 +33,14 @@ MESSAGE_KEYS = {
 }
 
 
+MAX_MESSAGES = 512
+"""Messages in one line, checked before anything is rendered: each observation is rendered against
+the whole history before it (the engine's incremental chat format), so a line costs the square of its
+count; 512 short messages take ~4-10 s on the 2-core CPU, the 200k of a hostile line would take hours."""
+MAX_LINE_BYTES = 4 << 20
+"""Bytes in one line, checked before it is parsed: 4 MiB is more text than any model's context holds."""
+
+
 class DemoError(ValueError):
     """A demonstration cannot be turned into a trajectory; the message names where and why."""
 
@@ -45,6 +53,9 @@ def check_demo_record(record: Any, where: str) -> None:
     unknown = sorted(set(record) - set(RECORD_KEYS))
     if unknown:
         raise DemoError(f"{where}: unknown key {unknown[0]!r} in the line; a line may only hold {', '.join(RECORD_KEYS)}")
+    if len(record["messages"]) > MAX_MESSAGES:
+        raise DemoError(f"{where}: {len(record['messages'])} messages in one demonstration, more than {MAX_MESSAGES}; "
+                        "split the conversation into shorter demonstrations")
     tools = record.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(name, str) for name in tools):
         raise DemoError(f'{where}: "tools" must be a list of registered tool names, e.g. ["calculator"], got {tools!r}')

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 from agentic_rl.envs.base import Env, Task
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
-from agentic_rl.rollout.demo_schema import DemoError, check_demo_record
+from agentic_rl.rollout.demo_schema import MAX_LINE_BYTES, DemoError, check_demo_record
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.strict_json import NotUnicodeError, loads_data
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, assistant_turn_text
@@ -156,7 +156,7 @@ def load_jsonl_demos(path: str | Path, chat_format: ChatFormat, max_tokens: int 
 
     demos = []
     path = Path(path)
-    for line_number, line in utf8_lines(path, DemoError):
+    for line_number, line in utf8_lines(path, DemoError, max_bytes=MAX_LINE_BYTES):
         if not line.strip():
             continue
         where = f"{path}:{line_number}"
