@@ -332,3 +332,28 @@ def test_mixed_calls_run_one_token_chunks_apart_and_match_full_forwards(qwen3, l
     check.forward([slots[4], slots[2]], [toks(1), toks(3)])  # 2 padded queries < 4 tokens: one call
     assert runner.split_calls == (1 if split_mixed else 0)
     assert check.worst < TOL
+
+
+def test_a_cache_bigger_than_the_machine_is_refused_naming_its_size_and_the_settings(qwen3, monkeypatch):
+    """Guards against `rollout.batch_size=100000000` ending in the allocator's raw "can't allocate memory":
+    the cache's size (layers × 2 × kv heads × head dim × bytes, per position) is checked against all the
+    device's memory before anything is allocated, and the engine names the settings that sized it."""
+    from agentic_rl.rollout.config import RolloutConfig
+    from agentic_rl.rollout.factory import build_engine
+    from agentic_rl.rollout.fast_kv_cache import CacheMemoryError
+    from agentic_rl.models.loader import load_tokenizer, TINY_QWEN3
+
+    config = qwen3.config
+    per_position = config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 4  # fp32
+    monkeypatch.setattr("agentic_rl.rollout.fast_kv_cache.device_memory", lambda device: 2**30)
+    slots = 2**30 // (per_position * 1024) + 1  # one slot past 1 GiB at 1,024 positions
+    allocations = []
+    monkeypatch.setattr("agentic_rl.rollout.fast_kv_cache.torch.empty", lambda *a, **k: allocations.append(a))
+    with pytest.raises(CacheMemoryError) as caught:
+        build_engine(qwen3, load_tokenizer(TINY_QWEN3), RolloutConfig(max_episode_tokens=1024), seed=0, max_concurrent=slots)
+    need = per_position * slots * 1024 / 2**30
+    assert str(caught.value).startswith(f"the KV cache of {slots:,} sequences × 1,024 positions needs {need:,.1f} GiB "
+                                        f"({per_position / 1024:,.1f} KiB a position), more than all of cpu's memory (1.0 GiB): "
+                                        f"it holds the {slots:,} episodes that decode at once (rollout.batch_size in training")
+    assert "rollout.max_episode_tokens=1,024 tokens each. Lower either" in str(caught.value)
+    assert not any(isinstance(shape, tuple) and len(shape) == 6 for (shape, *_) in allocations)  # no cache was asked for

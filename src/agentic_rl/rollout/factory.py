@@ -15,6 +15,7 @@ from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import BackendKind, RolloutConfig, RolloutDtype
 from agentic_rl.rollout.engine import RolloutEngine
+from agentic_rl.rollout.fast_kv_cache import CacheMemoryError
 from agentic_rl.rollout.hf_runner import HFRunner
 
 
@@ -55,6 +56,12 @@ def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, m
     decode at once (the backend's slots); `temperature` overrides cfg's (0: greedy)."""
     model.eval()
     chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.enable_thinking)
-    runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
+    try:
+        runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
+    except CacheMemoryError as exc:
+        raise CacheMemoryError(
+            f"{exc}: it holds the {max_concurrent:,} episodes that decode at once (rollout.batch_size in training, "
+            f"max_concurrent in eval and serve, n in audit) of up to rollout.max_episode_tokens={cfg.max_episode_tokens:,} tokens each. "
+            "Lower either") from None
     return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, cfg,
                          cfg.sampling_params(seed, temperature), tool_workers=cfg.tool_workers)

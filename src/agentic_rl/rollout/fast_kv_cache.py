@@ -33,6 +33,7 @@ Shape legend: nkv key/value heads, hd head dim, P shared-prefix positions.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -87,8 +88,40 @@ class PrefixStore:
         return common if common is not None and common >= self.min_tokens else 0
 
 
+class CacheMemoryError(ValueError):
+    """The cache would not fit in its device's memory; the message names what it needs and has."""
+
+
+def device_memory(device: torch.device) -> int | None:
+    """All the memory `device` has, in bytes: RAM plus swap (CPU), the GPU's total (CUDA); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type != "cpu":
+        return None
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    swap = 0
+    try:
+        with open("/proc/meminfo") as meminfo:
+            swap = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("SwapTotal:")), 0)
+    except OSError:
+        pass
+    return ram + swap
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
 class SlotKVCache:
-    """K/V of `max_slots` sequences of up to `max_len` positions each; see the module docstring."""
+    """K/V of `max_slots` sequences of up to `max_len` positions each; see the module docstring.
+
+    A cache bigger than all its device's memory (RAM and swap on a CPU) is refused before anything
+    is allocated (CacheMemoryError, naming both sizes): every slot may fill to `max_len`, so it
+    could only end in the kernel's out-of-memory kill mid-run. One that fits in total but cannot be
+    reserved now (a GPU already holding other tensors) gets the same error from the allocator's."""
 
     def __init__(
         self,
@@ -103,7 +136,17 @@ class SlotKVCache:
     ) -> None:
         """`shared_prefix`: the fewest forked positions worth attending once per call (0: no store)."""
         self.max_slots, self.max_len = max_slots, max_len
-        self.kv = torch.empty((n_layers, max_slots, 2, n_kv_heads, max_len, head_dim), dtype=dtype, device=device)
+        shape = (n_layers, max_slots, 2, n_kv_heads, max_len, head_dim)
+        per_position = n_layers * 2 * n_kv_heads * head_dim * dtype.itemsize
+        need, has = per_position * max_slots * max_len, device_memory(torch.device(device))
+        what = (f"the KV cache of {max_slots:,} sequences × {max_len:,} positions needs {_gib(need)} "
+                f"({per_position / 1024:,.1f} KiB a position)")
+        if has is not None and need > has:
+            raise CacheMemoryError(f"{what}, more than all of {device}'s memory ({_gib(has)})")
+        try:
+            self.kv = torch.empty(shape, dtype=dtype, device=device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            raise CacheMemoryError(f"{what}, which {device} cannot reserve now ({str(exc).splitlines()[0][:200]})") from None
         self.layers = list(self.kv.unbind(0))  # per layer (slots, 2, nkv, max_len, hd), hoisted out of forward
         self.layer_keys_values = [(c[:, 0], c[:, 1]) for c in self.layers]  # per layer (K, V), (slots, nkv, max_len, hd)
         self.lengths: list[int | None] = [None] * max_slots  # None: free
