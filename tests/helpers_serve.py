@@ -30,8 +30,10 @@ LIMITS = RolloutConfig(max_turn_tokens=64, max_episode_tokens=1024, max_turns=4)
 class ScriptRunner(Runner):
     """A fake model: the k-th allocated slot writes `scripts[k % len(scripts)]` one token per forward."""
 
-    def __init__(self, scripts, vocab_size, max_slots=16, max_len=1024, received=None):
+    def __init__(self, scripts, vocab_size, max_slots=16, max_len=1024, received=None, forward_s=0.0):
         self.scripts, self.vocab_size, self.max_slots, self.max_len = scripts, vocab_size, max_slots, max_len
+        self.forward_s = forward_s
+        """Seconds each forward takes (a model's pace, for tests of what runs while it decodes)."""
         self.allocations, self.emitted, self.lengths = 0, {}, {}
         self.received = {} if received is None else received
         """slot -> every token id the model read in it, in order (the prompt, then its own tokens fed back)."""
@@ -51,6 +53,7 @@ class ScriptRunner(Runner):
         pass
 
     def forward(self, slots, chunks):
+        time.sleep(self.forward_s)
         logits = torch.full((len(slots), self.vocab_size), -1e4)  # (B, V)
         for row, (slot, chunk) in enumerate(zip(slots, chunks)):
             script = self.scripts[slot % len(self.scripts)]
@@ -68,12 +71,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def scripted_server(tokenizer, turns_per_request, agent_tools=None, http=HTTPLimits(), received=None):
+def scripted_server(tokenizer, turns_per_request, agent_tools=None, http=HTTPLimits(), received=None, forward_s=0.0):
     """The real app (routes, worker, engine, chat format, tools, connection limits) over a model that
-    writes `turns_per_request`; `received` (a dict) gets each slot's token ids as the model read them."""
+    writes `turns_per_request`, one token per forward of `forward_s` seconds; `received` (a dict) gets
+    each slot's token ids as the model read them."""
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turns_per_request]
-    runner = ScriptRunner(scripts, len(tokenizer), received=received)
+    runner = ScriptRunner(scripts, len(tokenizer), received=received, forward_s=forward_s)
     engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, LIMITS,
                            SamplingParams(temperature=1.0))
     worker = EngineWorker(engine, max_concurrent=16, batch_window_s=0.01)

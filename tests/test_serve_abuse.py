@@ -242,3 +242,33 @@ def test_a_body_with_text_that_is_not_unicode_or_a_repeated_key_is_a_400_naming_
         assert caught.value.code == 400
         error = json.load(caught.value)["error"]
         assert error["message"].startswith(message) and error["param"] == param, error
+
+
+def _in_flight(client: openai.OpenAI) -> int:
+    with urllib.request.urlopen(str(client.base_url).replace("/v1/", "/health")) as response:
+        return json.loads(response.read())["in_flight"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_whose_clients_went_away_are_cancelled_and_free_their_places(qwen3_tokenizer, stream):
+    """Guards against requests sent and abandoned decoding on to their end (64 of them kept the next
+    client at 429 for 75 s): a client that hangs up cancels its episode at the engine's next step.
+    Here each abandoned request would decode 900 tokens at 10 ms a forward (9 s)."""
+    rambling = [["word " * 1000]]  # never ends its turn: it decodes to max_tokens
+    body = json.dumps({"model": "scripted", "messages": QUESTION, "max_tokens": 900, "stream": stream}).encode()
+    with scripted_server(qwen3_tokenizer, rambling, http=HTTPLimits(max_concurrent_requests=2), forward_s=0.01) as (client, _):
+        abandoned = [_connect(client) for _ in range(2)]
+        for sock in abandoned:
+            sock.sendall(_head(content_length=len(body)) + body)
+        time.sleep(0.5)
+        assert _in_flight(client) == 2  # both decoding
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=5)
+        for sock in abandoned:
+            sock.close()
+        hung_up = time.monotonic()
+        while _in_flight(client) and time.monotonic() - hung_up < 5:
+            time.sleep(0.02)
+        assert time.monotonic() - hung_up < 1.0, "the abandoned requests kept their places"
+        reply = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=5)
+        assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "word word word word word"

@@ -41,7 +41,9 @@ Per-episode options (`run(..., options=[EpisodeOptions(...), ...])`, used by the
 each request brings its own temperature, seed, max_tokens and stop): an episode may sample with
 its own `SamplingParams` (and a generator of its own seed: the backend contract), cap its turns
 at its own `max_turn_tokens` (the episode limit still applies) and end a turn at `stop_strings`
-(the backend's stop "stop_string": the turn is stepped like any un-cut turn).
+(the backend's stop "stop_string": the turn is stepped like any un-cut turn). An episode whose
+`cancel` event is set (by any thread: the server, when its client went away) ends at the next
+step with "cancelled": its slot is released and it costs no further forward.
 
 Episodes whose history is not a prefix: when `env.step` returns a `context` (StepResult.context:
 the conversation the policy sees from now on, e.g. a window that dropped old turns), the episode's
@@ -70,6 +72,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import threading
 from typing import Any, Sequence
 
 from agentic_rl.envs.base import Env, StepResult, Task
@@ -94,6 +97,8 @@ class EpisodeOptions:
     """Its token limit per policy turn, instead of limits.max_turn_tokens."""
     stop_strings: tuple[str, ...] = ()
     """Texts that end a turn as the end-of-turn token does."""
+    cancel: threading.Event | None = dataclasses.field(default=None, compare=False)
+    """Set it (from any thread) to end the episode at the engine's next step: "cancelled", slot freed."""
 
     def __post_init__(self) -> None:
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
@@ -211,6 +216,8 @@ class RolloutEngine:
                         backend.submit(self._request(episode, list(episode.ids)))
                     outputs = backend.step()
                     generated += sum(len(o.token_ids) for o in outputs)
+                    if any(option.cancel is not None for option in options):
+                        outputs = self._cancel(episodes, outputs, backend, waiting)
                     self._after_turns([episodes[o.key % len(episodes)] for o in outputs], outputs, backend, pool, waiting)
         finally:
             for episode in episodes:  # frees the backend's slots even if something above raised
@@ -335,6 +342,21 @@ class RolloutEngine:
         episode.messages.extend(dict(m) for m in result.observation)
         episode.view.extend(dict(m) for m in result.observation)
         return self._request(episode, observation_ids)
+
+    def _cancel(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend,
+                waiting: collections.deque) -> list[TurnOutput]:
+        """End every unfinished episode whose cancel event is set ("cancelled", its slot released, out
+        of `waiting`); the outputs of the others."""
+        cancelled = {ep.index for ep in episodes if not ep.finish_reason and ep.options.cancel is not None
+                     and ep.options.cancel.is_set()}
+        for index in cancelled:
+            episodes[index].finish_reason = "cancelled"
+            backend.release(episodes[index].key)
+        if cancelled:
+            kept = [episode for episode in waiting if episode.index not in cancelled]
+            waiting.clear()
+            waiting.extend(kept)
+        return [output for output in outputs if output.key % len(episodes) not in cancelled]
 
     def _fail(self, episode: _Episode, message: str) -> _Episode:
         episode.finish_reason = "error"

@@ -11,6 +11,9 @@ costs nothing). Each request brings its own sampling, seed, token limit and stop
 `EpisodeOptions`, so requests with different settings share a batch, and a request's seed gives
 the same reply whichever requests share it (the backend contract).
 
+A request whose client goes away sets its episode's `cancel` event: queued, it never runs; decoding,
+the engine ends it at its next step and frees its slot (rollout/engine.py).
+
 How it departs from a serving engine such as vLLM: a request that arrives while a batch decodes
 waits for that batch to finish (the engine's `run` admits its episodes at the start), so under a
 steady stream of requests its latency includes the rest of the running batch.
@@ -27,6 +30,10 @@ from typing import Any
 
 from agentic_rl.envs.base import Env, Task
 from agentic_rl.rollout.engine import EpisodeOptions, RolloutEngine
+
+
+class EpisodeCancelled(Exception):
+    """A request's client went away before its episode was decoded: nothing ran for it."""
 
 
 @dataclasses.dataclass
@@ -79,12 +86,22 @@ class EngineWorker:
                     self._queue.put(None)  # stop after this batch
                     break
                 batch.append(job)
-            self._run(batch)
+            self._run([job for job in batch if not self._cancelled(job)])
+
+    @staticmethod
+    def _cancelled(job: _Job) -> bool:
+        """Whether `job`'s client went away before its batch started; it then fails at once, unrun."""
+        if job.options.cancel is None or not job.options.cancel.is_set():
+            return False
+        job.future.set_exception(EpisodeCancelled("the client went away before the request was decoded"))
+        return True
 
     def _run(self, batch: list[_Job]) -> None:
         """Run `batch` as one engine batch. When it raises, each of its requests runs again alone, so
         the one that raised (a message the chat format cannot encode, a tool that breaks) fails alone
         and the others get their answers: one bad request never fails the batch it shared."""
+        if not batch:
+            return
         self.batch_sizes.append(len(batch))
         try:
             # Every served episode has its own sampling (and seed), so the run's seed is never drawn from.

@@ -17,6 +17,7 @@ agent mode, the tool observations), so total_tokens is the episode's length.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 from agentic_rl.envs.base import Env, StepResult, Task
@@ -72,10 +73,13 @@ class AgentEnv(ConversationEnv):
 
 
 def request_episode(request: ChatRequest, request_id: str, seed: int, agent_tools: list[str] | None, max_turns: int,
-                    on_trace: TraceCallback = lambda messages: None) -> tuple[Env, Task, EpisodeOptions]:
-    """(env, task, options) of one request. agent_tools: the environment's tools (agent mode), or None."""
+                    on_trace: TraceCallback = lambda messages: None,
+                    cancel: threading.Event | None = None) -> tuple[Env, Task, EpisodeOptions]:
+    """(env, task, options) of one request. agent_tools: the environment's tools (agent mode), or None.
+    cancel: set when the client went away; the engine then ends the episode at its next step."""
     messages = training_messages(request.messages)
-    options = EpisodeOptions(SamplingParams(request.temperature, request.top_p, request.top_k, seed=seed), request.max_tokens, request.stop)
+    options = EpisodeOptions(SamplingParams(request.temperature, request.top_p, request.top_k, seed=seed), request.max_tokens,
+                             request.stop, cancel=cancel)
     if agent_tools is None:
         return ClientToolsEnv(messages, request.tools), Task(request_id, "", ""), options
     if messages[-1]["role"] != "user":

@@ -17,7 +17,9 @@ serving/openai_api.py the wire format and its checks. Errors have OpenAI's shape
 name the field), 404 for an unknown model or route, 413 / 408 for a body over http.max_body_bytes
 or slower than http.read_timeout_s, 429 past http.max_concurrent_requests in flight, 500 only when
 an episode fails. What one client may cost (body size, JSON nesting, header and idle timeouts) is
-`ServeConfig.http`: serving/request_body.py and serving/connections.py enforce it.
+`ServeConfig.http`: serving/request_body.py and serving/connections.py enforce it. A client that
+hangs up cancels its request: a queued one never runs, a decoding one ends at the engine's next
+step, so its slot and its place under http.max_concurrent_requests are free again.
 
 Streaming (`stream: true`, server-sent events ending with `data: [DONE]`) is per turn, not per
 token: the engine's backend hands back whole turns, so the reply's content (or its tool calls)
@@ -36,6 +38,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import threading
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -109,19 +112,26 @@ def build_app(served: ServedModel) -> Starlette:
                 if chat.stream:
                     loop.call_soon_threadsafe(events.put_nowait, messages)
 
-            env, task, options = request_episode(chat, request_id, seed, served.agent_tools, served.limits.max_turns, on_trace)
+            cancel = threading.Event()
+            env, task, options = request_episode(chat, request_id, seed, served.agent_tools, served.limits.max_turns,
+                                                 on_trace, cancel)
             future = served.worker.submit(env, task, options)
         finally:
             if future is None:
                 served.in_flight -= 1
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(served.release))
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, cancel))
         if not chat.stream:
-            trajectory = await asyncio.wrap_future(future)
+            try:
+                trajectory = await asyncio.wrap_future(future)
+            finally:
+                _stop_watching(watcher, future, cancel)
             message, finish, tokens = reply(trajectory, chat, served.agent_mode)
             extra = _agent_extra(env, trajectory) if served.agent_mode else {}
             return JSONResponse(completion(request_id, served.model_id, message, finish, tokens, **extra))
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
-        return StreamingResponse(_stream(served, chat, request_id, env, future, events), media_type="text/event-stream")
+        return StreamingResponse(_stream(served, chat, request_id, env, future, events, (watcher, cancel)),
+                                 media_type="text/event-stream")
 
     async def list_models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(served)]})
@@ -144,8 +154,34 @@ def build_app(served: ServedModel) -> Starlette:
     return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
 
 
-async def _stream(served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue) -> AsyncIterator[str]:
+async def _cancel_on_disconnect(request: Request, cancel: threading.Event) -> None:
+    """Set `cancel` when the client hangs up (ASGI's http.disconnect, which comes once the body is
+    read), so its episode stops taking a slot and forwards; cancelled when the reply is done."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()
+
+
+def _stop_watching(watcher: asyncio.Task, future: Any, cancel: threading.Event) -> None:
+    """The reply is done or abandoned: stop watching for the hang-up; an episode still running then has
+    no reader (the handler or the stream was cancelled, e.g. Starlette's own disconnect check), so it
+    is cancelled too."""
+    watcher.cancel()
+    if not future.done():
+        cancel.set()
+
+
+async def _stream(served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue,
+                  watching: tuple[asyncio.Task, threading.Event]) -> AsyncIterator[str]:
     """Server-sent events: the role, each tool-calling turn as it runs (agent mode), the reply, the finish."""
+    try:
+        async for event in _events(served, chat, request_id, env, future, events):
+            yield event
+    finally:
+        _stop_watching(watching[0], future, watching[1])
+
+
+async def _events(served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue) -> AsyncIterator[str]:
     model_id = served.model_id
     yield _sse(chunk(request_id, model_id, {"role": "assistant", "content": ""}))
     while (messages := await events.get()) is not None:
