@@ -272,3 +272,60 @@ def test_requests_whose_clients_went_away_are_cancelled_and_free_their_places(qw
         assert time.monotonic() - hung_up < 1.0, "the abandoned requests kept their places"
         reply = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=5)
         assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "word word word word word"
+
+
+def test_a_request_of_more_messages_than_the_limit_is_a_400_before_it_is_rendered(qwen3_tokenizer, monkeypatch):
+    """Guards against a request of 100k two-character messages (3.4 MB, under the body limit) rendered
+    whole before any check, stalling the server for as long: past http.max_messages it is a 400."""
+    from agentic_rl.models.chat_format import ChatFormat
+
+    messages = [{"role": role, "content": "hi"} for _ in range(1000) for role in ("user", "assistant")] + QUESTION
+    with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
+        monkeypatch.setattr(ChatFormat, "render", lambda *args, **kwargs: pytest.fail("rendered before the count was checked"))
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="scripted", messages=messages)
+    assert caught.value.body["param"] == "messages" and caught.value.body["code"] == "too_many_messages"
+    assert "holds 2,001 messages; this server accepts at most 1,024 (http.max_messages)" in caught.value.message
+
+
+def test_large_bodies_take_turns_to_parse_while_small_ones_parse_at_once(qwen3_tokenizer, monkeypatch):
+    """Guards against 16 concurrent 3.9 MiB bodies of `[{},{},...]` parsed all at once: RSS 0.55 -> 3.5
+    GiB, small requests waiting up to 33 s. Bodies over 64 KiB parse within http.max_parsing_bytes
+    (here room for one), each made to take 0.5 s; a small request is answered meanwhile."""
+    original, active, most, lock = request_body.decode_chat_request, [0], [0], threading.Lock()
+
+    def slow(raw, *args):
+        large = len(raw) > request_body.SMALL_BODY_BYTES
+        if large:
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.5)
+        try:
+            return original(raw, *args)
+        finally:
+            if large:
+                with lock:
+                    active[0] -= 1
+
+    monkeypatch.setattr(server, "decode_chat_request", slow)
+    flood = ("[" + ",".join(["{}"] * 30_000) + "]").encode()  # 90 KB of empty objects
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_parsing_bytes=100_000)) as (client, _):
+        statuses = []
+
+        def send_flood():
+            with _connect(client) as sock:
+                sock.settimeout(10.0)
+                sock.sendall(_head(content_length=len(flood)) + flood)
+                statuses.append(_response(sock)[0])
+
+        floods = [threading.Thread(target=send_flood) for _ in range(3)]
+        for thread in floods:
+            thread.start()
+        time.sleep(0.2)  # the first is parsing, the others wait their turn
+        started = time.monotonic()
+        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert time.monotonic() - started < 0.4, "a small request waited for the large bodies"
+        for thread in floods:
+            thread.join()
+    assert statuses == [400, 400, 400] and most[0] == 1

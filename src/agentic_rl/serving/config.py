@@ -27,6 +27,13 @@ class HTTPLimits(Config):
     closed, past the second the request is answered 408."""
     idle_timeout_s: PositiveFloat = 5.0
     """Seconds an idle keep-alive connection stays open after a response (uvicorn's timeout_keep_alive)."""
+    max_messages: PositiveInt = 1024
+    """Most messages in one request, checked before anything is rendered; more is a 400 (the body's
+    size bounds its characters: max_body_bytes)."""
+    max_parsing_bytes: PositiveInt = 4 * 2**20
+    """Most bytes of request bodies over 64 KiB parsed at once (4 MiB: one body at the size limit); a
+    large body waits its turn (up to read_timeout_s, then 429), so large bodies cannot fill the
+    memory and the parsing threads while small requests parse at once, beside them."""
     max_concurrent_requests: PositiveInt = 64
     """Most chat requests in flight at once (reading, queued or decoding); more are answered 429
     at once, with Retry-After. Bounds the memory requests hold: at most this many bodies of

@@ -1,13 +1,17 @@
 """A chat request's body, read and parsed under the server's `HTTPLimits` (serving/config.py).
 
     raw = await read_body(request, limits)                        # bytes, or an APIError 413 / 408
-    chat = await run_in_threadpool(decode_chat_request, raw, ...)  # JSON parsed and checked off the event loop
+    async with budget.hold(len(raw)):                              # large bodies take turns (ParseBudget)
+        chat = await run_in_threadpool(decode_chat_request, raw, ...)  # JSON parsed and checked off the event loop
 
 A body is refused before it is read when its Content-Length is over `max_body_bytes`, and while
 it streams as soon as the bytes received pass it (a chunked body has no Content-Length), so a
 20 MB body never sits in memory. Parsing then runs on a worker thread, never on the event loop
-that answers the other requests. A value nested deeper than `max_json_depth` is a 400: CPython's
-parser raises RecursionError near 1,000 levels, and the chat template's `tojson` recurses too.
+that answers the other requests, and bodies over 64 KiB take turns within `max_parsing_bytes`
+(`ParseBudget`): sixteen 4 MiB bodies of `[{},{},...]` parsed at once held 3 GiB and kept small
+requests waiting 33 s. A value nested deeper than `max_json_depth` is a 400: CPython's parser
+raises RecursionError near 1,000 levels, and the chat template's `tojson` recurses too. More than
+`max_messages` messages is a 400 before anything is rendered.
 
 Connection-level limits (the header deadline, the keep-alive idle time) are in
 serving/connections.py; the bound on requests in flight is in server.py.
@@ -16,7 +20,8 @@ serving/connections.py; the bound on requests in flight is in server.py.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 
@@ -44,13 +49,54 @@ async def read_body(request: Request, limits: HTTPLimits) -> bytes:
     return b"".join(chunks)
 
 
-def decode_chat_request(raw: bytes, model_id: str, rollout_limits: Any, agent_mode: bool, max_json_depth: int) -> ChatRequest:
-    """`parse_chat_request` of the JSON in `raw`, with every tool call's `arguments` nested at most `max_json_depth`."""
-    request = parse_chat_request(parse_json(raw, max_json_depth), model_id, rollout_limits, agent_mode)
+SMALL_BODY_BYTES = 64 * 2**10
+"""Bodies up to this size parse at once, outside the ParseBudget: a chat turn's request is far smaller."""
+
+
+class ParseBudget:
+    """Bytes of large bodies (over SMALL_BODY_BYTES) being parsed at once, at most
+    `http.max_parsing_bytes`: a large body waits for its turn, up to `http.read_timeout_s`, then is
+    answered 429. A body larger than the budget alone runs alone."""
+
+    def __init__(self, limits: HTTPLimits) -> None:
+        self.limits, self.used = limits, 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        if size <= SMALL_BODY_BYTES:
+            yield
+            return
+        try:
+            async with asyncio.timeout(self.limits.read_timeout_s), self._changed:
+                await self._changed.wait_for(lambda: self.used == 0 or self.used + size <= self.limits.max_parsing_bytes)
+                self.used += size
+        except TimeoutError:
+            raise APIError(429, f"this server is parsing {self.used:,} bytes of other large request bodies, its limit "
+                           "(http.max_parsing_bytes); retry shortly", kind="requests", code="rate_limit_exceeded") from None
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.used -= size
+                self._changed.notify_all()
+
+
+def decode_chat_request(raw: bytes, model_id: str, rollout_limits: Any, agent_mode: bool, limits: HTTPLimits) -> ChatRequest:
+    """`parse_chat_request` of the JSON in `raw`: at most `limits.max_messages` messages (counted before
+    anything else is checked), every value, and every tool call's `arguments`, nested at most
+    `limits.max_json_depth`."""
+    body = parse_json(raw, limits.max_json_depth)
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise APIError(400, f"the request holds {len(messages):,} messages; this server accepts at most "
+                       f"{limits.max_messages:,} (http.max_messages): send a shorter conversation", "messages",
+                       "too_many_messages")
+    request = parse_chat_request(body, model_id, rollout_limits, agent_mode)
     for index, message in enumerate(request.messages):
         for k, call in enumerate(message.get("tool_calls") or []):
             where = f"messages[{index}].tool_calls[{k}].function.arguments"
-            parse_json(call["function"].get("arguments") or "{}", max_json_depth, f"'{where}'", where)
+            parse_json(call["function"].get("arguments") or "{}", limits.max_json_depth, f"'{where}'", where)
     return request
 
 

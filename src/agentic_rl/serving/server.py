@@ -55,7 +55,7 @@ from agentic_rl.serving.config import HTTPLimits, ServeConfig
 from agentic_rl.serving.connections import uvicorn_options
 from agentic_rl.serving.episodes import reply, request_episode
 from agentic_rl.serving.openai_api import APIError, chunk, completion, stream_deltas
-from agentic_rl.serving.request_body import decode_chat_request, read_body
+from agentic_rl.serving.request_body import ParseBudget, decode_chat_request, read_body
 
 
 @dataclasses.dataclass
@@ -76,6 +76,11 @@ class ServedModel:
     """Chat requests admitted and not yet finished by the engine (bounded by http.max_concurrent_requests)."""
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     _counter: Any = dataclasses.field(default_factory=itertools.count)
+    parsing: ParseBudget = dataclasses.field(init=False)
+    """The large bodies being parsed (http.max_parsing_bytes)."""
+
+    def __post_init__(self) -> None:
+        self.parsing = ParseBudget(self.http)
 
     @property
     def agent_mode(self) -> bool:
@@ -102,8 +107,9 @@ def build_app(served: ServedModel) -> Starlette:
         try:
             raw = await read_body(request, served.http)
             # Parsing a body of a few MB is tens of ms of Python: on a worker thread, the loop answers the others meanwhile.
-            chat = await run_in_threadpool(decode_chat_request, raw, served.model_id, served.limits, served.agent_mode,
-                                           served.http.max_json_depth)
+            async with served.parsing.hold(len(raw)):
+                chat = await run_in_threadpool(decode_chat_request, raw, served.model_id, served.limits, served.agent_mode,
+                                               served.http)
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             seed = chat.seed if chat.seed is not None else served.next_seed()
             events: asyncio.Queue = asyncio.Queue()
