@@ -46,6 +46,14 @@ def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
     done = env.step(f"Final Answer: {base**2}")
     assert done.done and done.info["correct"]
 
+    # The README's claims: disjoint splits (they once shared 100 of 100 questions: 10 000 % max_base = 0),
+    # and the saved tool usable by an env, in the way the README says an env names one.
+    train, test = make_env("squares", max_base=50).tasks("train"), make_env("squares", max_base=50).tasks("test")
+    assert {t.question for t in train}.isdisjoint(t.question for t in test) and (len(train), len(test)) == (25, 24)
+    offered = re.search(r'An env offers a tool by name \(`tools=(\[.*?\])`\)', README.read_text()).group(1)
+    from agentic_rl.envs.tool_env import ToolEnv
+
+    assert [tool.name for tool in ToolEnv(tools=json.loads(offered), max_turns=2).tools] == ["calculator", "unit_price"]
     assert get_tool("unit_price").call({"total": 10.0, "count": 4}) == "2.50"
     import pytest
     from agentic_rl.tools.base import ToolError
