@@ -388,4 +388,3 @@ def test_every_rank_of_a_two_process_launch_imports_the_plugin(tmp_path):
     assert done.stdout.count('{"final": ') == 2, "each rank reads its config (plugin env and reward) and finishes"
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["step"] == 1 and "reward/few_tokens/mean" in row
-

@@ -1,5 +1,8 @@
 """Each reward formula against hand-computed values, and the composer's bookkeeping."""
 
+import json
+import re
+
 import pytest
 
 from agentic_rl.rewards import RewardComposer, RewardSpec
@@ -104,3 +107,25 @@ def test_unknown_reward_and_parameter_are_rejected_with_the_options():
         RewardSpec("acuracy")
     with pytest.raises(ValueError, match=r"no parameter\(s\) \['gama'\]; allowed: \['gamma'\]"):
         RewardSpec("env_steps", params={"gama": 0.9})
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"alpha": "lots"}, "params.alpha must be a number, got 'lots'"),
+    ({"target": 2.5}, "params.target must be a whole number, got 2.5"),
+    ({"target": True}, "params.target must be a whole number, got True"),
+])
+def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(params, message):
+    """Guards against `length_penalty` with `alpha: lots` passing validation and dying after the model
+    loaded and the first rollout (`TypeError: bad operand type for unary -: 'str'`, 20 frames): each
+    parameter is checked against the term's annotation when the config is read."""
+    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.training.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match=re.escape(f"reward 'length_penalty': {message}")):
+        load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3",
+                                                  f"rewards=[{{name: length_penalty, params: {json.dumps(params)}}}]"])
+
+
+def test_reward_params_of_the_annotated_types_pass_and_an_int_is_a_float():
+    assert RewardSpec("length_penalty", params={"alpha": 1, "target": 100}).params == {"alpha": 1, "target": 100}
+    assert RewardSpec("step_bonus", params={"beta": 0.1, "cap": 3}).params == {"beta": 0.1, "cap": 3}

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
+import typing
 from typing import Any, Callable, Sequence
 
 from agentic_rl.config import Config
@@ -106,6 +108,40 @@ class RewardSpec(Config):
         unknown = sorted(set(self.params) - set(allowed))
         if unknown:
             raise ValueError(f"reward '{self.name}' has no parameter(s) {unknown}; allowed: {allowed}")
+        for key, value in self.params.items():
+            wanted = reward_parameter_types(self.name).get(key)
+            if wanted is not None and not _is_a(value, wanted):
+                names = " or ".join(_TYPE_NAMES[kind] for kind in wanted)
+                raise ValueError(f"reward '{self.name}': params.{key} must be {names}, got {value!r}; "
+                                 f"`agentic-rl rewards list` shows each term's parameters")
+
+
+_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", type(None): "null"}
+
+
+def reward_parameter_types(name: str) -> dict[str, tuple[type, ...]]:
+    """{parameter: the plain types its annotation allows} for each keyword parameter of reward `name`
+    annotated with bool, int, float, str or a union of them (None included); others are not checked."""
+    fn = get_reward(name)
+    target = getattr(fn, "__wrapped__", fn)
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: nothing to check against
+        return {}
+    out = {}
+    for key in reward_parameters(name):
+        hint = hints.get(key)
+        kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if kinds and all(kind in _TYPE_NAMES for kind in kinds):
+            out[key] = tuple(kinds)
+    return out
+
+
+def _is_a(value: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a config value fits one of `kinds` (an int fits float; a bool fits only bool)."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return any(isinstance(value, kind) or (kind is float and isinstance(value, int)) for kind in kinds)
 
 
 class RewardComposer:
