@@ -175,3 +175,25 @@ def test_maj_at_k_is_left_out_where_episodes_have_no_final_answer(monkeypatch, e
     assert (_with_ci(result, "maj@2") == "n/a") is not votes
     with pytest.raises(ValueError, match="use pass@1, sampled_accuracy@T, pass@2" + ("" if votes else "$")):
         runner.per_problem_scores(result, "maj@3")
+
+
+def test_an_episode_the_env_broke_shows_its_exception_in_evals_failures(capsys):
+    """Guards against an env whose `step` raises showing in `eval` as `failure (error): answered None`
+    with no exception text: the failure carries the exception's type and message, and eval prints it."""
+    from agentic_rl import cli
+    from agentic_rl.envs.arith import ArithEnv
+    from agentic_rl.envs.base import list_envs, register_env
+
+    if "exploding_arith" not in list_envs():
+
+        @register_env("exploding_arith")
+        class ExplodingArith(ArithEnv):
+            name = "exploding_arith"
+
+            def step(self, action_text):
+                raise RuntimeError("tool server exploded")
+
+    assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "exploding_arith", "--n", "2", "--max-turn-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "): error: env.step raised RuntimeError: tool server exploded" in out
+    assert out.count("--- failure ") == 2 and "answered None" not in out

@@ -193,6 +193,16 @@ def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on
         assert _finite(row)
 
 
+def test_a_grpo_run_whose_every_episode_failed_stops_with_an_error_naming_why(tmp_path):
+    """Guards against `grpo` finishing with every episode failed and exit code 0."""
+    from agentic_rl.errors import RunStopped
+
+    cfg = grpo_cfg(tmp_path / "all-failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1", "rollout.group_size=4",
+                   "train.steps=2")
+    with pytest.raises(RunStopped, match=r"every episode of this batch failed \(4 of 4.*agentic-rl envs oracle flaky_arith"):
+        train_grpo(cfg)
+
+
 def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, capsys, qwen3_tokenizer):
     """Guards against a run whose episodes cannot finish inside rollout.max_episode_tokens (plan's
     two-door houses need ~1100 tokens; the default is 1024) training on that silently: the share

@@ -309,10 +309,14 @@ def test_explained_variance_by_hand_and_undefined_when_every_return_is_equal():
     assert math.isnan(_explained_variance(masked_moments(torch.zeros(1, 4), mask), masked_moments(torch.zeros(1, 4), mask)))
 
 
-def test_a_batch_whose_episodes_all_failed_trains_on_nothing_and_the_run_goes_on(tmp_path):
-    """Guards against PPO stopping a run when a whole batch failed (its tools raised): no policy
-    token to whiten or to fit the value to, so the step changes nothing but the optimizer's clock."""
-    result = train_ppo(ppo_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
-                            "rollout.group_size=4", "train.steps=1"))
-    row = result["history"][0]
-    assert row["rollout/failed"] == 4.0 and row["loss/total"] == 0.0
+def test_a_batch_whose_episodes_all_failed_stops_the_run_before_it_trains(tmp_path, capsys):
+    """Guards against a run whose every episode failed (its env or tools raise) finishing with exit 0
+    having learnt nothing: it stops (RunStopped: a non-zero exit) before the update, each failure
+    printed with its error, and no checkpoint written from the batch."""
+    from agentic_rl.errors import RunStopped
+
+    with pytest.raises(RunStopped, match=r"every episode of this batch failed \(4 of 4, each printed above"):
+        train_ppo(ppo_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
+                          "rollout.group_size=4", "train.steps=1"))
+    assert capsys.readouterr().out.count("RuntimeError: tool server exploded") == 4
+    assert not (tmp_path / "failed" / "checkpoints").exists()

@@ -107,6 +107,7 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.config import EvalCommandConfig
+    from agentic_rl.evaluation.report import failure_headline
     from agentic_rl.evaluation.runner import evaluate
     from agentic_rl.models.device import load_for_decoding
 
@@ -126,7 +127,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             print(f"{key:28s} {value:.4f}" if isinstance(value, float) else f"{key:28s} {value}")
         print(f"{'problems':28s} {len(per_task['id'])} (per-problem results: --out FILE, then `agentic-rl compare`)")
         for failure in failures:
-            print(f"\n--- failure {failure['task_id']} ({failure['finish_reason']}): answered {failure['final_answer']!r}, expected {failure['reference']!r}")
+            print(f"\n--- failure {failure_headline(failure)}")
             for message in failure["messages"]:
                 if message["role"] != "system":
                     print(f"[{message['role']}] {message.get('content', '')}")

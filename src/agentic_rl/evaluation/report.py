@@ -371,6 +371,13 @@ def plot_minutes(series: dict[str, dict[str, list[tuple[float, float, Any]]]], p
     return True
 
 
+def failure_headline(failure: dict[str, Any]) -> str:
+    """`task (finish_reason): answered X, expected Y`, or the error of an episode that broke."""
+    outcome = (f"error: {failure['error']}" if failure.get("error") else
+               f"answered {failure['final_answer']!r}, expected {failure['reference']!r}")
+    return f"{failure['task_id']} ({failure['finish_reason']}): {outcome}"
+
+
 def _failures(results: dict[str, Any]) -> list[str]:
     for stage in ("eval_grpo", "eval_ppo", "eval_control", "eval_sft", "eval_base"):
         evals = results.get(stage, {}).get("evals")
@@ -378,7 +385,7 @@ def _failures(results: dict[str, Any]) -> list[str]:
             lines = []
             for label, metrics in evals.items():
                 for failure in metrics.get("failures", [])[:1]:
-                    lines.append(f"**{label}**, task `{failure['task_id']}` ({failure['finish_reason']}, answered {failure['final_answer']!r}, expected {failure['reference']!r}):")
+                    lines.append(f"**{label}**, task {failure_headline(failure)}:")
                     lines.append("```")
                     lines += [f"[{m['role']}] {m.get('content', '')}" for m in failure["messages"] if m["role"] != "system"]
                     lines.append("```")

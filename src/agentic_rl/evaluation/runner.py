@@ -184,6 +184,8 @@ def _canonical(answer: str) -> str:
 
 
 def transcript(traj: Trajectory) -> dict[str, Any]:
-    """A failure as a readable record: the task, the answer given and the whole conversation."""
+    """A failure as a readable record: the task, the answer given (or, for an episode the env or a tool
+    broke, the exception's type and message: `error`) and the whole conversation."""
     return {"task_id": traj.task_id, "finish_reason": traj.finish_reason, "final_answer": traj.info.get("final_answer"),
-            "reference": traj.info.get("reference"), "messages": traj.messages}
+            "reference": traj.info.get("reference"), "error": traj.info.get("error"), "messages": traj.messages}
+

@@ -46,6 +46,7 @@ import torch
 
 from agentic_rl.algorithms.logprobs import sequence_logprobs
 from agentic_rl.algorithms.rollout_correction import rollout_correction
+from agentic_rl.errors import RunStopped
 from agentic_rl.rewards.base import RewardComposer, RewardSpec, reported_terms
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
 from agentic_rl.training.gather import combine_drift, gather_in_global_order, gather_objects, sum_over_processes
@@ -308,6 +309,11 @@ class Episodes:
         for traj in trajs:  # every rank reports its own failed episodes
             if traj.finish_reason == "error":
                 print(f"{rank}episode failed (task {traj.task_id}): {traj.info.get('error')}", flush=True)
+        if table.shape[0] and float(column["failed"].sum()) == table.shape[0]:  # the same on every rank: all stop
+            raise RunStopped(
+                f"every episode of this batch failed ({table.shape[0]} of {table.shape[0]}, each printed above with its "
+                "error): the env or its tools raise, so there is nothing to learn from. Check the env with "
+                f"`agentic-rl envs oracle {self.cfg.env.name}` and `agentic-rl eval`, which show the error of each failure")
         return metrics
 
     def batch_for(self, step: int, batch: Any, roll_out: Callable[[int], Any]) -> Any:
