@@ -123,6 +123,17 @@ def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix(new_tin
     assert total == sum(p.numel() for p in new_tiny_qwen3().parameters()) + expected
 
 
+def test_adapters_are_applied_without_the_third_party_deprecation_warning(new_tiny_qwen3):
+    """Guards against transformers' `is_gradient_checkpointing` FutureWarning (PEFT reads the attribute)
+    printing on every training command: noise a user can do nothing about."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(new_tiny_qwen3(), LoraConfig(r=4))
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft") / "run"

@@ -7,7 +7,10 @@ B: d_out × r, so each adapted matrix trains r·(d_in + d_out) parameters instea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import warnings
+from typing import Iterator
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -63,7 +66,17 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, task_type: str = "CAUSAL
         task_type=task_type,
         bias="none",
     )
-    return get_peft_model(model, peft_cfg)
+    with quiet_peft():
+        return get_peft_model(model, peft_cfg)
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """PEFT reads `model.is_gradient_checkpointing`, which transformers deprecates with a FutureWarning
+    printed on every command that loads adapters: noise the user can do nothing about, hidden here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        yield
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -103,10 +103,13 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
     if meta.get("lora"):  # the base from the record, through our loader: the adapters' own base path is
         from peft import PeftModel  # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
 
+        from agentic_rl.models.lora import quiet_peft
+
         if not meta.get("base"):
             raise ValueError(f"{folder / RM_RECORD} has no 'base' (the model its adapters sit on); train it again with `agentic-rl rm`")
         classifier, _ = base_classifier(meta["base"], "float32", device)
-        classifier = PeftModel.from_pretrained(classifier, folder).merge_and_unload()
+        with quiet_peft():
+            classifier = PeftModel.from_pretrained(classifier, folder).merge_and_unload()
     else:
         classifier = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
     return RewardScorer(classifier.eval().to(device)), tokenizer

@@ -85,11 +85,13 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
         if record["kind"] == "lora":
             from peft import PeftModel
 
+            from agentic_rl.models.lora import quiet_peft
+
             # "base" is the model these adapters were trained on, itself possibly a stage's
             # final/ folder (SFT -> GRPO): resolve the chain down to real weights.
             base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device, (*_chain, here))
             _require_adapters(Path(name))
-            with unloadable_weights(name):
+            with unloadable_weights(name), quiet_peft():
                 merged = PeftModel.from_pretrained(base, name).merge_and_unload()
             _require_finite(merged, name)
             return merged, tokenizer, root
