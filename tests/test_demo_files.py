@@ -182,3 +182,18 @@ def test_a_line_longer_than_the_line_limit_is_refused_before_it_is_parsed(tmp_pa
     path = tmp_path / "fits.jsonl"
     path.write_bytes(exact + b"\r\n" + exact + b"\r\n")  # at the limit, with Windows line ends: both load
     assert len(load_jsonl_demos(path, chat_format)) == 2
+
+
+def test_sft_checks_a_demonstration_file_before_the_model_loads(tmp_path, monkeypatch):
+    """Guards against a bad JSONL file being found only after the model loaded (minutes for a real one):
+    `agentic-rl sft` reads and checks every line first, naming the file and line."""
+    from agentic_rl.config import load_config
+    from agentic_rl.training.sft import SFTConfig, train_sft
+
+    path = tmp_path / "demos.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps({"messages": _messages((0, {"role": "narrator", "content": "x"}))}) + "\n")
+    monkeypatch.setattr("agentic_rl.training.sft.load_policy", lambda *a, **k: pytest.fail("the model loaded first"))
+    cfg = load_config(SFTConfig, None, overrides=["model.name=tiny-qwen3", f"sources=[{{kind: jsonl, path: {path}}}]",
+                                                  f"train.output_dir={tmp_path / 'run'}", "batch_size=1", "micro_batch_size=1"])
+    with pytest.raises(DemoError, match=rf"^{re.escape(str(path))}:2: messages\[0\] needs a role"):
+        train_sft(cfg)

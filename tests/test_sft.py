@@ -228,7 +228,7 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
 
     from agentic_rl.models.lora import LoraConfig, apply_lora
     from agentic_rl.models.policy import ModelConfig, load_policy
-    from agentic_rl.models.stage_output import load_base_and_tokenizer, save_final
+    from agentic_rl.models.stage_output import load_base_and_tokenizer, read_stage_record, save_final
 
     class _Accelerator:
         is_main_process = True
@@ -250,7 +250,8 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
 
     first, first_policy = train_one_stage("tiny-qwen3", tmp_path / "sft", 0)
     second, second_policy = train_one_stage(first, tmp_path / "grpo", 1)
-    assert json.loads((tmp_path / "grpo" / "final" / "agentic_rl_model.json").read_text())["base"] == first
+    assert json.loads((tmp_path / "grpo" / "final" / "agentic_rl_model.json").read_text())["base"] == "../../sft/final"
+    assert read_stage_record(second)["base"] == first  # read against the record's own folder
     ids = torch.tensor([[9707, 1879, 151645]])
     reloaded, _, root = load_base_and_tokenizer(second, "float32")
     assert root == "tiny-qwen3"

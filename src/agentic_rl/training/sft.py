@@ -24,6 +24,7 @@ from agentic_rl.algorithms.sft import sft_loss
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import TemplateOptions
+from agentic_rl.rollout.demos import check_length
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import save_final
@@ -208,10 +209,15 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     run_dir = start_run("sft", cfg, accelerator)  # stops here if the folder holds another run
     if run_dir.finished is not None:
         return run_dir.finished
-    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
-    if demos is None:
-        demos = build_demos(cfg.sources, tokenizer, cfg.train.seed, log=accelerator.print, context=context_length(policy),
+    if demos is None:  # before the model loads: a bad demonstration file stops the run in seconds, not minutes
+        from agentic_rl.models.loader import load_tokenizer
+
+        demos = build_demos(cfg.sources, load_tokenizer(cfg.model.name), cfg.train.seed, log=accelerator.print,
                             enable_thinking=cfg.enable_thinking)
+    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
+    context = context_length(policy)
+    for demo in demos:  # the model's context is known only now
+        check_length(demo, context, demo.task_id, f"the model's context, max_position_embeddings={context}")
     if len(demos) < cfg.batch_size:
         raise ValueError(f"{len(demos)} demonstrations cannot fill batch_size={cfg.batch_size}; add demonstrations or lower it")
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
