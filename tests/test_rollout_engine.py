@@ -356,6 +356,28 @@ def test_env_step_exception_fails_only_that_episode(qwen3_chat):
     trajectories[1].check()
 
 
+def test_a_cancelled_episode_ends_at_the_next_step_and_the_others_run_on_unchanged(qwen3_chat):
+    """Guards against an episode whose reader went away (a served request whose client hung up)
+    decoding on to its end: with its `cancel` event set it ends at the engine's next step
+    ("cancelled", its slot released, nothing fed after its prompt), and the others are as without it."""
+    import threading
+
+    from agentic_rl.rollout.engine import EpisodeOptions
+
+    tokenizer, chat_format = qwen3_chat
+    cancel = threading.Event()
+    cancel.set()
+    engine, runner = scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
+    options = [EpisodeOptions(), EpisodeOptions(cancel=cancel), EpisodeOptions()]
+    trajectories = engine.run([ToolLoopEnv(tool_turns=2) for _ in range(3)], [task(i) for i in range(3)], options=options)
+    assert [t.finish_reason for t in trajectories] == ["answered", "cancelled", "answered"]
+    assert trajectories[1].num_policy_tokens == 0 and len(runner.fed[1]) <= len(trajectories[1])
+    assert engine.backend.capacity() == runner.max_slots  # every slot released
+    uncancelled, _ = scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
+    alone = uncancelled.run([ToolLoopEnv(tool_turns=2) for _ in range(3)], [task(i) for i in range(3)])
+    assert [trajectories[i].input_ids for i in (0, 2)] == [alone[i].input_ids for i in (0, 2)]
+
+
 class _ScriptedEnv(Env):
     """Replays a list of (kind, length) observations: 'tool' -> an observation, 'done' -> ends."""
 
