@@ -267,8 +267,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from agentic_rl.evaluation.report import REPORT_NAME
 
         summary["report"] = str(Path(cfg.output_dir) / REPORT_NAME)
+    print(next_step(args.command, cfg, summary))
     _print_json(summary)
     return 0
+
+
+def next_step(command: str, cfg: Any, summary: dict[str, Any]) -> str:
+    """Where a finished training command left its results, and the command a user runs next."""
+    if command == "pipeline":
+        return f"done: the report is {summary['report']} (each stage's folder beside it holds its run)"
+    final = summary.get("final", "")
+    where = f"done: {cfg.train.output_dir} holds the run (metrics.jsonl, tb/ for TensorBoard, final/ the model)"
+    if command == "sft":
+        envs = [source.env.name for source in cfg.sources if source.kind == "oracle"]
+        return f"{where}\nnext: agentic-rl grpo --set model.name={final} --set env.name={envs[0] if envs else '<env>'}   (RL from it)"
+    if command == "rm":
+        return f"{where}\nnext: agentic-rl grpo --set reward_model.path={final} --set reward_model.weight=0.5   (train with it)"
+    return f"{where}\nnext: agentic-rl eval --model {final} --env {cfg.env.name}   (held-out accuracy)"
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

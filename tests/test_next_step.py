@@ -1,0 +1,43 @@
+"""What a finished training command tells its user: where the run is, and a next command that runs.
+
+The suggested command is parsed by the CLI's own parser and its config loaded, so a renamed key or
+command in the advice fails here, not in a user's terminal."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from agentic_rl import cli
+from agentic_rl.config import load_config
+from agentic_rl.train_commands import config_class
+
+TINY = {
+    "sft": ["sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]"],
+    "rm": [],
+    "grpo": ["env.name=plan"],
+    "ppo": ["env.name=memory"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TINY))
+def test_a_finished_run_names_its_folder_and_a_next_command_that_loads(command, tmp_path):
+    cfg = load_config(config_class(command), None, overrides=["model.name=tiny-qwen3", f"train.output_dir={tmp_path}",
+                                                               *TINY[command]])
+    final = tmp_path / "final"
+    final.mkdir()
+    message = cli.next_step(command, cfg, {"final": str(final)})
+    done, advice = message.splitlines()
+    assert done.startswith(f"done: {tmp_path} holds the run (metrics.jsonl, tb/ for TensorBoard, final/ the model)")
+    assert advice.startswith("next: agentic-rl ")
+    argv = shlex.split(advice.removeprefix("next: agentic-rl ").split("   (")[0])
+    args = cli.build_parser().parse_args(argv)
+    if args.command == "eval":
+        assert args.model == str(final) and args.env == cfg.env.name
+        return
+    suggested = load_config(config_class(args.command), None, overrides=args.set)
+    if command == "rm":
+        assert suggested.reward_model.path == str(final) and suggested.reward_model.weight == 0.5
+    else:
+        assert suggested.model.name == str(final) and suggested.env.name == "arith"
