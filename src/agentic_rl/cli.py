@@ -2,6 +2,7 @@
 
     agentic-rl envs list
     agentic-rl envs oracle arith --n 50 --split test
+    agentic-rl tools list -v
     agentic-rl tools run calculator --expression "48/2"
     agentic-rl tools run python --code "print(2**10)"
     agentic-rl rewards list
@@ -84,6 +85,27 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
         result = {"tool": tool.name, "ok": False, "error": str(exc)}
     _print_json(result)
     return 0 if result["ok"] else 1
+
+
+def _cmd_tools_list(args: argparse.Namespace) -> int:
+    load_plugin_flags(args)
+    from agentic_rl.tools.base import ToolUnavailable, get_tool, list_tools
+
+    for name in list_tools():
+        print(name)
+        if not args.verbose:
+            continue
+        try:
+            function = get_tool(name).schema["function"]
+        except ToolUnavailable as exc:  # e.g. python where the sandbox cannot run
+            print(f"    unavailable here: {exc}")
+            continue
+        print(f"    {function.get('description', '').strip().splitlines()[0] if function.get('description') else ''}")
+        required = set(function["parameters"].get("required", []))
+        for param, spec in function["parameters"].get("properties", {}).items():
+            kind = spec.get("type", "any") + ("" if param in required else ", optional")
+            print(f"    {param} ({kind}): {spec.get('description', '')}")
+    return 0
 
 
 def _cmd_rewards_list(args: argparse.Namespace) -> int:
@@ -333,7 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_oracle)
 
-    tools = sub.add_parser("tools", help="run a tool by hand").add_subparsers(dest="tools_command", required=True)
+    tools = sub.add_parser("tools", help="list the tools, run one by hand").add_subparsers(dest="tools_command", required=True)
+    p = tools.add_parser("list", help="list registered tools (-v: each one's description and arguments)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show each tool's description and arguments")
+    add_plugin_flag(p)
+    p.set_defaults(func=_cmd_tools_list)
     p = tools.add_parser("run", help="run one tool call and print the result as JSON")
     p.add_argument("tool", help="tool name: calculator or python")
     p.add_argument("--expression", help="calculator: the expression")

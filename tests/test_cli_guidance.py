@@ -1,7 +1,6 @@
-"""What a finished training command tells its user: where the run is, and a next command that runs.
-
-The suggested command is parsed by the CLI's own parser and its config loaded, so a renamed key or
-command in the advice fails here, not in a user's terminal."""
+"""What the CLI tells a newcomer: where a finished run is and a next command that runs (parsed by the
+CLI's own parser and its config loaded, so a renamed key or command in the advice fails here, not in
+a user's terminal), and which tools there are."""
 
 from __future__ import annotations
 
@@ -41,3 +40,13 @@ def test_a_finished_run_names_its_folder_and_a_next_command_that_loads(command, 
         assert suggested.reward_model.path == str(final) and suggested.reward_model.weight == 0.5
     else:
         assert suggested.model.name == str(final) and suggested.env.name == "arith"
+
+
+def test_tools_list_names_every_tool_and_shows_each_ones_arguments(capsys):
+    """Guards against a toolkit with `envs list` and `rewards list` but no way to see its tools."""
+    assert cli.main(["tools", "list"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["calculator", "python"]
+    assert cli.main(["tools", "list", "-v"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "calculator" and out[2].startswith("    expression (string): ")
+    assert "python" in out and any(line.startswith("    code (string): ") for line in out)
