@@ -4,6 +4,7 @@ a user's terminal), and which tools there are."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -50,3 +51,42 @@ def test_tools_list_names_every_tool_and_shows_each_ones_arguments(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "calculator" and out[2].startswith("    expression (string): ")
     assert "python" in out and any(line.startswith("    code (string): ") for line in out)
+
+
+def _register_no_oracle_env() -> str:
+    from agentic_rl.envs.base import Task, list_envs, register_env
+    from agentic_rl.envs.tool_env import ToolEnv
+
+    if "no_oracle" not in list_envs():
+
+        @register_env("no_oracle")
+        class NoOracle(ToolEnv):
+            name = "no_oracle"
+
+            def __init__(self):
+                super().__init__(tools=["calculator"], max_turns=2)
+
+            def tasks(self, split, n=None, seed=0):
+                return [Task(f"no_oracle/{split}/{i}", f"What is {i} + 1?", str(i + 1)) for i in range(n or 4)]
+
+    return "no_oracle"
+
+
+@pytest.mark.parametrize("command, overrides, where", [
+    ("sft", ["sources=[{kind: oracle, env: {name: no_oracle}, n: 4}]"], "sft.sources[].kind: oracle"),
+    ("grpo", ["env.name=no_oracle", "guidance.enabled=true"], "guidance.enabled"),
+])
+def test_a_setting_that_needs_an_oracle_names_the_env_without_one_when_the_config_is_read(command, overrides, where):
+    """Guards against an env without an oracle reaching a raw NotImplementedError after the model loaded
+    (sft with kind: oracle, guidance.enabled) or in `envs oracle`: each is refused by name first."""
+    from agentic_rl.config import ConfigError
+
+    _register_no_oracle_env()
+    with pytest.raises(ConfigError, match=rf"{re.escape(where)}: env 'no_oracle' has no oracle \(its class does not define oracle_actions"):
+        load_config(config_class(command), None, overrides=["model.name=tiny-qwen3", *overrides])
+
+
+def test_envs_oracle_on_an_env_without_one_is_an_error_naming_it(capsys):
+    _register_no_oracle_env()
+    assert cli.main(["envs", "oracle", "no_oracle", "--n", "2"]) == 2
+    assert "error: envs oracle: env 'no_oracle' has no oracle" in capsys.readouterr().err

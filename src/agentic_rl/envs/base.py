@@ -195,6 +195,22 @@ def env_factory(name: str) -> EnvFactory:
     return _REGISTRY[name][0]
 
 
+def has_oracle(name: str) -> bool | None:
+    """Whether env `name` defines `oracle_actions` (False: it inherits Env's, which raises), known
+    from its class without building it; None when it is registered through a factory function."""
+    factory = env_factory(name)
+    if isinstance(factory, type) and issubclass(factory, Env):
+        return factory.oracle_actions is not Env.oracle_actions
+    return None
+
+
+def no_oracle_error(name: str, where: str, instead: str) -> ValueError:
+    """The error of a setting that needs env `name`'s oracle when it has none (`has_oracle` False)."""
+    return ValueError(f"{where}: env '{name}' has no oracle (its class does not define oracle_actions, the turns "
+                      f"that solve a task), so it cannot give what {where} needs; {instead}, or add oracle_actions "
+                      "to the env")
+
+
 def env_options_class(name: str) -> type | None:
     _ensure_builtin_envs()
     if name not in _REGISTRY:

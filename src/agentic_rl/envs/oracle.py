@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from agentic_rl.envs.answer import answers_match
-from agentic_rl.envs.base import Env, StepResult, Task, episode_info, make_env
+from agentic_rl.envs.base import Env, StepResult, Task, episode_info, has_oracle, make_env, no_oracle_error
 from agentic_rl.envs.tool_env import reference_step_values
 
 MAX_FAILURES_LISTED = 10
@@ -26,6 +26,8 @@ MAX_FAILURES_LISTED = 10
 
 def run_oracle(env_name: str, n: int | None = None, split: str = "train", seed: int = 0, **options: Any) -> dict[str, Any]:
     """Build env `env_name` with `options`, take `n` tasks of `split`, run the oracle on each."""
+    if has_oracle(env_name) is False:
+        raise no_oracle_error(env_name, "envs oracle", "check it with `agentic-rl eval` on a model instead")
     env = make_env(env_name, **options)
     summary = run_oracle_episodes(env, env.tasks(split, n=n, seed=seed))
     return {"env": env_name, "split": split, "seed": seed, **summary}

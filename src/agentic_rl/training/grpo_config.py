@@ -10,6 +10,7 @@ from typing import Literal
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.algorithms.rollout_correction import RolloutCorrectionConfig
 from agentic_rl.config import Config, NonNegativeInt, PositiveInt
+from agentic_rl.envs.base import has_oracle, no_oracle_error
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rewards.base import RewardSpec
@@ -129,6 +130,8 @@ class GRPOConfig(PluginsConfig):
             budget = min(self.rollout.max_turns * self.rollout.max_turn_tokens, self.rollout.max_episode_tokens)
             self.loss = dataclasses.replace(self.loss, max_completion_length=budget)
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
+        if self.guidance.enabled and has_oracle(self.env.name) is False:
+            raise no_oracle_error(self.env.name, "guidance.enabled", "set guidance.enabled: false")
         if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
             check_trainer_device(self.rollout.device)
         discounted = [spec.params["gamma"] for spec in self.rewards if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0]

@@ -21,7 +21,7 @@ import torch
 
 from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.algorithms.sft import sft_loss
-from agentic_rl.envs.base import EnvSpec
+from agentic_rl.envs.base import EnvSpec, has_oracle, no_oracle_error
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import TemplateOptions
 from agentic_rl.rollout.demos import check_length
@@ -67,6 +67,9 @@ class DemoSource(Config):
         else:
             unused, used_with = ["path"], "sft.sources[].kind: jsonl"
         refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
+        if self.kind == "oracle" and has_oracle(self.env.name) is False:
+            raise no_oracle_error(self.env.name, "sft.sources[].kind: oracle",
+                                  "give demonstrations of your own (kind: jsonl, path: FILE)")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}")
         if self.max_repeats is not None and self.max_repeats < 1:
