@@ -8,7 +8,7 @@ import dataclasses
 from typing import ClassVar, Literal
 
 from agentic_rl.config import Config, PositiveFloat, PositiveInt, refuse_unused, require_model
-from agentic_rl.envs.base import EnvSpec
+from agentic_rl.envs.base import EnvSpec, has_oracle, no_oracle_error
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE, RolloutConfig, RolloutDtype
 
@@ -94,6 +94,9 @@ class AuditConfig(PluginsConfig):
     """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
 
     def __post_init__(self) -> None:
+        if has_oracle(self.env.name) is False:
+            raise no_oracle_error(self.env.name, "audit", "audit replays oracle episodes to check the chat template; "
+                                  "run `agentic-rl eval` to check the env instead")
         require_model(self.model)
         if not self.dtypes:
             raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")
