@@ -203,6 +203,17 @@ def test_a_grpo_run_whose_every_episode_failed_stops_with_an_error_naming_why(tm
         train_grpo(cfg)
 
 
+def test_a_batch_that_never_succeeds_warns_that_its_gradient_is_zero_and_what_to_do(tmp_path, capsys):
+    """Guards against the README's first command running for hours from a 0%-accuracy model with every
+    reward 0 and every gradient 0, and nothing saying so."""
+    cfg = grpo_cfg(tmp_path / "hopeless", "rewards=[{name: accuracy}]", "train.steps=1")
+    result = train_grpo(cfg)
+    assert result["history"][0]["train/groups_with_variance"] == 0 and result["history"][0]["rollout/accuracy"] == 0
+    out = capsys.readouterr().out
+    assert "WARNING: no episode of this batch succeeded and every group's rewards are equal, so this update's gradient is zero" in out
+    assert "guidance.enabled: true" in out
+
+
 def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, capsys, qwen3_tokenizer):
     """Guards against a run whose episodes cannot finish inside rollout.max_episode_tokens (plan's
     two-door houses need ~1100 tokens; the default is 1024) training on that silently: the share

@@ -188,6 +188,12 @@ class Episodes:
         metrics.update(draw_metrics)
         # the share of groups with reward variance after selection (and guidance)
         metrics["train/groups_with_variance"] = sum(g.has_variance for g in groups) / len(groups)
+        if metrics["train/groups_with_variance"] == 0 and metrics["rollout/accuracy"] == 0:
+            self.accelerator.print(
+                "WARNING: no episode of this batch succeeded and every group's rewards are equal, so this update's "
+                "gradient is zero: the policy cannot learn from a task it never solves. Start from an SFT model "
+                "(agentic-rl sft, or the pipeline), set guidance.enabled: true (the env's oracle completes part of "
+                "a group), or use an easier split or difficulty (train/groups_with_variance in metrics.jsonl)", flush=True)
         for part in range(len(self.cfg.env.mix)):  # env.mix: how each part of the task mix fares
             mine = [g for g in groups if g.task.meta["mix_part"] == part]
             if mine:
