@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import textwrap
 import types
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from agentic_rl.config import _derived
 
@@ -72,9 +72,23 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             check_section_default(cls, f, hint)
             lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
             continue
-        type_name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        lines.append(f"{prefix}{f.name} ({type_name}, default {_leaf_default(f)!r}): {docs.get(f.name, '')}")
+        type_name = type_label(hint)
+        lines.append(f"{prefix}{f.name} ({type_name}, default {_shown_default(_leaf_default(f))}): {docs.get(f.name, '')}")
     return lines
+
+
+def type_label(hint: Any) -> str:
+    """A field's type as a user reads it: a Literal as its choices (`one of float32, bfloat16, auto`),
+    an Optional as `X or null`, a list by its item type; else the type's name."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(str(arg) for arg in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join("null" if arg is type(None) else type_label(arg) for arg in args)
+    if origin in (list, tuple) and args:
+        item = args[0]
+        return f"list of {item.__name__ if dataclasses.is_dataclass(item) else type_label(item)}"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def check_section_default(cls: type, field: dataclasses.Field, section: type) -> None:
@@ -83,6 +97,19 @@ def check_section_default(cls: type, field: dataclasses.Field, section: type) ->
     if field.default_factory is not section:  # type: ignore[misc]
         raise TypeError(f"{cls.__name__}.{field.name}: a section's default must be default_factory={section.__name__}, its "
                         "class's own defaults; declare a subclass that redeclares the fields whose default differs")
+
+
+def _shown_default(value: Any) -> str:
+    """A default as it is written in a config: a list of sections in YAML's flow style
+    (`[{name: env_steps, weight: 1.0, params: {}}]`), a scalar as its repr."""
+    if isinstance(value, list) and any(dataclasses.is_dataclass(item) for item in value):
+        import yaml
+
+        from agentic_rl.config import settings
+
+        plain = [settings(item) if dataclasses.is_dataclass(item) else item for item in value]
+        return yaml.safe_dump(plain, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    return repr(value)
 
 
 def _leaf_default(field: dataclasses.Field) -> Any:
