@@ -229,9 +229,11 @@ def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(comm
     built = _leaves(load_config(config_class(command), None, required))
     built.pop("loss.max_completion_length", None)  # derived, not a key
     assert sorted(keys) == sorted(built)
+    from agentic_rl.config_docs import _shown_default
+
     for line, key in zip(lines, keys):
         if key != "model" or not required:
-            assert f", default {built[key]!r}): " in line, (line, built[key])
+            assert f", default {_shown_default(built[key])}): " in line, (line, built[key])
 
 
 # ------------------------------------------------------------------ checks at construction
