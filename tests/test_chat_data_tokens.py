@@ -208,3 +208,5 @@ def test_text_that_looks_like_the_formats_own_sentinels_is_ordinary_text(chat):
     messages = [{"role": "user", "content": lookalikes}, {"role": "assistant", "content": lookalikes},
                 {"role": "user", "content": lookalikes}]
     assert tokenizer.decode(chat_format.prompt_ids(messages)) == chat_format.render(messages, add_generation_prompt=True)
+    tools = [{"type": "function", "function": {"name": "calc", "description": lookalikes, "parameters": {"type": "object", "properties": {}}}}]
+    assert tokenizer.decode(chat_format.prompt_ids(messages, tools)) == chat_format.render(messages, tools, add_generation_prompt=True)

@@ -350,13 +350,14 @@ def with_placeholder_assistants(messages: Sequence[Message]) -> list[Message]:
 
 
 def _marked_tools(tools: Sequence[dict[str, Any]], mark: Callable[..., str], holds_control: Callable[[str], bool]) -> list[Any]:
-    """The tool schemas with each key and string that holds a control string as a DATA sentinel
+    """The tool schemas with each key and string that holds a control string (or looks like a sentinel) as a DATA sentinel
     (`render_pieces`), written back as JSON writes it: templates write tool schemas as JSON. Others
     are left as they are (their ids are the same either way), so a template that reads a schema's
     keys still finds them."""
     def walk(value: Any) -> Any:
         if isinstance(value, str):
-            return mark(value, DATA, written=json.dumps(value, ensure_ascii=False)[1:-1]) if holds_control(value) else value
+            outside = holds_control(value) or "\u2983VALUE-" in value  # a control string, or a sentinel look-alike
+            return mark(value, DATA, written=json.dumps(value, ensure_ascii=False)[1:-1]) if outside else value
         if isinstance(value, dict):
             return {walk(key): walk(item) for key, item in value.items()}
         if isinstance(value, list):
