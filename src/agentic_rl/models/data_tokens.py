@@ -84,8 +84,6 @@ class DataSafeEncoder:
         policy = [token for token in [*policy_tokens, *(call or ())] if token in self._added_ids]
         self._policy_pattern = _alternation(policy)
         self._call = call if call and all(token in self._added_ids for token in call) else None
-        self.policy_ids: frozenset[int] = frozenset(self._added_ids[token] for token in policy)
-        """The control ids a POLICY piece may hold (the think and tool-call markers that are added tokens)."""
         self._plain = plain_tokenizer(tokenizer.backend_tokenizer)
 
     def plain_ids(self, text: str) -> list[int]:
