@@ -11,7 +11,7 @@ import pytest
 
 from agentic_rl import cli
 from agentic_rl.config import load_config
-from agentic_rl.train_commands import config_class
+from agentic_rl.train_commands import config_class, next_step
 
 TINY = {
     "sft": ["sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]"],
@@ -23,11 +23,13 @@ TINY = {
 
 @pytest.mark.parametrize("command", sorted(TINY))
 def test_a_finished_run_names_its_folder_and_a_next_command_that_loads(command, tmp_path):
+    """Guards against a run that ends with `{"final": ...}` and nothing about where its results are or
+    what to run next, and against advice naming a key or command that no longer exists."""
     cfg = load_config(config_class(command), None, overrides=["model.name=tiny-qwen3", f"train.output_dir={tmp_path}",
                                                                *TINY[command]])
     final = tmp_path / "final"
     final.mkdir()
-    message = cli.next_step(command, cfg, {"final": str(final)})
+    message = next_step(command, cfg, {"final": str(final)})
     done, advice = message.splitlines()
     assert done.startswith(f"done: {tmp_path} holds the run (metrics.jsonl, tb/ for TensorBoard, final/ the model)")
     assert advice.startswith("next: agentic-rl ")
@@ -88,6 +90,7 @@ def test_a_setting_that_needs_an_oracle_names_the_env_without_one_when_the_confi
 
 
 def test_envs_oracle_on_an_env_without_one_is_an_error_naming_it(capsys):
+    """Guards against `envs oracle` on an env without an oracle ending in a raw NotImplementedError."""
     _register_no_oracle_env()
     assert cli.main(["envs", "oracle", "no_oracle", "--n", "2"]) == 2
     assert "error: envs oracle: env 'no_oracle' has no oracle" in capsys.readouterr().err

@@ -127,5 +127,6 @@ def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(p
 
 
 def test_reward_params_of_the_annotated_types_pass_and_an_int_is_a_float():
+    """Guards against the type check refusing good params: an int where a float is annotated is fine."""
     assert RewardSpec("length_penalty", params={"alpha": 1, "target": 100}).params == {"alpha": 1, "target": 100}
     assert RewardSpec("step_bonus", params={"beta": 0.1, "cap": 3}).params == {"beta": 0.1, "cap": 3}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.cli_flags import add_flagged, add_plugin_flag, load_flagged, load_plugin_flags, parse_options
-from agentic_rl.train_commands import CONFIGURED_COMMANDS, TRAIN_COMMANDS, config_class
+from agentic_rl.train_commands import CONFIGURED_COMMANDS, TRAIN_COMMANDS, config_class, next_step
 
 
 def _print_json(payload: Any) -> None:
@@ -293,19 +293,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _print_json(summary)
     return 0
 
-
-def next_step(command: str, cfg: Any, summary: dict[str, Any]) -> str:
-    """Where a finished training command left its results, and the command a user runs next."""
-    if command == "pipeline":
-        return f"done: the report is {summary['report']} (each stage's folder beside it holds its run)"
-    final = summary.get("final", "")
-    where = f"done: {cfg.train.output_dir} holds the run (metrics.jsonl, tb/ for TensorBoard, final/ the model)"
-    if command == "sft":
-        envs = [source.env.name for source in cfg.sources if source.kind == "oracle"]
-        return f"{where}\nnext: agentic-rl grpo --set model.name={final} --set env.name={envs[0] if envs else '<env>'}   (RL from it)"
-    if command == "rm":
-        return f"{where}\nnext: agentic-rl grpo --set reward_model.path={final} --set reward_model.weight=0.5   (train with it)"
-    return f"{where}\nnext: agentic-rl eval --model {final} --env {cfg.env.name}   (held-out accuracy)"
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -55,6 +55,19 @@ CONFIGURED_COMMANDS = ("eval", "audit", "chat", "serve", *TRAIN_COMMANDS)
 """Every command that reads a config class (`agentic-rl config <command>` lists its keys)."""
 
 
+def next_step(command: str, cfg, summary: dict) -> str:
+    """Where a finished training command left its results, and the command a user runs next."""
+    if command == "pipeline":
+        return f"done: the report is {summary['report']} (each stage's folder beside it holds its run)"
+    final = summary.get("final", "")
+    where = f"done: {cfg.train.output_dir} holds the run (metrics.jsonl, tb/ for TensorBoard, final/ the model)"
+    if command == "sft":
+        envs = [source.env.name for source in cfg.sources if source.kind == "oracle"]
+        return f"{where}\nnext: agentic-rl grpo --set model.name={final} --set env.name={envs[0] if envs else '<env>'}   (RL from it)"
+    if command == "rm":
+        return f"{where}\nnext: agentic-rl grpo --set reward_model.path={final} --set reward_model.weight=0.5   (train with it)"
+    return f"{where}\nnext: agentic-rl eval --model {final} --env {cfg.env.name}   (held-out accuracy)"
+
 def config_class(command: str) -> type:
     """The config class `command` (one of CONFIGURED_COMMANDS) reads."""
     match command:
