@@ -102,6 +102,18 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
     return model, tokenizer, name
 
 
+def load_stage_tokenizer(name: str) -> Any:
+    """The tokenizer `load_base_and_tokenizer(name)` returns, without loading a model: a LoRA stage's
+    is its base's, followed down the chain (a loop of bases is left to that function to name)."""
+    from agentic_rl.models.loader import load_tokenizer
+
+    seen: set[str] = set()
+    while (record := read_stage_record(name)) is not None and record["kind"] == "lora" and name not in seen:
+        seen.add(name)
+        name = record["base"]
+    return load_tokenizer(name)
+
+
 def _require_finite(model: torch.nn.Module, folder: str) -> None:
     """ValueError naming the stage output `folder` and its first non-finite weight: a NaN model is
     never merged, served, chatted with or scored (models/finite.py)."""

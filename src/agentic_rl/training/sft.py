@@ -27,7 +27,7 @@ from agentic_rl.rollout.config import TemplateOptions
 from agentic_rl.rollout.demos import check_length
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
-from agentic_rl.models.stage_output import save_final
+from agentic_rl.models.stage_output import load_stage_tokenizer, save_final
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
 from agentic_rl.training.run_record import start_run
@@ -213,9 +213,7 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     if run_dir.finished is not None:
         return run_dir.finished
     if demos is None:  # before the model loads: a bad demonstration file stops the run in seconds, not minutes
-        from agentic_rl.models.loader import load_tokenizer
-
-        demos = build_demos(cfg.sources, load_tokenizer(cfg.model.name), cfg.train.seed, log=accelerator.print,
+        demos = build_demos(cfg.sources, load_stage_tokenizer(cfg.model.name), cfg.train.seed, log=accelerator.print,
                             enable_thinking=cfg.enable_thinking)
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     context = context_length(policy)
