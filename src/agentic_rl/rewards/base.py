@@ -108,8 +108,9 @@ class RewardSpec(Config):
         unknown = sorted(set(self.params) - set(allowed))
         if unknown:
             raise ValueError(f"reward '{self.name}' has no parameter(s) {unknown}; allowed: {allowed}")
+        types_of = reward_parameter_types(self.name)
         for key, value in self.params.items():
-            wanted = reward_parameter_types(self.name).get(key)
+            wanted = types_of.get(key)
             if wanted is not None and not _is_a(value, wanted):
                 names = " or ".join(_TYPE_NAMES[kind] for kind in wanted)
                 raise ValueError(f"reward '{self.name}': params.{key} must be {names}, got {value!r}; "
