@@ -23,6 +23,7 @@ import uuid
 
 from agentic_rl.tools import sandbox_supervisor
 from agentic_rl.tools.python_sandbox import SandboxLimits, run_python
+from agentic_rl.tools.sandbox_memory import cgroups_available
 
 # {name: code}; the code is formatted with the bait's paths and addresses (see `_bait`).
 HOSTILE = {
@@ -165,6 +166,90 @@ if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
             pass
         if held > {memory_bytes}:
             print("ESCAPED: holds", held >> 20, "MiB in a tmpfs of its own")""",
+    "memory_socket_queues_raised": """
+import array, fcntl, socket
+pairs, queued = [], 0
+for _ in range(29):
+    a, b = socket.socketpair()
+    for sock, option in ((a, socket.SO_SNDBUF), (b, socket.SO_RCVBUF), (a, 32), (b, 33)):  # 32, 33: *FORCE
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, 1 << 30)
+        except OSError:
+            pass
+    a.setblocking(False)
+    try:
+        while True:
+            a.send(b"x" * 65536)
+    except OSError:
+        pass
+    size = array.array("i", [0])
+    fcntl.ioctl(a.fileno(), 0x5411, size)  # SIOCOUTQ: the bytes this socket holds in the kernel
+    queued += size[0]
+    pairs.append((a, b))
+# At the host's default buffer a socket holds wmem_default, plus one send's overshoot.
+if queued > 29 * ({wmem_default} + 65536 + 4096):
+    print("ESCAPED: holds", queued >> 20, "MiB in 29 socket queues")""",
+    "memory_pipes_resized": """
+import fcntl, os
+r, w = os.pipe()
+try:
+    fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+except OSError:
+    pass
+if fcntl.fcntl(w, 1032) > 65536:  # F_GETPIPE_SZ
+    print("ESCAPED: a pipe of", fcntl.fcntl(w, 1032) >> 10, "KiB")""",
+    "memory_processes_add_up": """
+import os, select, signal, time
+chunk = 150 << 20  # under the per-process cap: each alone may hold it
+r, w = os.pipe()
+children = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(chunk)
+        for i in range(0, chunk, 4096):
+            block[i] = 1
+        os.write(w, b"1")
+        time.sleep(30)  # hold it until the count below
+        os._exit(0)
+    children.append(pid)
+os.close(w)
+reported, dead = 0, set()
+deadline = time.monotonic() + 4
+while reported + len(dead) < 6 and time.monotonic() < deadline:  # each holds, or died trying
+    if select.select([r], [], [], 0.05)[0]:
+        reported += len(os.read(r, 6))
+    dead |= {{pid for pid in children if pid not in dead and os.waitpid(pid, os.WNOHANG)[0]}}
+holding = [pid for pid in children if pid not in dead and os.waitpid(pid, os.WNOHANG)[0] == 0]
+held = min(reported, len(holding)) * chunk  # the live ones that finished, at this moment
+for pid in holding:
+    os.kill(pid, signal.SIGKILL)
+# With a cgroup the call holds memory_bytes in all; without, each process holds memory_bytes.
+if held > ({memory_bytes} if {capped} else 16 * {memory_bytes}):
+    print("ESCAPED: 6 processes held", held >> 20, "MiB at once")""",
+    "user_namespace_of_its_own": """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER: every capability, CAP_SYS_CHROOT included
+    print("ESCAPED: unshare(CLONE_NEWUSER)")
+child = libc.syscall(56 if os.uname().machine == "x86_64" else 220, 0x10000000 | 17, 0, 0, 0, 0)
+if child == 0:  # 17 = SIGCHLD: a fork into a user namespace of its own
+    os._exit(0)
+if child > 0:
+    print("ESCAPED: clone(CLONE_NEWUSER)")
+if libc.syscall(435, 0, 0) != -1 or ctypes.get_errno() != 38:
+    print("ESCAPED: clone3 is not ENOSYS")""",
+    "proc_shows_the_caller": """
+import os
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    for name in ("cmdline", "environ", "comm"):
+        try:
+            text = open(f"/proc/{{pid}}/{{name}}", "rb").read()
+        except OSError:
+            continue
+        for secret in ({caller_executable!r}, {caller_prefix!r}, "def enter_root"):
+            if secret.encode() in text:
+                print("ESCAPED: /proc", pid, name, "shows", secret)""",
     "memory_work_dir_and_dev_shm_files": """
 chunk, held = 1 << 20, 0
 block = b"1" * chunk
@@ -320,7 +405,10 @@ def _bait(root: str) -> tuple[dict, dict]:
               "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
               "caller_pid": os.getpid(), "memory_bytes": SandboxLimits().memory_bytes,
               "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
-              "source_dir": os.path.dirname(os.path.abspath(__file__))}
+              "source_dir": os.path.dirname(os.path.abspath(__file__)),
+              "capped": cgroups_available(), "caller_executable": os.path.realpath(sys.executable),
+              "caller_prefix": os.path.realpath(sys.base_prefix),
+              "wmem_default": int(open("/proc/sys/net/core/wmem_default").read())}
     return values, listeners
 
 

@@ -24,15 +24,21 @@ Where each part lives (tools/):
     sandbox_namespaces.py    isolation: the namespaces, host mounts read-only
     sandbox_root.py          isolation: the minimal root the code sees (pivot_root / chroot)
     sandbox_seccomp.py       isolation: the seccomp filter (sockets, keyring, uncounted memory)
+    sandbox_memory.py        the call's memory cgroup, and the budget of calls at once
     sandbox_result.py        SandboxResult, and how the way a run ended becomes exit_reason
     sandbox_observation.py   the observation text the policy reads
 
 Threat model (what is enforced, and how):
   - Wall clock: `timeout_s`, enforced by the caller. CPU: RLIMIT_CPU per process (SIGXCPU).
-  - Memory: RLIMIT_AS per process, so a big allocation raises MemoryError. What it does not
-    count is refused (sandbox_seccomp.py): System V shared memory and message queues, memfds
-    (ENOSYS), POSIX message queues (RLIMIT_MSGQUEUE = 0); the work dir and /dev/shm are tmpfs
-    of max_file_bytes each.
+  - Memory (sandbox_memory.py): the whole call in a memory cgroup of its own capped at
+    `memory_bytes` (every process, tmpfs files, pipes and other kernel memory charged to it),
+    where the host lets the caller make one (root, or a delegated cgroup v2 subtree); and
+    RLIMIT_AS per process, so a big allocation raises MemoryError. Refused, since nothing would
+    count it (sandbox_seccomp.py): System V shared memory and message queues, memfds (ENOSYS),
+    POSIX message queues (RLIMIT_MSGQUEUE = 0), raising a socket's buffer or a pipe's size
+    (EPERM); Unix socket queues stay at the host's default size. The calls at once reserve at
+    most half of the host's memory (a call waits for room). The work dir and /dev/shm are
+    tmpfs of max_file_bytes each.
   - Kernel keyring (not namespaced): keyctl, add_key and request_key are refused (EPERM), and
     /proc/keys and /proc/key-users are masked, so the code neither reads the caller's keys nor
     leaves keyrings behind.
@@ -65,14 +71,18 @@ Threat model (what is enforced, and how):
   - Environment: only PATH, LANG, HOME, TMPDIR (and LD_LIBRARY_PATH when the interpreter
     needs it). `-I -S`: no site-packages, no PYTHON* variables, no user site: stdlib only.
 Not enforced:
-  - Aggregate memory: a program may hold up to `max_processes` x `memory_bytes`, plus
-    2 x `max_file_bytes` of tmpfs and small kernel buffers (pipes, sockets) (no cgroup).
+  - Memory where no cgroup can be made: a program may hold up to `max_processes` x
+    `memory_bytes`, plus 2 x `max_file_bytes` of tmpfs and bounded socket queues, and the
+    budget then runs such calls one at a time.
+  - Unix socket queues (no cgroup counts them): at most max_processes x max_open_files x
+    net.core.wmem_default (208 MiB with the defaults) beyond the cap.
+  - /proc/self/mountinfo names the host paths of the bound directories (the library dirs, the
+    interpreter's prefix) and their devices: the kernel prints a bind mount's source path.
   - Reading what the root holds: the interpreter's prefix (for a venv's base interpreter,
     its whole install, site-packages included) and the host's library dirs (/usr/lib holds
     more than the interpreter loads). Kernel exploits: the seccomp filter only refuses the
-    calls above, it does not shrink the kernel's attack surface; the code may still make a
-    user namespace of its own (unshare), though nothing it mounts there can be written
-    (its uid is unmapped and /proc, where the map would be set, is read-only).
+    calls above (and a user namespace of its own: unshare or clone with CLONE_NEWUSER, and
+    clone3), it does not shrink the kernel's attack surface.
   - If namespaces are unavailable (e.g. a container without CAP_SYS_ADMIN and with user
     namespaces disabled), the sandbox refuses to run (exit_reason "sandbox_error") instead
     of running the code with weaker isolation. `get_tool("python")` runs one probe

@@ -30,7 +30,9 @@ The three processes:
   - init is pid 1: it reaps orphans (a daemon the code double-forks), and when it exits the
     kernel kills every process left in the namespace, which is why nothing outlives a call.
     It keeps its privileges, since it mounts, but never runs the code. PDEATHSIG=SIGKILL ties
-    it to the bootstrap.
+    it to the bootstrap. Its command line is blanked first (the code may read /proc/1/cmdline).
+  - The bootstrap joins the call's memory cgroup before anything else (cfg "cgroup_procs",
+    made by sandbox_memory.py), so every process of the call is counted in it.
   - The worker drops everything, in this order, the seccomp filter last: setsid (a
     killpg(0) from the code reaches only its own group), stdin from /dev/null, the rlimits
     (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, MSGQUEUE = 0, and CPU with SIGKILL 1 s
@@ -115,9 +117,20 @@ def exec_worker(cfg, status_fd, nproc):
     os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
     os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
 
+def blank_command_line():
+    # init is pid 1 of the code's /proc, and /proc/1/cmdline anyone may read: it would show the
+    # caller's interpreter path and this whole program. The argument area (fields 48-49 of
+    # /proc/self/stat) is init's own memory; zeroed, cmdline reads "sandbox-init".
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])
+    ctypes.memset(start, 0, end - start)
+    ctypes.memmove(start, b"sandbox-init", min(12, end - start - 1))
+
 def run_init(cfg, code, status_fd, nproc):
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
+        blank_command_line()
         prepare_filesystem(cfg, code)
         worker = os.fork()
         if worker == 0:
@@ -135,6 +148,9 @@ def main():
     cfg = json.loads(sys.stdin.buffer.readline())
     code = sys.stdin.buffer.read()
     try:
+        if cfg["cgroup_procs"]:  # the call's memory cgroup (sandbox_memory.py): every process after
+            with open(cfg["cgroup_procs"], "w") as f:
+                f.write(str(os.getpid()))
         nproc = cfg["max_processes"] + (0 if cfg["is_root"] else user_tasks(cfg["uid"]))
         enter_namespaces(cfg)
         init = os.fork()

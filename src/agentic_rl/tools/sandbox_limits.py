@@ -7,7 +7,9 @@ Each field, what enforces it, and what the code sees when it reaches it:
   - timeout_s: the caller's deadline (sandbox_supervisor.py); the run is killed, "timeout".
   - cpu_seconds: RLIMIT_CPU per process (sandbox_bootstrap.py); SIGXCPU, then SIGKILL 1 s
     later; "timeout".
-  - memory_bytes: RLIMIT_AS per process; MemoryError, "memory".
+  - memory_bytes: the whole call, where a memory cgroup can be made (sandbox_memory.py): every
+    process, its tmpfs files and the kernel memory charged to it; the kernel kills a process
+    at the cap, "memory". And RLIMIT_AS per process; MemoryError, "memory".
   - max_processes: RLIMIT_NPROC (as root, under a fresh uid per run); fork() raises
     BlockingIOError, Thread.start() RuntimeError.
   - max_output_bytes: the caller's bounded reads; the run is killed, "output_truncated".
@@ -15,10 +17,12 @@ Each field, what enforces it, and what the code sees when it reaches it:
     (ENOSPC or EFBIG).
   - max_open_files: RLIMIT_NOFILE; open() raises OSError (EMFILE).
 
-The CPU, memory, file and open-file caps hold per process, and there is no cgroup, so a
-program may hold up to max_processes x memory_bytes in all, plus the two tmpfs (work dir and
-/dev/shm, max_file_bytes each); memory that RLIMIT_AS would not count (System V shm and
-message queues, memfds, POSIX queues) is refused (see the threat model in python_sandbox.py).
+The CPU, file and open-file caps hold per process. Memory is capped for the whole call by its
+cgroup; where none can be made, per process only, so a program may hold up to max_processes x
+memory_bytes in all, plus the two tmpfs (work dir and /dev/shm, max_file_bytes each). Either
+way Unix socket queues are not counted, and are bounded instead (sandbox_memory.py), and memory
+that RLIMIT_AS would not count (System V shm and message queues, memfds, POSIX queues) is refused
+(see the threat model in python_sandbox.py).
 The values are validated at construction, with a message that says what cannot work and why.
 """
 
@@ -36,7 +40,8 @@ class SandboxLimits:
     cpu_seconds: int = 5
     """RLIMIT_CPU per process, in CPU seconds (SIGXCPU at the soft limit, SIGKILL 1 s later)."""
     memory_bytes: int = 512 * 2**20
-    """RLIMIT_AS per process (address space, bytes). Below ~64 MB Python cannot start."""
+    """The whole call's memory where a cgroup can be made, and RLIMIT_AS (address space) per
+    process always (bytes). Below ~64 MB Python cannot start."""
     max_processes: int = 16
     """RLIMIT_NPROC: tasks (processes + threads) the sandbox uid may have, the worker included."""
     max_output_bytes: int = 4096

@@ -18,7 +18,8 @@ The root, as `prepare_filesystem` leaves it (a 64 KiB tmpfs, read-only once buil
                  extension modules load libc, libssl, libffi, ... from there
     /etc/ld.so.cache  the dynamic loader's index of those libraries, read-only
     /proc        a fresh proc of this pid namespace, read-only; /proc/keys and /proc/key-users
-                 (not namespaced) masked by /dev/null
+                 (not namespaced) masked by /dev/null; pid 1 (init) reads as "sandbox-init",
+                 not the caller's interpreter path and the bootstrap's source
     /dev         a read-only tmpfs with only null, zero, full, random and urandom (bound from
                  the host), the fd/stdin/stdout/stderr links, and /dev/shm (tmpfs of
                  max_file_bytes)
@@ -36,9 +37,11 @@ How the switch is made, and where it falls back:
     config, which the tests do to cover this path). Then the new root is moved onto / and init
     chroots into it before it forks the worker. The host's mounts stay in the namespace beneath
     it, all read-only; reaching them takes a chroot escape, which needs CAP_SYS_CHROOT (the
-    worker has no capability; from a user namespace of its own the kernel refuses chroot'ed
-    callers) or /proc/<pid>/root of a process outside the chroot, and every process of this pid
-    namespace (init, the worker and its children) is inside it.
+    worker has no capability, and the seccomp filter refuses it the user namespace of its own
+    where it would have every one: the kernel would allow that here, since the new root is
+    mounted on / rather than chrooted into) or /proc/<pid>/root of a process outside the
+    chroot, and every process of this pid namespace (init, the worker and its children) is
+    inside it.
 Before either, every host mount is remounted read-only (`read_only_mounts`), so the library
 directories' submounts are read-only too, and the fallback's hidden tree cannot be written.
 """

@@ -25,6 +25,14 @@ allow-list that shrinks the kernel's attack surface:
         says, so a library falls back to ordinary memory. RLIMIT_AS does not count a System V
         segment once detached, a queued message, or a memfd's pages (64 memfds x
         max_file_bytes), so each let a call capped at 512 MiB hold 540 MiB to 1 GiB more.
+      clone3: ENOSYS (its flags are in memory the filter cannot read; glibc falls back to clone).
+  - `REFUSED_ARGUMENTS`, refused only for some arguments:
+      setsockopt(SOL_SOCKET, SO_SNDBUF / SO_RCVBUF / their FORCE forms): EPERM. A Unix
+        socket's queue is kernel memory that neither RLIMIT_AS nor a cgroup counts: 29
+        socketpairs raised to the host's maximum held 587 MiB under a 512 MiB cap.
+      fcntl(F_SETPIPE_SZ): EPERM; a pipe keeps its 64 KiB.
+      unshare and clone with CLONE_NEWUSER: EPERM. A user namespace of its own would give the
+        code CAP_SYS_CHROOT, the way out of the chroot fallback (sandbox_root.py).
   - a syscall through a foreign ABI (a 32-bit one, or x32 on x86_64): the process is killed,
     since the syscall numbers tested here would not mean the same there.
 
@@ -56,11 +64,33 @@ REFUSED = {
     # ENOSYS, as on a kernel built without them, so a library falls back to ordinary memory.
     "shmget": (29, 194, ENOSYS), "msgget": (68, 186, ENOSYS),
     "memfd_create": (319, 279, ENOSYS), "memfd_secret": (447, 447, ENOSYS),
+    # clone3's flags are in memory the filter cannot read (CLONE_NEWUSER below): ENOSYS, as in
+    # the container runtimes' default profiles, and glibc falls back to clone.
+    "clone3": (435, 435, ENOSYS),
 }
 # (audit arch, socket, socketpair, x32 bit or 0, index into REFUSED's numbers)
 ARCHES = {"x86_64": (0xC000003E, 41, 53, 0x40000000, 0),
           "aarch64": (0xC00000B7, 198, 199, 0, 1)}
 RET_ALLOW, RET_ERRNO, RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
+
+# Syscalls refused only for some arguments: name: (x86_64 number, aarch64 number, the argument
+# checked (its low 32 bits), the values refused, the errno). "flags" tests a bit, "equals" a value.
+#   setsockopt(fd, SOL_SOCKET, SO_SNDBUF | SO_RCVBUF | *FORCE, ...): a socket's buffer stays at the
+#     host's default (net.core.wmem_default), since what a Unix socket queues is kernel memory no
+#     cgroup and no rlimit counts; 29 socketpairs raised to wmem_max held 587 MiB under a 512 MiB cap.
+#   fcntl(fd, F_SETPIPE_SZ, ...): a pipe keeps its 64 KiB.
+#   unshare(CLONE_NEWUSER), clone(CLONE_NEWUSER): a user namespace of its own gives the code every
+#     capability over it, CAP_SYS_CHROOT included, which in the chroot fallback (sandbox_root.py)
+#     is the classic way out to the host's tree beneath the root (clone3: refused above).
+SOL_SOCKET, SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE = 1, 7, 8, 32, 33
+F_SETPIPE_SZ, CLONE_NEWUSER = 1031, 0x10000000
+REFUSED_ARGUMENTS = {
+    "fcntl": (72, 25, 1, ("equals", F_SETPIPE_SZ), EPERM),
+    "unshare": (272, 97, 0, ("flags", CLONE_NEWUSER), EPERM),
+    "clone": (56, 220, 0, ("flags", CLONE_NEWUSER), EPERM),
+}
+SETSOCKOPT = (54, 208)
+BUFFER_OPTIONS = (SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE)
 
 def seccomp_filter(machine):
     import struct
@@ -68,7 +98,8 @@ def seccomp_filter(machine):
         raise OSError(f"no socket filter for CPU architecture {machine!r}; the sandbox supports "
                       f"{sorted(ARCHES)}")
     arch, nr_socket, nr_socketpair, x32, column = ARCHES[machine]
-    LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06
+    LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+    arg = lambda index: 16 + 8 * index  # the low word of a syscall argument (little-endian)
     deny = RET_ERRNO | EACCES
     prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, RET_KILL),  # a foreign ABI: kill
             (LD, 0, 0, 0)]
@@ -76,12 +107,22 @@ def seccomp_filter(machine):
         prog += [(JGE, 0, 1, x32), (RET, 0, 0, RET_KILL)]
     for numbers in REFUSED.values():
         prog += [(JEQ, 0, 1, numbers[column]), (RET, 0, 0, RET_ERRNO | numbers[2])]
+    # Each block: skip it unless A (the syscall number) matches, then test, return, reload A.
+    for numbers in REFUSED_ARGUMENTS.values():
+        index, (test, value), errno = numbers[2], numbers[3], numbers[4]
+        prog += [(JEQ, 0, 4, numbers[column]), (LD, 0, 0, arg(index)),
+                 (JSET if test == "flags" else JEQ, 0, 1, value),
+                 (RET, 0, 0, RET_ERRNO | errno), (RET, 0, 0, RET_ALLOW)]
+    prog += [(JEQ, 0, 9, SETSOCKOPT[column]), (LD, 0, 0, arg(1)),
+             (JEQ, 0, 5, SOL_SOCKET), (LD, 0, 0, arg(2))]
+    prog += [(JEQ, 4 - i, 0, option) for i, option in enumerate(BUFFER_OPTIONS)]
+    prog += [(RET, 0, 0, RET_ALLOW), (RET, 0, 0, RET_ERRNO | EPERM)]
     prog += [(JEQ, 0, 5, nr_socket),                 # not socket(): to socketpair's test
-             (LD, 0, 0, 16),                           # args[0], low word: the family
+             (LD, 0, 0, arg(0)),                       # the family
              (JEQ, 1, 0, AF_INET), (JEQ, 0, 1, AF_INET6),
              (RET, 0, 0, RET_ALLOW), (RET, 0, 0, deny),
              (JEQ, 0, 4, nr_socketpair),               # not socketpair(): allow
-             (LD, 0, 0, 24), (AND, 0, 0, SOCK_TYPE_MASK),  # args[1] without NONBLOCK/CLOEXEC
+             (LD, 0, 0, arg(1)), (AND, 0, 0, SOCK_TYPE_MASK),  # the type without NONBLOCK/CLOEXEC
              (JEQ, 1, 0, SOCK_STREAM), (RET, 0, 0, deny),
              (RET, 0, 0, RET_ALLOW)]
     return b"".join(struct.pack("=HBBI", *op) for op in prog)

@@ -35,6 +35,7 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -47,6 +48,8 @@ import time
 
 from agentic_rl.tools.sandbox_bootstrap import BOOTSTRAP
 from agentic_rl.tools.sandbox_limits import SandboxLimits
+from agentic_rl.tools.sandbox_memory import (CallCgroup, call_reservation, cgroups_available,
+                                             memory_budget)
 from agentic_rl.tools.sandbox_result import SandboxResult, classify_exit, failed_result
 
 _MAX_CODE_BYTES = 1_000_000  # a model turn is far shorter; this only bounds the stdin write
@@ -71,13 +74,36 @@ _USE_PIVOT_ROOT = True
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run `code` as a program in a fresh sandbox (see the module docstring) and wait for it."""
-    started = time.monotonic()
     code_bytes = code.encode("utf-8", errors="replace")
     if len(code_bytes) > _MAX_CODE_BYTES:
         # The model's fault, not the host's: an ordinary error it can learn from.
-        return failed_result(started, "error", f"code longer than {_MAX_CODE_BYTES} bytes")
+        return failed_result(time.monotonic(), "error", f"code longer than {_MAX_CODE_BYTES} bytes")
+    capped = cgroups_available()
+    with memory_budget().hold(call_reservation(limits, capped)):
+        started = time.monotonic()  # the wait for room is not the code's time
+        try:
+            cgroup = CallCgroup.create(limits.memory_bytes) if capped else None
+        except OSError as exc:
+            return failed_result(started, "sandbox_error", f"cannot make the call's cgroup: {exc}")
+        try:
+            result = _run(code_bytes, limits, cgroup, started)
+            # The kernel's OOM kill at the cap is a SIGKILL; the code's own errors stay its own.
+            if cgroup is not None and result.returncode == 128 + signal.SIGKILL \
+                    and cgroup.oom_kills():
+                message = (f"memory limit of {limits.memory_bytes // 2**20} MiB for the whole call "
+                           "(every process, its files and kernel memory) exceeded")
+                result = dataclasses.replace(result, exit_reason="memory", error=message)
+            return result
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
+
+
+def _run(code_bytes: bytes, limits: SandboxLimits, cgroup: CallCgroup | None,
+         started: float) -> SandboxResult:
     # stdin carries one JSON line of config, then the code: nothing lands on the host disk.
-    payload = json.dumps(_sandbox_config(limits)).encode() + b"\n" + code_bytes
+    config = _sandbox_config(limits, cgroup.procs_path if cgroup is not None else None)
+    payload = json.dumps(config).encode() + b"\n" + code_bytes
     status_read, status_write = os.pipe()
     try:
         proc = subprocess.Popen(
@@ -97,7 +123,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         os.close(status_read)
 
 
-def _sandbox_config(limits: SandboxLimits) -> dict:
+def _sandbox_config(limits: SandboxLimits, cgroup_procs: str | None) -> dict:
     """Everything the bootstrap needs, as JSON-able values (it imports nothing of ours)."""
     is_root = os.geteuid() == 0
     # A fresh uid per call (as root): RLIMIT_NPROC then counts this sandbox only, and
@@ -107,6 +133,7 @@ def _sandbox_config(limits: SandboxLimits) -> dict:
     binds, links, worker_exe, env = _interpreter_in_root()
     return {
         "is_root": is_root, "uid": uid, "gid": gid, "work_dir": _SANDBOX_WORK,
+        "cgroup_procs": cgroup_procs,
         "root_binds": binds, "root_links": links, "pivot_root": _USE_PIVOT_ROOT,
         "exe": worker_exe, "env": env,
         "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
