@@ -29,9 +29,13 @@ import sys
 import threading
 import time
 
-from agentic_rl.tools import sandbox_memory
 from agentic_rl.tools.sandbox_limits import SandboxLimits
 from agentic_rl.tools.sandbox_supervisor import run_python
+
+try:
+    from agentic_rl.tools import sandbox_memory
+except ImportError:  # a commit before the call cgroups (PYTHONPATH=<worktree>/src): no peak
+    sandbox_memory = None
 
 _FILL_SOCKETS = """
 import os, socket, time
@@ -149,8 +153,8 @@ def _rss_outside(own_pid_ns: str) -> int:
 
 def _cgroup_peak() -> int:
     """The highest usage any live call cgroup of this process has recorded (0 without one)."""
-    found = sandbox_memory._process_cgroup()
-    if found is None:
+    found = sandbox_memory and sandbox_memory._process_cgroup()
+    if not found:
         return 0
     folder, version = found
     peak = 0
@@ -188,7 +192,8 @@ def main(names: list[str], repeats: int) -> None:
     limits = SandboxLimits(timeout_s=20.0, cpu_seconds=15)
     print(f"memory_bytes cap {limits.memory_bytes / 2**20:.0f} MiB, "
           f"max_processes {limits.max_processes}, max_file_bytes {limits.max_file_bytes / 2**20:.0f} MiB, "
-          f"a cgroup per call: {sandbox_memory.cgroups_available()}, {repeats} runs each")
+          f"a cgroup per call: {bool(sandbox_memory and sandbox_memory.cgroups_available())}, "
+          f"{repeats} runs each")
     print(f"{'attack':<10} {'host MiB, median [min, max]':>28} {'cgroup peak':>11}  exit_reason  what it printed")
     for name in names or list(ATTACKS):
         rows = [held_bytes(ATTACKS[name], limits) for _ in range(repeats)]

@@ -7,12 +7,14 @@
 between calls, so any number of threads may call it at once. One call:
 
     encode the code (over 1 MB: an ordinary "error", the model's fault)
-    _sandbox_config: uid, paths, environment and limits, as one JSON line
+    wait for room in the memory budget, then make the call's cgroup (sandbox_memory.py)
+    _sandbox_config: uid, paths, environment, limits and the cgroup, as one JSON line
     Popen the bootstrap (sandbox_bootstrap.py: new session, PATH and LANG only, cwd /)
     _supervise: write config + code to its stdin, then
         _read_bounded: stdout, stderr and the status pipe until EOF, deadline or overflow
         _stop when it did not end by itself
-    classify_exit (sandbox_result.py): how it ended -> SandboxResult
+    classify_exit (sandbox_result.py): how it ended -> SandboxResult; a SIGKILL with an OOM
+        kill in the cgroup is "memory"; the cgroup is removed
 
 Design choices:
   - Bounded memory. stdout keeps its head (max_output_bytes + 1 bytes: the extra byte is how
