@@ -277,7 +277,9 @@ def test_a_config_built_in_python_with_a_bad_value_fails_as_one_loaded_from_yaml
     section, leaf = _section_class(cls, key)
     with pytest.raises(ConfigError) as built:
         section(**({**required, leaf: value} if section is cls else {leaf: value}))
-    loaded_problem = str(loaded.value).split(f": '{key}' ", 1)[1]
+    message, given = str(loaded.value).split("\n", 1)  # the problem, then the overrides it came from
+    assert given == f"  (--set {' '.join(f'{k}={v}' for k, v in required.items())}{' ' if required else ''}{key}={raw})"
+    loaded_problem = message.split(f": '{key}' ", 1)[1]
     assert str(built.value) == f"{section.__name__}: '{leaf}' {loaded_problem}"
 
 
@@ -347,8 +349,9 @@ def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(comma
 
     with pytest.raises(ConfigError) as refused:
         load_config(config_class(command), None, overrides)
-    assert message in str(refused.value)
-    assert str(refused.value).endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
+    problem, given = str(refused.value).split("\n", 1)  # the problem first, then the overrides
+    assert message in problem and given == f"  (--set {' '.join(overrides)})"
+    assert problem.endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
 
 
 @pytest.mark.parametrize("command, overrides", [

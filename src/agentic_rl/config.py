@@ -179,11 +179,18 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         source = f"{path}, extending {', '.join(map(str, extended))}" if extended else str(path)
     for override in overrides or []:
         _apply_override(data, override)
-    if overrides:
-        source = f"{source if path is not None else 'config'} with --set {' '.join(map(_shown, overrides))}"
+    if not overrides:
+        _import_plugins(cls, data, plugins or [], source)
+        return from_dict(cls, data, prefix="", source=source)
+    # The message first, then every override that went into the config it speaks of.
+    source = source if path is not None else "--set"
+    try:
         refuse_extends(data, source)
-    _import_plugins(cls, data, plugins or [], source)
-    return from_dict(cls, data, prefix="", source=source)
+        _import_plugins(cls, data, plugins or [], source)
+        return from_dict(cls, data, prefix="", source=source)
+    except ConfigError as exc:
+        given = f"--set {' '.join(map(_shown, overrides))}"
+        raise ConfigError(f"{exc}\n  ({given if path is None else f'config: {source} with {given}'})") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
