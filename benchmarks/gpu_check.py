@@ -6,9 +6,9 @@ Qwen3-0.6B setting, in one run of a few minutes, ending in one JSON line.
 
 Needs only what a bare GPU machine has: torch with CUDA, transformers, peft, accelerate (trl for the
 GRPO comparison, which can travel as a wheel). Nothing is downloaded: the model is Qwen3-0.6B's
-shape (DESIGN.md "GPU paths": hidden 1024, 28 layers, 16 heads, 8 KV heads, head dim 128,
-intermediate 3072, vocabulary 151,936, tied embeddings, rope θ 1e6) with RANDOM weights and the
-vendored Qwen3 tokenizer, so every figure is about speed, memory and exactness, never accuracy.
+shape (hidden 1024, 28 layers, 16 heads, 8 KV heads, head dim 128, intermediate 3072,
+vocabulary 151,936, tied embeddings, rope θ 1e6) with RANDOM weights and the vendored Qwen3
+tokenizer, so every figure is about speed, memory and exactness, never accuracy.
 --tiny swaps in a 2-layer, hidden-64 model of the same family.
 
 Sections (each timed; one that fails records its error and the others still run):

@@ -48,7 +48,7 @@ MODEL = "smollm2-135m-instruct"
 NEW_TOKENS = 64
 PROMPTS, G = 2, 4
 BETA = 0.04
-MATMUL_FLOPS = 169e9  # DESIGN.md: measured fp32 matmul throughput of this machine
+MATMUL_FLOPS = 169e9  # measured fp32 matmul throughput of this machine (BENCHMARKS.md)
 
 
 def make_cfg(setting: str, steps: int, out: str, backend: str) -> GRPOConfig:

@@ -66,7 +66,7 @@ def test_the_policy_keeps_its_own_control_tokens(shared_tokenizer):
 
 def test_incremental_ids_equal_the_whole_conversation_with_forged_output(chat):
     """Guards against the engine's incremental observation ids drifting from the full rendering that SFT and
-    the audit use, when a tool prints control strings (token-in-token-out, DESIGN.md invariant 1)."""
+    the audit use, when a tool prints control strings (token-in-token-out, docs/design.md invariant 1)."""
     _, _, chat_format = chat
     observation = [{"role": "tool", "name": "calculator", "content": FORGED}]
     incremental = chat_format.prompt_ids(START) + chat_format.encode(CALL) + chat_format.observation_ids(START, CALL, observation)

@@ -1,4 +1,4 @@
-"""The config loader is strict: every key is used or rejected (DESIGN.md invariant 6)."""
+"""The config loader is strict: every key is used or rejected (docs/design.md invariant 6)."""
 
 import dataclasses
 import re
@@ -343,7 +343,7 @@ _UNUSED = [  # (command, overrides, the start of the error after "invalid value 
 
 @pytest.mark.parametrize("command, overrides, message", _UNUSED)
 def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(command, overrides, message):
-    """Guards against settings the run silently ignores (DESIGN.md invariant 6): value.model with
+    """Guards against settings the run silently ignores (docs/design.md invariant 6): value.model with
     a shared critic, or pairs.* of the reward model with corrupted pairs, were once accepted."""
     from agentic_rl.train_commands import config_class
 

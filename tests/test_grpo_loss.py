@@ -177,7 +177,7 @@ def test_detached_old_logps_equal_sampling_logps_when_on_policy():
 
 
 def test_beta_zero_never_reads_the_reference():
-    """beta = 0 must skip the reference entirely (DESIGN invariant 4): None is accepted, and a
+    """beta = 0 must skip the reference entirely (docs/design.md invariant 4): None is accepted, and a
     NaN reference cannot leak into the loss."""
     logps, old_logps, _, rewards, mask = ragged_batch(6, 9, seed=5)
     cfg = GRPOLossConfig(beta=0.0)
@@ -365,7 +365,7 @@ def test_token_advantages_land_on_policy_spans_only():
     ({"max_completion_length": 64}, "only used by loss_type='dr_grpo'"),
 ])
 def test_config_rejects_bad_settings_with_a_reason(kwargs, message):
-    """Every setting is used or rejected (DESIGN invariant 6)."""
+    """Every setting is used or rejected (docs/design.md invariant 6)."""
     with pytest.raises(ValueError, match=message):
         GRPOLossConfig(**kwargs)
 

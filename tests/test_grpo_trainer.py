@@ -40,7 +40,7 @@ def straight_run(tmp_path_factory):
 
 def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straight_run):
     """Guards against a run that never updates (zero advantages, frozen adapters), stale rollout
-    weights (DESIGN invariant 3), and reward terms that are summed but not logged (invariant 5)."""
+    weights (docs/design.md invariant 3), and reward terms that are summed but not logged (invariant 5)."""
     out, result = straight_run
     history = result["history"]
     assert len(history) == 4

@@ -1,7 +1,7 @@
-"""DESIGN invariant 9, arrows point down: the import rules DESIGN.md states, read from the source with
+"""docs/design.md invariant 9, arrows point down: the import rules docs/design.md states, read from the source with
 `ast`. Imports inside functions count too, so a lazy import cannot hide an upward arrow.
 
-Only the rules DESIGN.md writes down are checked; the package's other arrows are not a strict
+Only the rules docs/design.md writes down are checked; the package's other arrows are not a strict
 order today (e.g. models/ and rollout/ import each other), so a total layering would not pass.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
 
-# (importing part, parts it must never import, why: DESIGN.md's words)
+# (importing part, parts it must never import, why, in docs/design.md's words)
 RULES = [
     ("training", {"integrations", "cli", "pipeline", "serving", "evaluation"},
      "the caller (cli/pipeline) picks the backend; training/ never imports integrations/"),
@@ -78,7 +78,7 @@ def test_the_import_reader_sees_the_arrows_that_exist():
 
 @pytest.mark.parametrize("part, forbidden, why", RULES, ids=[rule[0] for rule in RULES])
 def test_a_lower_layer_never_imports_a_higher_one(part, forbidden, why):
-    """Guards against an upward import (DESIGN invariant 9), e.g. training/ reaching into integrations/
+    """Guards against an upward import (docs/design.md invariant 9), e.g. training/ reaching into integrations/
     or models/ into training/, which would make the lower layer untestable without the higher one."""
     wrong = {there: files for there, files in _arrows().get(part, {}).items() if there in forbidden}
     assert not wrong, f"{part}/ must not import {sorted(wrong)} ({why}); found in {wrong}"

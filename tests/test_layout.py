@@ -1,4 +1,4 @@
-"""The source layout as a specification (DESIGN.md "Data flow and layout"; issue 34): small files,
+"""The source layout as a specification (docs/design.md "Layers"; issue 34): small files,
 and one GRPO or PPO step that reads in one place. The import arrows: test_import_layers.py."""
 
 from __future__ import annotations

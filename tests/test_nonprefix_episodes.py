@@ -1,5 +1,5 @@
 """Episodes whose history is not a prefix: an env drops old turns (StepResult.context), the engine
-starts a new token sequence, and every sequence stays token-exact (DESIGN invariants 1-2).
+starts a new token sequence, and every sequence stays token-exact (docs/design.md invariants 1-2).
 
 Scripted tests use ScriptedRunner and WindowEnv (tests/helpers_rollout.py: a fake model with
 readable turns, an env that shows only its last turns); log-probs use tiny-qwen3.

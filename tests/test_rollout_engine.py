@@ -1,4 +1,4 @@
-"""The rollout engine, HFRunner and sampling: token-exact multi-turn trajectories (DESIGN invariants 1-3, 7).
+"""The rollout engine, HFRunner and sampling: token-exact multi-turn trajectories (docs/design.md invariants 1-3, 7).
 
 Model-based tests use tiny-qwen3 (random weights, real Qwen3 tokenizer). Tests that need
 canonical, readable turns use `ScriptedRunner` (tests/helpers_rollout.py), a fake model that emits

@@ -78,7 +78,7 @@ def test_sft_loss_equals_float64_hand_computation_over_policy_tokens_only(qwen3_
 
 
 def test_sft_gradient_reaches_only_positions_that_predict_policy_tokens(qwen3_tokenizer, new_tiny_qwen3):
-    """Guards against tool output / prompt tokens being trained as targets (DESIGN invariant 2):
+    """Guards against tool output / prompt tokens being trained as targets (docs/design.md invariant 2):
     the loss gradient w.r.t. the final hidden state is nonzero exactly at positions t-1 whose
     next token t has mask 1, and exactly zero where the next token is prompt, tool or padding."""
     demos, tokenizer = _demos(qwen3_tokenizer)

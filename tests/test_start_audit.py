@@ -45,7 +45,7 @@ def _shift_one_mask_onto_an_observation(monkeypatch) -> list[tuple]:
 @pytest.mark.parametrize("trainer", ["grpo", "ppo"])
 def test_a_loss_mask_on_an_observation_token_stops_the_run_naming_that_token(tmp_path, monkeypatch, qwen3_tokenizer, trainer):
     """Guards against training on a token the model did not generate: tool output or template
-    text would receive gradient (DESIGN.md invariant 2), silently, for the whole run."""
+    text would receive gradient (docs/design.md invariant 2), silently, for the whole run."""
     injected = _shift_one_mask_onto_an_observation(monkeypatch)
     out = tmp_path / "run"
     if trainer == "grpo":

@@ -3,7 +3,7 @@
 - no test module imports another (shared helpers live in conftest.py and tests/helpers_*.py), not
   even in the code string of a subprocess;
 - every test function has a docstring naming what it guards;
-- tests/INVARIANTS.md names only tests that exist, under every invariant of DESIGN.md.
+- tests/INVARIANTS.md names only tests that exist, under every invariant of docs/design.md.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 INVARIANTS = TESTS / "INVARIANTS.md"
-HEADINGS = ["Token-in-token-out", "Loss mask", "On-policy bookkeeping", "Reference without a copy", "Every reward is visible",
-            "Every setting is used or rejected", "Determinism", "Finite or fail", "Arrows point down"]
+DESIGN = TESTS.parent / "docs" / "design.md"
+# docs/design.md's invariants, as its "## Invariants" section numbers them: "1. **Token-in-token-out.**"
+HEADINGS = re.findall(r"^(\d+)\. \*\*(.+?)\.\*\*", DESIGN.read_text().split("## Invariants", 1)[1].split("\n## ", 1)[0],
+                      flags=re.MULTILINE)
 # `import test_x`, `from test_x import y`, `import_module("test_x")`, also inside a string (a subprocess's code)
 TEST_MODULE_IN_TEXT = re.compile(r"\bimport\s+test_\w+|\bfrom\s+test_\w+\s+import\b|import_module\(\s*['\"]test_\w+")
 REFERENCE = re.compile(r"\b(test_\w+\.py)::(test_\w+)")
@@ -81,15 +83,28 @@ def test_every_test_function_says_what_it_guards():
 
 def test_the_invariants_index_names_only_tests_that_exist():
     """Guards against an INVARIANTS.md that points at renamed or deleted tests, and against an invariant of
-    DESIGN.md losing every test that proves it."""
+    docs/design.md losing every test that proves it."""
     index = INVARIANTS.read_text()
     sources = {path.name: path.read_text() for path in TESTS.glob("test_*.py")}
     missing = missing_references(index, sources)
     assert not missing, f"INVARIANTS.md names tests that do not exist: {missing}"
     sections = re.split(r"^## ", index, flags=re.MULTILINE)[1:]
-    for heading in HEADINGS:
+    assert [tuple(s.splitlines()[0].split(". ", 1)) for s in sections[:len(HEADINGS)]] == HEADINGS
+    for number, heading in HEADINGS:
         (section,) = [s for s in sections if heading in s.splitlines()[0]] or [""]
         assert REFERENCE.search(section), f"INVARIANTS.md has no test under '{heading}'"
+
+
+def test_the_design_the_code_cites_is_in_the_repository():
+    """Guards against code citing a design document a clone does not have (the code cited a DESIGN.md
+    outside the repository 29 times), and against a citation of an invariant docs/design.md lacks."""
+    repo = TESTS.parent
+    files = [*repo.glob("src/**/*.py"), *repo.glob("tests/*.py"), *repo.glob("benchmarks/*.py"), *repo.glob("tests/*.md")]
+    cited = {path.relative_to(repo).as_posix(): path.read_text() for path in files if path != Path(__file__)}
+    assert len(HEADINGS) == 9
+    assert not [name for name, text in cited.items() if re.search(r"(?<!docs/)\bDESIGN(\.md)?\b", text)]
+    numbers = {int(n) for text in cited.values() for n in re.findall(r"docs/design\.md invariants? (\d+)", text)}
+    assert numbers and numbers <= {int(number) for number, _ in HEADINGS}, numbers
 
 
 def test_the_rules_catch_a_broken_suite():

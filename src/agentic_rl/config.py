@@ -2,10 +2,10 @@
 
 Every command has one config dataclass. Each field carries a docstring (the string literal
 right under it), which `describe()` turns into `--help` text. Loading is strict
-(DESIGN.md invariant 6): an unknown key, a wrong type or a value outside a `Literal` fails at
+(docs/design.md invariant 6): an unknown key, a wrong type or a value outside a `Literal` fails at
 start with a `ConfigError` that names the key and what is allowed. No setting is ignored.
 
-Numbers are checked here too, in one place (DESIGN.md invariant 8): NaN and ±inf are rejected
+Numbers are checked here too, in one place (docs/design.md invariant 8): NaN and ±inf are rejected
 for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the strings `nan`,
 `inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0, one annotated
 `NonNegativeInt` / `NonNegativeFloat` must be >= 0; all are plain int and float to the rest of
@@ -409,7 +409,7 @@ def _reject_non_finite(value: Any, key: str, source: str) -> None:
 
 def refuse_unused(section: Any, names: Sequence[str], *, prefix: str, used_with: str, now: str) -> None:
     """ValueError naming the first field of `names` (fields of the dataclass instance `section`)
-    whose value is not its default: a setting the run would ignore (DESIGN.md invariant 6). A
+    whose value is not its default: a setting the run would ignore (docs/design.md invariant 6). A
     nested section is named by its first key that differs (`rollout.sampling.top_p`).
 
     `prefix` is the section's key ("value."), `used_with` the setting that would use the field

@@ -5,7 +5,7 @@
 
 Python's `json` writes NaN and Infinity as the bare words `NaN` / `Infinity`, which are not
 JSON: strict parsers (jq, JavaScript, Go, `json.loads(s, parse_constant=...)`) reject the
-file. Here a non-finite float becomes `null` (DESIGN.md invariant 8). We chose null over
+file. Here a non-finite float becomes `null` (docs/design.md invariant 8). We chose null over
 rejecting the write because the values that hit it are legitimate "undefined" metrics, e.g.
 `tool_success_rate` over zero tool calls, or a grad norm when clipping is off; a training run
 that goes non-finite is stopped by the loop (training/loop.py), not by its metrics file.

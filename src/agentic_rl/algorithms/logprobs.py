@@ -7,7 +7,7 @@ Shape legend (used in every comment below):
     H  hidden size of the backbone
     N  number of scored positions (tokens whose loss_mask is 1), N <= B*T
 
-Two levers from DESIGN.md "Performance notes" live here:
+Three levers on the cost of scoring live here (each measured in BENCHMARKS.md):
 
 1. `token_logprobs` never materialises a second full (.., V) float tensor. The forward pass
    folds the logits into a logsumexp chunk by chunk of rows; the backward pass recomputes the

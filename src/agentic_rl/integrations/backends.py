@@ -1,6 +1,6 @@
 """Which trainer runs `agentic-rl grpo`: ours (training/grpo.py) or TRL's GRPOTrainer
 (`backend: trl`, integrations/trl_backend.py). The CLI and the pipeline call this; training/
-never imports integrations/ (DESIGN.md, "arrows point down")."""
+never imports integrations/ (docs/design.md invariant 9, arrows point down)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a conversation becomes tokens for one tokenizer: prompts, observations and stop rules.
 
-The rollout engine is token-in-token-out (DESIGN.md invariant 1): the policy's own tokens are
+The rollout engine is token-in-token-out (docs/design.md invariant 1): the policy's own tokens are
 kept as sampled and never re-tokenized. Only the prompt and the observations are rendered, and
 they are rendered *incrementally*, by the tokenizer's own chat template:
 

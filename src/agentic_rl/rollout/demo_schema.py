@@ -14,7 +14,7 @@ A tool message answers the earlier turn's calls in order: the k-th tool message 
 turn answers its k-th `<tool_call>` (written in its content or given as tool_calls), and a `name`,
 when given, must be that call's tool. A tool message with no call left to answer is refused: SFT
 would otherwise train the model on a result it never asked for. Nothing unknown is dropped: a key
-this table does not list is an error (DESIGN.md invariant 6).
+this table does not list is an error (docs/design.md invariant 6).
 """
 
 from __future__ import annotations

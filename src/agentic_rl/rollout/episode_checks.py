@@ -1,7 +1,7 @@
 """Pure checks that training sees what inference sees, on episodes already in hand: no model, no
 rollout. `agentic-rl audit` (evaluation/audit.py) runs them on oracle and freshly sampled episodes;
 every GRPO and PPO run runs them on its first batch (training/start_audit.py). They live here, in
-the rollout layer, so that training/ can use them without importing evaluation/ (DESIGN.md
+the rollout layer, so that training/ can use them without importing evaluation/ (docs/design.md
 invariant 9: arrows point down).
 
   prefix_problem   rendering the conversation one turn further keeps the earlier rendering as an

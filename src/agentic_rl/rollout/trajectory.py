@@ -1,6 +1,6 @@
 """`Trajectory`: the one record of an episode that SFT, the reward model, RL and evaluation share.
 
-Token-in-token-out (DESIGN.md invariant 1): `input_ids` are exactly the ids the policy
+Token-in-token-out (docs/design.md invariant 1): `input_ids` are exactly the ids the policy
 sampled plus the ids the chat format rendered for the prompt and observations. Nothing here
 is ever decoded and re-tokenized for training; `messages` exists for rewards, logs and
 reports only.

@@ -6,7 +6,7 @@ Pure functions over JSON values (no model, no HTTP), so each rule is tested alon
     messages = training_messages(request.messages)                      # what the chat format renders
     message, finish = reply_message(text, parse_tools=True, stop=("\n\n",))  # the assistant message clients read
 
-Every setting is used or rejected (DESIGN.md invariant 6): an unknown request field is a 400 that
+Every setting is used or rejected (docs/design.md invariant 6): an unknown request field is a 400 that
 names it; a few fields OpenAI clients send are accepted only at their neutral value
 (`frequency_penalty: 0`, `logprobs: false`, ...). Errors are `APIError`s, which the server turns
 into OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.

@@ -98,7 +98,7 @@ rollout engine runs the env steps of the episodes whose turns end in the same de
 here: episodes whose turns end in different decode steps run their calls one decode step after
 another, so slow calls can stall the batch for up to timeout_s per such step. Overlapping tool
 calls with decoding needs an asynchronous engine step, which must keep the run deterministic
-(DESIGN.md invariant 7).
+(docs/design.md invariant 7).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Atomic, checksummed checkpoints: accelerate's state (model, optimizer, scheduler, RNG) plus
-trainer state, loaded as data, never as code (DESIGN.md invariant 8).
+trainer state, loaded as data, never as code (docs/design.md invariant 8).
 
     checkpoints/
       step-000040/                 complete checkpoints only

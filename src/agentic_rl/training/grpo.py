@@ -2,7 +2,7 @@
 
     agentic-rl grpo --config configs/experiments/demo-grpo.yaml [--set loss.beta=0.04 ...]     (keys: grpo_config.py)
 
-One optimizer step, `GRPO.step` (the "seed" GRPO, DESIGN.md §3), reads in the order it runs:
+One optimizer step, `GRPO.step` (the "seed" GRPO, docs/design.md "What the system does", 3), reads in the order it runs:
   1. draw P prompts from the env's train split (a pure function of (seed, step));
   2. roll out G episodes per prompt with the CURRENT weights (the engine stamps the weights
      version on each trajectory; `rollout/staleness` logs how old they are when trained on);

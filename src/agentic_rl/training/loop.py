@@ -15,7 +15,7 @@ Gradient accumulation, per optimizer step:
                      Trainer.accumulate                      clip ─► AdamW ─► schedule
                                                              Trainer.optimizer_step
 
-Finite or fail (DESIGN.md invariant 8): every micro-batch loss and the global gradient norm
+Finite or fail (docs/design.md invariant 8): every micro-batch loss and the global gradient norm
 are checked before the optimizer steps, and the trainable weights after it. A NaN or inf
 stops the run with `NonFiniteError` naming the step and the quantity; no checkpoint is written
 after it, so the newest checkpoint on disk (if any) is the last finite state to resume from.

@@ -1,4 +1,4 @@
-"""The audit every GRPO and PPO run does on its first batch (DESIGN.md "Audit on start";
+"""The audit every GRPO and PPO run does on its first batch (docs/design.md "Seams", audit on start;
 `audit.on_start`, on by default): the checks of `agentic-rl audit`, on the batch's own episodes,
 with no extra rollout and no extra forward pass.
 
