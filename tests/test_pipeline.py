@@ -300,3 +300,34 @@ def test_a_stage_ends_when_its_pipeline_is_killed(tmp_path, start_method):
             pipeline.kill()
         if stage is not None and _running(stage):
             os.kill(stage, signal.SIGKILL)
+
+
+def test_a_skipped_stage_whose_model_would_be_evaluated_is_refused_at_load():
+    """Guards against `skip: [sft]` loading, then failing minutes later when eval_sft finds no
+    sft/final (it did, after eval_base had run)."""
+    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.pipeline import PipelineConfig
+
+    with pytest.raises(ConfigError, match=r"skip: 'sft' is skipped, so eval_sft would evaluate a model nothing trains "
+                                          r"\(sft/final\); skip eval_sft too"):
+        load_config(PipelineConfig, CONFIG, ["skip=[eval_base, sft]", "control.enabled=false"])
+    load_config(PipelineConfig, CONFIG, ["skip=[eval_base, sft, eval_sft]", "control.enabled=false"])
+
+
+@pytest.mark.e2e
+def test_a_stage_that_fails_prints_one_error_naming_the_stage_and_its_remedy(tmp_path):
+    """Guards against a failed stage printing advice for the wrong source and two tracebacks (the
+    stage's and the pipeline's RuntimeError): the RM stage with too few corrupted pairs stops before
+    its model loads, with one error that names the stage, the count and why corrupted pairs run out."""
+    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={tmp_path / 'run'}",
+               "--set", "skip=[eval_base, sft, eval_sft, grpo, eval_grpo]", "--set", "control.enabled=false",
+               "--set", "rm.pairs.tasks=2"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 3, completed.stderr[-3000:]
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: pipeline stage 'rm' (keys are those of the `rm:` section): only 2 training and 4 held-out pairs "
+        "(batch_size 4); raise pairs.tasks / pairs.heldout_tasks (corrupted pairs: one per oracle demonstration that ends "
+        "in a numeric `Final Answer:`; an env whose answers are not numbers gives none, and needs pairs.source=sampled)",
+        "error: pipeline stage 'rm' failed (exit code 2); its error is above. Rerun the same command to resume from this stage."]
+    assert "Traceback" not in completed.stderr and "trainable parameters" not in completed.stdout + completed.stderr

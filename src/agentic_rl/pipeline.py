@@ -167,6 +167,9 @@ class PipelineConfig(PluginsConfig):
             raise ValueError("enable_thinking differs between the stages of one model (" + ", ".join(f"{k}={v}" for k, v in thinking.items())
                              + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each")
         evaluated = {stage.removeprefix("eval_") for stage in active_stages(self) if stage.startswith("eval_")}
+        for model in sorted(evaluated & set(self.skip)):  # sft, grpo, ppo or control: a model no stage makes
+            raise ValueError(f"skip: '{model}' is skipped, so eval_{model} would evaluate a model nothing trains "
+                             f"({model}/final); skip eval_{model} too, or run '{model}'")
         for index, entry in enumerate(self.evals):
             if entry.stages is not None and not set(entry.stages) & evaluated:
                 raise ValueError(f"evals[{index}].stages: {entry.stages} names no model this pipeline evaluates ({sorted(evaluated)}); "
@@ -228,9 +231,9 @@ def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> 
         worker = context.Process(target=_run_stage, args=(cfg, stage, os.getpid()), name=f"agentic-rl-{stage}")
         worker.start()
         worker.join()
-        if worker.exitcode != 0 or not done.exists():
-            raise RuntimeError(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); see the messages above. "
-                               "Rerun the same command to resume from this stage.")
+        if worker.exitcode != 0 or not done.exists():  # the stage printed its own error
+            raise RunStopped(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); its error is above. "
+                             "Rerun the same command to resume from this stage.")
         results[stage] = read_json(done, _REDO_STAGE)
         log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
     if not recorded:
@@ -297,7 +300,7 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
     started = time.perf_counter()
     try:
         result = actions[stage]()
-    except (ConfigError, RunStopped) as exc:  # e.g. the stage's folder holds a run of another config
+    except (ConfigError, RunStopped, ValueError) as exc:  # e.g. another config's run, too few RM pairs
         section = f" (keys are those of the `{stage}:` section)" if stage in ("sft", "rm", "grpo", "ppo") else ""
         print(f"error: pipeline stage '{stage}'{section}: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

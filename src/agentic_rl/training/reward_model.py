@@ -33,7 +33,7 @@ from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
-from agentic_rl.models.stage_output import FINAL_DIR
+from agentic_rl.models.stage_output import FINAL_DIR, load_stage_tokenizer
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
 from agentic_rl.rollout.trajectory import Trajectory, collate
@@ -221,6 +221,15 @@ class RMObjective(BatchObjective):
         return correct / max(1, len(self.heldout))
 
 
+# Why a pair source gives fewer pairs than tasks, as the error for too few says it.
+_FEW_PAIRS_WHY = {
+    "corrupted": "corrupted pairs: one per oracle demonstration that ends in a numeric `Final Answer:`; "
+                 "an env whose answers are not numbers gives none, and needs pairs.source=sampled",
+    "sampled": "sampled pairs: one per task where the policy's samples are sometimes right and sometimes "
+               "wrong; a policy that always or never solves them gives none",
+}
+
+
 def train_rm(cfg: RMConfig) -> dict[str, Any]:
     """Train the reward model; returns {"final", "heldout_accuracy", "heldout_accuracy_before", "pairs"}."""
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
@@ -228,12 +237,14 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     run_dir = start_run("rm", cfg, accelerator)  # stops here if the folder holds another run
     if run_dir.finished is not None:
         return run_dir.finished
-    classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
+    # The pairs first, with the tokenizer the classifier will have: too few stops before the model loads.
+    tokenizer = load_stage_tokenizer(cfg.model.name)
     pairs = build_pairs(cfg.pairs, "train", cfg.pairs.tasks, tokenizer, cfg.train.seed)
     heldout = build_pairs(cfg.pairs, "test", cfg.pairs.heldout_tasks, tokenizer, cfg.train.seed + 1)
     if len(pairs) < cfg.batch_size or not heldout:
-        raise ValueError(f"only {len(pairs)} training and {len(heldout)} held-out pairs; raise pairs.tasks / pairs.heldout_tasks "
-                         f"(sampled pairs need tasks where the policy is sometimes right and sometimes wrong)")
+        raise ValueError(f"only {len(pairs)} training and {len(heldout)} held-out pairs (batch_size {cfg.batch_size}); "
+                         f"raise pairs.tasks / pairs.heldout_tasks ({_FEW_PAIRS_WHY[cfg.pairs.source]})")
+    classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
     objective = RMObjective(pairs, heldout, cfg, tokenizer.pad_token_id)
     scorer = RewardScorer(classifier)
     objective.bind(scorer, accelerator)
