@@ -58,6 +58,21 @@ def test_a_file_extends_another_mappings_merge_and_other_values_replace(tmp_path
                           grpo=Stage(steps=16))
 
 
+def test_a_mapping_tagged_replace_drops_the_base_keys_instead_of_merging(tmp_path):
+    """Guards against a section that cannot leave its base behind: switching a stage's optimizer (or a
+    pipeline's env) inherited every key of the base's mapping. `!replace` keeps only what it writes, at
+    any depth, through chained files, and is refused on anything but a mapping."""
+    write(tmp_path / "base.yaml", "sft:\n  steps: 152\n  optim: {lr: 5.0e-4, betas: [0.8, 0.9]}\ngrpo: {steps: 16, optim: {lr: 0.5}}\n")
+    write(tmp_path / "middle.yaml", "extends: base.yaml\nname: middle\n")
+    child = write(tmp_path / "child.yaml", "extends: middle.yaml\nsft:\n  optim: !replace {lr: 1.0e-3}\ngrpo: !replace {steps: 2}\n")
+    cfg = load_config(Example, child)
+    assert cfg.sft == Stage(steps=152, optim=Optim(lr=1e-3))  # betas back to the default, steps still merged
+    assert cfg.grpo == Stage(steps=2) and cfg.name == "middle"
+    bad = write(tmp_path / "bad.yaml", "extends: base.yaml\ntags: !replace [a]\n")
+    with pytest.raises(ConfigError, match=r"!replace applies to a mapping, e\.g\. `env: !replace \{name: squares\}`"):
+        load_config(Example, bad)
+
+
 def test_a_section_extends_a_file_and_files_chain(tmp_path):
     """Guards against `extends` read only at the top level, or a chained file's path taken relative to the first
     file instead of the one that names it."""

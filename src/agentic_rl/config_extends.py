@@ -12,7 +12,9 @@ The rules, so that a file that extends another reads as its diff:
   extend a file that extends another.
 - The extended file's mapping comes first and the keys written beside `extends` go over it. A
   mapping merges key by key, at every depth; any other value replaces, a list included (a list
-  is one setting: `evals`, `sources` and `rewards` are given whole).
+  is one setting: `evals`, `sources` and `rewards` are given whole). A mapping tagged `!replace`
+  replaces too, so a section can drop the base's keys: `env: !replace {name: squares}` keeps
+  none of the base env's options.
 - `extends` is a reserved key at every depth, and works in files only. `--set` overrides apply
   after every file is read, and an `extends` given there is refused (there is no file for it to
   be relative to).
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_rl.config import ConfigError, read_config_file
-from agentic_rl.config_yaml import MAX_CONFIG_VALUES
+from agentic_rl.config_yaml import MAX_CONFIG_VALUES, Replacing
 from agentic_rl.errors import quoted
 
 EXTENDS = "extends"
@@ -46,7 +48,7 @@ def resolve_extends(data: dict[str, Any], path: str | Path) -> tuple[dict[str, A
     here = Path(path).resolve()
     read: list[Path] = []
     state = _Expansion(files={}, values=0)
-    return _resolve(data, here, (here,), "", read, state), read
+    return _plain(_resolve(data, here, (here,), "", read, state)), read
 
 
 @dataclasses.dataclass
@@ -82,6 +84,8 @@ def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: 
     if not isinstance(node, dict):
         return node
     own = {key: _resolve(value, here, chain, _key(prefix, key), read, state) for key, value in node.items() if key != EXTENDS}
+    if isinstance(node, Replacing):
+        own = Replacing(own)
     if EXTENDS not in node:
         return own
     where = f"{here}: '{_key(prefix, EXTENDS)}'"
@@ -102,12 +106,21 @@ def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: 
 
 
 def _merge(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """`own` over `base`: mappings merge key by key, any other value replaces."""
+    """`own` over `base`: mappings merge key by key, any other value (or a `!replace` mapping) replaces."""
     merged = dict(base)
     for key, value in own.items():
-        both_mappings = isinstance(merged.get(key), dict) and isinstance(value, dict)
+        both_mappings = isinstance(merged.get(key), dict) and isinstance(value, dict) and not isinstance(value, Replacing)
         merged[key] = _merge(merged[key], value) if both_mappings else value
     return merged
+
+
+def _plain(node: Any) -> Any:
+    """`node` with every `!replace` mapping a plain dict again: the marker has done its work."""
+    if isinstance(node, list):
+        return [_plain(item) for item in node]
+    if isinstance(node, dict):
+        return {key: _plain(value) for key, value in node.items()}
+    return node
 
 
 def _key(prefix: str, key: Any) -> str:

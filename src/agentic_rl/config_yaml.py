@@ -48,6 +48,21 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
 
 
+class Replacing(dict):
+    """A mapping tagged `!replace` in a config file: over an `extends` base it replaces the base's
+    mapping instead of merging into it (config_extends.py)."""
+
+
+def _replacing(loader: _StrictLoader, node: yaml.Node) -> Replacing:
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(None, None, "!replace applies to a mapping, e.g. "
+                                                "`env: !replace {name: squares}`", node.start_mark)
+    return Replacing(_no_duplicate_keys(loader, node, deep=True))
+
+
+_StrictLoader.add_constructor("!replace", _replacing)
+
+
 class ConfigBoundError(ValueError):
     """YAML beyond MAX_CONFIG_VALUES or MAX_CONFIG_DEPTH; the caller names where it came from."""
 
