@@ -97,6 +97,25 @@ def test_the_reference_shows_choices_optionals_and_list_defaults_as_a_config_wri
     assert lines["rewards"].startswith("rewards (list of RewardSpec, default [{name: env_steps, weight: 1.0, params: {}}]): ")
 
 
+def test_the_reference_lists_the_fields_of_list_items_and_only_user_facing_text():
+    """Guards against `sources`, `evals` and `rewards` documented only as a default's repr (what may
+    an item hold?), and against field docs carrying benchmark dates and measurements a user cannot
+    act on (they belong in BENCHMARKS.md and EXPERIMENTS.md)."""
+    import re
+
+    from agentic_rl.train_commands import CONFIGURED_COMMANDS, config_class
+
+    sft = [line.split(" (", 1)[0] for line in describe(config_class("sft"))]
+    assert sft[sft.index("sources"):sft.index("sources") + 8] == [
+        "sources", "sources[].kind", "sources[].env.name", "sources[].env.options", "sources[].split", "sources[].n",
+        "sources[].path", "sources[].max_repeats"]
+    pipeline = {line.split(" (", 1)[0] for line in describe(config_class("pipeline"))}
+    assert {"evals[].label", "evals[].rollout.max_turns", "grpo.rewards[].params", "sft.sources[].path"} <= pipeline
+    for command in CONFIGURED_COMMANDS:
+        for line in describe(config_class(command)):
+            assert not re.search(r"\b20\d\d-\d\d-\d\d\b|measured on|2-core|\bVM\b|benchmarks/", line), (command, line)
+
+
 def test_malformed_override_is_explained():
     """Guards against an override without '=' failing deep inside, or being ignored: the error says the
     key=value form."""
@@ -223,6 +242,7 @@ def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(comm
 
     assert main(["config", command]) == 0
     lines = capsys.readouterr().out.splitlines()
+    lines = [line for line in lines if "[]." not in line.split(" ", 1)[0]]  # a list item's fields: not keys of their own
     keys = [line.split(" ", 1)[0] for line in lines]
     assert len(keys) == len(set(keys)), [key for key in keys if keys.count(key) > 1]
     required = ["model=tiny-qwen3"] if command in ("audit", "chat") else []

@@ -54,7 +54,8 @@ def field_help(cls: type, key: str) -> str:
 
 
 def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per leaf key: `key (type, default): doc`, recursing into nested configs.
+    """One line per leaf key: `key (type, default): doc`, recursing into nested configs and into
+    the fields of a list's items (`sources[].kind`, after the line of `sources` itself).
 
     A default is read where it is declared, on the field of its class: a section whose command
     has other defaults is a subclass that redeclares them (GRPOLoopConfig's steps 50), never a
@@ -74,6 +75,9 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             continue
         type_name = type_label(hint)
         lines.append(f"{prefix}{f.name} ({type_name}, default {_shown_default(_leaf_default(f))}): {docs.get(f.name, '')}")
+        item = get_args(hint)[0] if get_origin(hint) is list and get_args(hint) else None
+        if dataclasses.is_dataclass(item):  # what each item of the list may hold: `sources[].kind`
+            lines.extend(describe(item, prefix=f"{prefix}{f.name}[]."))
     return lines
 
 

@@ -98,8 +98,8 @@ class RolloutConfig(TemplateOptions):
     Qwen3 models), hf (transformers' forward, the reference; any causal LM), auto (fast when the
     model is supported, else hf)."""
     dtype: RolloutDtype = "float32"
-    """Decode precision (fast backend). bfloat16 decodes from bf16 copies of the weights: ~1.6x
-    faster on CPUs with bf16 kernels (AVX512, AMX), 60x slower on AVX2-only ones; its sampling
+    """Decode precision (fast backend). bfloat16 decodes from bf16 copies of the weights: faster on
+    CPUs with bf16 kernels (AVX512, AMX), far slower on AVX2-only ones (BENCHMARKS.md); its sampling
     log-probs differ from a float32 model's, so a trainer must not use them as π_old (GRPO:
     old_logprobs detach or recompute). auto: bfloat16 where bf16 is fast, else float32
     (models/precision.py); the run logs which."""

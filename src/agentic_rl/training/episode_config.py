@@ -140,11 +140,8 @@ class StartAuditConfig(Config):
     is rendered one turn further, and the loss mask is exactly the model's turns (a failure stops
     the run, naming the first bad token); the sampler's log-probs against the first update's own
     forward are logged (rollout/logprob_drift_max, _mean; above 1e-3 with float32 on both sides: a
-    warning). Its cost, logged as time/audit, measured on the 2-core VM while an experiment queue
-    held it (benchmarks/audit_on_start.py, 2026-12-04): 8 ms for tiny-qwen3's batch of 4 against
-    1.7-8.3 s steps (under 0.5%); 0.41-0.50 s for 32 episodes of the demo's shape (96 turns,
-    SmolLM2's tokenizer) against the demo's 51.6 s GRPO step (under 1%). false: skip it (backend
-    trl never runs it: TRL builds its own batches)."""
+    warning). Its cost is logged as time/audit (under 1% of the demo's GRPO step). false: skip it
+    (backend trl never runs it: TRL builds its own batches)."""
 
 
 OldLogprobs = Literal["sampling", "recompute", "detach"]

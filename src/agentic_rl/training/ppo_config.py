@@ -53,9 +53,9 @@ class ValueConfig(Config):
     lr_multiplier: PositiveFloat = 1.0
     """The value head (and a separate critic) learn at optim.lr × this. Mind Adam's first steps:
     they move every weight by about the learning rate, so a zero-initialised head's value jumps
-    by ≈ lr · ‖h‖₁ (h: the hidden state, 576 wide for SmolLM2). Measured on the demo's PPO with
-    optim.lr 3e-4: × 10 took V from 0 to 1.17 in one step (returns average 0.3) and the value
-    gradient then dominated the clipped gradient norm; × 1 is the default."""
+    by ≈ lr · ‖h‖₁ (h: the hidden state, 576 wide for SmolLM2). At × 10 the demo's value head
+    overshot the returns in one step and its gradient crowded out the policy's in the clipped
+    norm (EXPERIMENTS.md, PPO value head); × 1 is the default."""
 
     def __post_init__(self) -> None:
         if self.critic == "shared":
