@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_INDEX ?=
 TORCH_FLAGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
-.PHONY: setup setup-dev tour demo test test-fast clean
+.PHONY: setup setup-dev tour demo test test-fast docs clean
 
 setup: $(VENV)/.setup-done
 
@@ -45,5 +45,9 @@ test: setup-dev
 test-fast: setup-dev
 	$(VENV)/bin/pytest -q --durations=15 $(FAST_TESTS)
 
+# The documentation site (mkdocs.yml) into site/; `make test` builds it too (tests/test_docs.py).
+docs: setup-dev
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

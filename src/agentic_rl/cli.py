@@ -296,18 +296,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from agentic_rl.config_docs import describe
+    from agentic_rl.config_docs import describe, markdown_reference
 
-    for line in describe(config_class(args.which)):
-        print(line)
+    if args.which is None and not args.markdown:
+        raise ValueError("agentic-rl config: name a command (e.g. `agentic-rl config grpo`), or give --markdown for all")
+    commands = [args.which] if args.which else sorted(CONFIGURED_COMMANDS)
+    described = {command: describe(config_class(command)) for command in commands}
+    print(markdown_reference(described) if args.markdown else "\n".join(described[commands[0]]))
     return 0
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
-    from agentic_rl.training.metric_keys import GLOSSARY
+    from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
 
-    for key, meaning in GLOSSARY.items():
-        print(f"{key:34s} {meaning}")
+    print(glossary_markdown() if args.markdown else "\n".join(f"{key:34s} {meaning}" for key, meaning in GLOSSARY.items()))
     return 0
 
 
@@ -410,10 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("metrics", help="list every metric key the trainers log, with its definition")
+    p.add_argument("--markdown", action="store_true", help="as a Markdown page (docs/metrics.md)")
     p.set_defaults(func=_cmd_metrics)
 
     p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
-    p.add_argument("which", choices=sorted(CONFIGURED_COMMANDS), help="the command")
+    p.add_argument("which", nargs="?", choices=sorted(CONFIGURED_COMMANDS), help="the command")
+    p.add_argument("--markdown", action="store_true", help="a Markdown page (docs/config.md: every command without `which`)")
     p.set_defaults(func=_cmd_config)
     return parser
 

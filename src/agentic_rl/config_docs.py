@@ -81,6 +81,32 @@ def describe(cls: type, prefix: str = "") -> list[str]:
     return lines
 
 
+def markdown_reference(described: dict[str, list[str]]) -> str:
+    """A Markdown page of `describe` lines by command (`agentic-rl config --markdown`): a section
+    per command, a bullet per key, the key and its type and default set apart from the text."""
+    out = ["# Config reference", "",
+           "Every key of every command's config, generated from the code by `agentic-rl config --markdown`;",
+           "`agentic-rl config <command>` prints one command's. Set a key in a YAML file (`--config`) or with",
+           "`--set key=value`; `name[].key` is a key of each item of the list `name`.", ""]
+    for command, lines in described.items():
+        out += [f"## {command}", ""]
+        for line in lines:
+            key, rest = line.split(" (", 1)
+            spec, doc = rest.split("): ", 1)
+            out.append(f"- **`{key}`** ({markdown_text(spec.replace('`', ''))}): {markdown_text(doc)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def markdown_text(text: str) -> str:
+    """`text` safe in Markdown: outside its `code spans`, <, > and * as entities (a doc's `<think>`
+    would be read as HTML and vanish, a `*` start emphasis); a code span is left as written."""
+    parts = text.split("`")
+    for index in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[index] = parts[index].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "&#42;")
+    return "`".join(parts)
+
+
 def type_label(hint: Any) -> str:
     """A field's type as a user reads it: a Literal as its choices (`one of float32, bfloat16, auto`),
     an Optional as `X or null`, a list by its item type; else the type's name."""

@@ -104,3 +104,14 @@ def describe_metric(key: str) -> str:
     if entry is None:
         raise KeyError(f"metric {key!r} is not defined in agentic_rl/training/metric_keys.py; add it to GLOSSARY with its meaning")
     return GLOSSARY[entry]
+
+
+def glossary_markdown() -> str:
+    """Every metric key as a Markdown page (`agentic-rl metrics --markdown`, docs/metrics.md)."""
+    from agentic_rl.config_docs import markdown_text
+
+    rows = [f"| `{key}` | {markdown_text(meaning).replace('|', '&#124;')} |" for key, meaning in GLOSSARY.items()]
+    return "\n".join(["# Metrics reference", "",
+                      "Every key a trainer writes to `metrics.jsonl` and TensorBoard, generated from the code by",
+                      "`agentic-rl metrics --markdown`. `{term}`, `{reason}` and `{part}` stand for one path segment.",
+                      "", "| key | meaning |", "|---|---|", *rows, ""])
