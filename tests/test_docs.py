@@ -31,3 +31,35 @@ def test_the_site_builds_strictly_with_every_page_in_its_nav(tmp_path):
     built = {path.relative_to(tmp_path / "site").parent.as_posix() for path in (tmp_path / "site").rglob("index.html")}
     pages = {path.stem for path in (REPO / "docs").glob("*.md")} - {"index"}
     assert pages <= built, pages - built
+
+
+def _blocks(page: str, language: str) -> list[str]:
+    import re
+
+    return re.findall(rf"```{language}\n(.*?)```", (REPO / "docs" / page).read_text(), re.DOTALL)
+
+
+def test_the_sft_data_pages_examples_load_as_written(tmp_path):
+    """Guards against a documented demonstration format the loader refuses (or reads otherwise):
+    the page's JSONL lines load through SFT's own loader with SmolLM2's template, the tool call of
+    the first one trained and its result not, and its `sources` list validates as an SFT config."""
+    from agentic_rl.config import load_config
+    from agentic_rl.models.chat_format import ChatFormat
+    from agentic_rl.models.loader import load_tokenizer
+    from agentic_rl.rollout.demos import load_jsonl_demos
+    from agentic_rl.train_commands import config_class
+
+    (jsonl,) = _blocks("sft-data.md", "jsonl")
+    path = tmp_path / "demos.jsonl"
+    path.write_text(jsonl)
+    chat_format = ChatFormat.for_tokenizer(load_tokenizer("smollm2-135m-instruct"))
+    first, second = load_jsonl_demos(path, chat_format)
+    tokenizer = chat_format.tokenizer
+    trained = tokenizer.decode([t for t, m in zip(first.input_ids, first.loss_mask) if m])
+    assert '"expression": "12 * 7 + 5"' in trained and "Final Answer: 89" in trained and "89\n" not in trained
+    assert tokenizer.decode([t for t, m in zip(second.input_ids, second.loss_mask) if m]).startswith("Final Answer: 11")
+    (sources,) = _blocks("sft-data.md", "yaml")
+    config = tmp_path / "sft.yaml"
+    config.write_text(sources.replace("demos.jsonl", str(path)))
+    cfg = load_config(config_class("sft"), config)
+    assert [source.kind for source in cfg.sources] == ["oracle", "jsonl"] and cfg.sources[1].max_repeats == 4

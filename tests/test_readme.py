@@ -144,7 +144,7 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
     done = _run_python(_CHECK_COMMANDS, json.dumps(lines), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = json.loads(done.stdout.splitlines()[-1])
-    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "serve", "sft"], checked
+    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "pipeline", "serve", "sft"], checked
 
 
 def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tmp_path):

@@ -40,7 +40,7 @@ class DemoSource(Config):
 
     kind: Literal["oracle", "jsonl"] = "oracle"
     """oracle: the env's scripted solver through the env API (arith solver, GSM8K annotations);
-    jsonl: a file of chat conversations (format in rollout/demos.py; EXPERIMENTS.md, "Reference: demonstrations for SFT")."""
+    jsonl: a file of chat conversations, one per line (docs/sft-data.md)."""
     env: EnvSpec = dataclasses.field(default_factory=EnvSpec)
     """Environment for kind=oracle, with its options (e.g. {name: arith, options: {difficulty: [1, 2]}})."""
     split: Literal["train", "test"] = "train"
