@@ -118,3 +118,26 @@ print(os.path.exists(stale), os.path.exists(sandbox_memory._process_cgroup()[0])
     completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                timeout=60)
     assert completed.stdout.split() == ["False", "True"], completed.stderr[-2000:]
+
+
+@CAPPED
+def test_threads_that_make_their_first_call_at_once_share_one_cgroup_folder():
+    """Guards against the first calls of a rollout's tool threads racing to make the process's
+    cgroup folder: a second maker found it existing, removed it as its own failed attempt, and every
+    later call of the first maker failed with a sandbox_error."""
+    script = """
+import os, threading
+from agentic_rl.tools import sandbox_memory
+barrier, found = threading.Barrier(8), []
+def first_call():
+    barrier.wait()
+    found.append(sandbox_memory._process_cgroup())
+threads = [threading.Thread(target=first_call) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(len(set(found)), found[0] is not None and os.path.isdir(found[0][0]))
+"""
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert completed.stdout.split() == ["1", "True"], completed.stderr[-2000:]

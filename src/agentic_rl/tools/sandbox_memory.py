@@ -37,10 +37,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import functools
 import os
 import threading
 import time
+from typing import Any
 
 from agentic_rl.tools.sandbox_limits import SandboxLimits
 
@@ -95,10 +95,16 @@ class MemoryBudget:
                 self._changed.notify_all()
 
 
-@functools.lru_cache(maxsize=None)
+_ONCE = threading.Lock()  # the budget and the process's cgroup folder are made once, whichever thread asks first
+_MADE: dict[str, Any] = {}
+
+
 def memory_budget() -> MemoryBudget:
     """This process's budget for calls at once: half of the host's memory."""
-    return MemoryBudget(_meminfo_bytes("MemTotal") // 2)
+    with _ONCE:
+        if "budget" not in _MADE:
+            _MADE["budget"] = MemoryBudget(_meminfo_bytes("MemTotal") // 2)
+        return _MADE["budget"]
 
 
 class CallCgroup:
@@ -176,9 +182,16 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
-@functools.lru_cache(maxsize=None)
 def _process_cgroup() -> tuple[str, int] | None:
     """(this process's folder for its calls' cgroups, cgroup version), made once; or None."""
+    budget = memory_budget()
+    with _ONCE:  # two threads' first calls at once must not both make (and one remove) the folder
+        if "cgroup" not in _MADE:
+            _MADE["cgroup"] = _make_process_cgroup(budget.total)
+        return _MADE["cgroup"]
+
+
+def _make_process_cgroup(total: int) -> tuple[str, int] | None:
     for version, folder in _own_memory_cgroups():
         mine = os.path.join(folder, f"{_PREFIX}{os.getpid()}")
         try:
@@ -191,7 +204,7 @@ def _process_cgroup() -> tuple[str, int] | None:
             if version == 2:  # EBUSY where this process's own cgroup holds processes
                 _write(os.path.join(folder, "cgroup.subtree_control"), "+memory")
                 _write(os.path.join(mine, "cgroup.subtree_control"), "+memory")
-            _write_limits(mine, version, memory_budget().total, whole_call=False)
+            _write_limits(mine, version, total, whole_call=False)
             atexit.register(_remove_quietly, mine)
             return mine, version
         except OSError:
