@@ -133,7 +133,7 @@ def main() -> None:
     for event in events:
         by_family[family(event.key)] += event.self_cpu_time_total / 1e6
     total = sum(by_family.values())
-    print(f"\n| op family | self CPU s | share |\n|---|---|---|")
+    print("\n| op family | self CPU s | share |\n|---|---|---|")
     for label, seconds in sorted(by_family.items(), key=lambda item: -item[1]):
         print(f"| {label} | {seconds:.2f} | {seconds / total:.1%} |")
     print(f"| all (profiled) | {total:.2f} | |")

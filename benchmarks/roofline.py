@@ -121,7 +121,6 @@ def decode_phase(model: Any, batch: int, context: int, shared: int, dtype: torch
 
 def update_phase(model: Any, rows: int, prompt: int, completion: int, repeats: int) -> dict[str, Any]:
     """One forward and backward of `sequence_logprobs` on the LoRA policy: GRPO's update, SFT's step."""
-    length = prompt + completion
     shared = [(7 * j) % 1000 + 1 for j in range(prompt)]
     input_ids = torch.tensor([shared + [(11 * i + j) % 1000 + 1 for j in range(completion)] for i in range(rows)])
     attention_mask = torch.ones_like(input_ids)

@@ -69,7 +69,8 @@ def compare(before: Path, after: Path) -> int:
 
 if sys.argv[1] == "--compare":
     sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
-out_root = Path(sys.argv[1]); names = sys.argv[2:] or list(RUNS)
+out_root = Path(sys.argv[1])
+names = sys.argv[2:] or list(RUNS)
 result = {}
 for name in names:
     kind, extra = RUNS[name]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import pickle
 import re
 import time
 from pathlib import Path

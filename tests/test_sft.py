@@ -226,7 +226,7 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
 
     import torch
 
-    from agentic_rl.models.lora import LoraConfig, apply_lora
+    from agentic_rl.models.lora import LoraConfig
     from agentic_rl.models.policy import ModelConfig, load_policy
     from agentic_rl.models.stage_output import load_base_and_tokenizer, read_stage_record, save_final
 

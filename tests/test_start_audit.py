@@ -7,7 +7,6 @@ drift are checked in the end-to-end runs of tests/test_grpo_trainer.py and test_
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 from helpers_training import grpo_cfg, ppo_cfg  # registers the token_parity reward and the ragged_arith env

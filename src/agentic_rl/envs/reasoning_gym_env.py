@@ -34,7 +34,7 @@ import re
 from typing import Any
 
 from agentic_rl.envs.base import Task, register_env
-from agentic_rl.envs.library_guard import SPLIT_SPAN, missing_extra, offline, split_base
+from agentic_rl.envs.library_guard import missing_extra, offline, split_base
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.tools.parse import format_tool_call
 

@@ -57,7 +57,7 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     matplotlib.use("Agg")
     plots = root / "plots"
     plots.mkdir(exist_ok=True)
-    lines = [f"# agentic-rl pipeline report", "", f"Base model: `{cfg.model}`. Run directory: `{root}`.", ""]
+    lines = ["# agentic-rl pipeline report", "", f"Base model: `{cfg.model}`. Run directory: `{root}`.", ""]
     summary = summarize(results)
     lines += verdict_lines(summary["comparisons"])
     lines += _eval_table(results)

@@ -79,7 +79,7 @@ class PackedChunks:
 
     def to_grid(self, q: torch.Tensor, n_kv: int, group: int, head_dim: int) -> torch.Tensor:
         """(T, nkv·g·hd) packed queries -> (B, nkv, g·Lq, hd): per KV head, its g heads' queries as rows."""
-        B, lq, T = self.num_rows, self.max_chunk, self.num_tokens
+        B, lq = self.num_rows, self.max_chunk
         if self.plain_decode:
             return q.view(B, n_kv, group, head_dim)
         padded = q if self.no_padding else q.new_zeros(B * lq, q.shape[1]).index_copy_(0, self.grid_index, q)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
