@@ -508,3 +508,17 @@ def test_sampling_is_declared_once_and_the_engine_params_derive_from_it():
         load_config(RolloutConfig, None, ["sampling.top_p=1.5"])
     with pytest.raises(ConfigError, match=r"^Sampling: 'temperature' must be >= 0, got -1"):
         Sampling(temperature=-1.0)
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_the_kl_weight_is_bounded_by_the_same_marker_in_grpo_and_ppo(command):
+    """Guards against one concept checked two ways: GRPO's loss.beta (and epsilon_high,
+    entropy_coef) by hand-written checks with their own wording, PPO's by the config's markers."""
+    from agentic_rl.train_commands import config_class
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(config_class(command), None, ["loss.beta=-1"])
+    assert str(refused.value).split("\n")[0] == "--set: 'loss.beta' must be >= 0, got -1.0"
+    if command == "grpo":
+        with pytest.raises(ConfigError, match=r"^--set: 'loss.epsilon_high' must be > 0, got 0.0\n"):
+            load_config(config_class(command), None, ["loss.epsilon_high=0"])

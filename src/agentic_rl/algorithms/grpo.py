@@ -67,7 +67,7 @@ from typing import Annotated, Literal, get_args
 
 import torch
 
-from agentic_rl.config import Config, Derived
+from agentic_rl.config import Config, Derived, NonNegativeFloat, PositiveFloat
 
 
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
@@ -92,10 +92,10 @@ class GRPOLossConfig(Config):
     "batch" by the std of all B rewards, "none" does not divide (Dr. GRPO). Used by `group_advantages`."""
     epsilon: float = 0.2
     """Lower clip: the ratio is clipped below at 1 - epsilon. 0 < epsilon < 1."""
-    epsilon_high: float | None = None
+    epsilon_high: PositiveFloat | None = None
     """Upper clip: the ratio is clipped above at 1 + epsilon_high (DAPO clip-higher, e.g. 0.28).
     None means epsilon_high = epsilon (see `clip_high`)."""
-    beta: float = 0.04
+    beta: NonNegativeFloat = 0.04
     """Weight of the k3 KL(pi_theta || pi_ref) penalty (GRPO paper: 0.04). 0 skips the reference
     entirely: `grpo_loss` then needs no `ref_logps`."""
     kl_importance_correction: bool = False
@@ -106,7 +106,7 @@ class GRPOLossConfig(Config):
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """"token": one ratio per token (PPO/GRPO). "sequence": one ratio per sequence,
     exp(mean over its tokens of logp - old_logp), applied to all its tokens (GSPO)."""
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegativeFloat = 0.0
     """c_H: weight of an entropy bonus, -c_H * H per trained token, aggregated like the surrogate.
     Keeps a near-deterministic policy exploring (0: off; the GRPO paper has none). Needs the
     differentiable entropy passed to `grpo_loss`."""
@@ -129,12 +129,8 @@ class GRPOLossConfig(Config):
     def __post_init__(self) -> None:
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
-        if self.epsilon_high is not None and self.epsilon_high <= 0.0:
-            raise ValueError(f"epsilon_high={self.epsilon_high} must be > 0, or None to use epsilon")
-        if not 0.0 <= self.entropy_coef < 1.0:
+        if self.entropy_coef >= 1.0:  # >= 0: its marker
             raise ValueError(f"entropy_coef={self.entropy_coef} must be in [0, 1): it weights an entropy bonus (0 turns it off)")
-        if self.beta < 0.0:
-            raise ValueError(f"beta={self.beta} must be >= 0: it weights a KL penalty (0 turns it off)")
         if self.kl_importance_correction and self.beta == 0.0:
             raise ValueError(
                 "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "
