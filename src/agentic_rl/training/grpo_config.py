@@ -113,7 +113,8 @@ class GRPOConfig(PluginsConfig):
     audit: StartAuditConfig = dataclasses.field(default_factory=StartAuditConfig)
     """The audit of the first batch (prefix, mask, log-prob drift)."""
     micro_batch_size: PositiveInt = 8
-    """Episodes per forward/backward on each process."""
+    """Rows per forward/backward on each process: a row is one token sequence, so an episode is
+    one row, or one per sequence when its env changes the context (memory's window)."""
     skip_zero_advantage: bool = True
     """With beta = 0, leave out of the forward/backward every episode whose advantages are all 0
     (e.g. a group whose G episodes earned the same reward): its loss and gradient are exactly 0,

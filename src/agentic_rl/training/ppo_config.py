@@ -103,7 +103,8 @@ class PPOConfig(PluginsConfig):
     audit: StartAuditConfig = dataclasses.field(default_factory=StartAuditConfig)
     """The audit of the first batch (prefix, mask, log-prob drift)."""
     micro_batch_size: PositiveInt = 8
-    """Episodes per forward/backward on each process."""
+    """Rows per forward/backward on each process: a row is one token sequence, so an episode is
+    one row, or one per sequence when its env changes the context (memory's window)."""
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimizer (the value model's learning rate is scaled by value.lr_multiplier)."""
     train: PPOLoopConfig = dataclasses.field(default_factory=PPOLoopConfig)
