@@ -63,3 +63,19 @@ def test_the_sft_data_pages_examples_load_as_written(tmp_path):
     config.write_text(sources.replace("demos.jsonl", str(path)))
     cfg = load_config(config_class("sft"), config)
     assert [source.kind for source in cfg.sources] == ["oracle", "jsonl"] and cfg.sources[1].max_repeats == 4
+
+
+def test_the_bridges_page_names_only_options_its_bridge_has():
+    """Guards against a documented bridge config whose option keys the bridge no longer takes (the
+    verifiers example cannot load here: its environment package is not installed, so its keys are
+    checked against the bridge's options dataclass instead)."""
+    import dataclasses
+
+    import yaml
+
+    from agentic_rl.envs.base import env_options_class
+
+    (block,) = _blocks("bridges.md", "yaml")
+    env = yaml.safe_load(block)["env"]
+    fields = {field.name for field in dataclasses.fields(env_options_class(env["name"]))}
+    assert set(env["options"]) <= fields and env["options"], (env, fields)
