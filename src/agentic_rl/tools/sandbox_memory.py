@@ -122,6 +122,10 @@ class CallCgroup:
         if parent is None:
             return None
         folder, version = parent
+        with _ONCE:  # what earlier calls could not remove yet
+            left, _MADE["left"] = _MADE.get("left", []), []
+        for stale in left:
+            _remove_quietly(stale)
         path = os.path.join(folder, f"call-{time.monotonic_ns()}-{threading.get_ident()}")
         os.mkdir(path)
         cgroup = cls(path, version)
@@ -143,7 +147,8 @@ class CallCgroup:
         return 0
 
     def remove(self) -> None:
-        """rmdir, waiting for the call's last processes to be gone (a kill is asynchronous)."""
+        """rmdir, waiting for the call's last processes to be gone (a kill is asynchronous). One
+        still busy after _REMOVE_WAIT_S is not the call's failure: the next call retries it."""
         deadline = time.monotonic() + _REMOVE_WAIT_S
         while True:
             try:
@@ -153,7 +158,9 @@ class CallCgroup:
                 return
             except OSError as exc:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
+                    with _ONCE:
+                        _MADE.setdefault("left", []).append(self.path)
+                    return
                 time.sleep(0.01)
 
 
@@ -205,7 +212,7 @@ def _make_process_cgroup(total: int) -> tuple[str, int] | None:
                 _write(os.path.join(folder, "cgroup.subtree_control"), "+memory")
                 _write(os.path.join(mine, "cgroup.subtree_control"), "+memory")
             _write_limits(mine, version, total, whole_call=False)
-            atexit.register(_remove_quietly, mine)
+            atexit.register(_remove_process_folder, mine)
             return mine, version
         except OSError:
             with contextlib.suppress(OSError):
@@ -247,9 +254,13 @@ def _remove_stale(folder: str) -> None:
         pid = name[len(_PREFIX):]
         if not (name.startswith(_PREFIX) and pid.isdigit()) or os.path.exists(f"/proc/{pid}"):
             continue
-        stale = os.path.join(folder, name)
-        with contextlib.suppress(OSError):
-            for call in os.listdir(stale):
-                if call.startswith("call-"):
-                    _remove_quietly(os.path.join(stale, call))
-        _remove_quietly(stale)
+        _remove_process_folder(os.path.join(folder, name))
+
+
+def _remove_process_folder(path: str) -> None:
+    """A process's folder: the calls' cgroups left in it, then itself (at its exit, or by the next process)."""
+    with contextlib.suppress(OSError):
+        for call in os.listdir(path):
+            if call.startswith("call-"):
+                _remove_quietly(os.path.join(path, call))
+    _remove_quietly(path)
