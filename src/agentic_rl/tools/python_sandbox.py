@@ -72,8 +72,9 @@ Threat model (what is enforced, and how):
     needs it). `-I -S`: no site-packages, no PYTHON* variables, no user site: stdlib only.
 Not enforced:
   - Memory where no cgroup can be made: a program may hold up to `max_processes` x
-    `memory_bytes`, plus 2 x `max_file_bytes` of tmpfs and bounded socket queues, and the
-    budget then runs such calls one at a time.
+    `memory_bytes`, plus 2 x `max_file_bytes` of tmpfs and bounded socket queues (8.3 GiB with
+    the defaults), and the budget admits as many such calls at once as fit in half the host's
+    memory, at least one.
   - Unix socket queues (no cgroup counts them): at most max_processes x max_open_files x
     net.core.wmem_default (208 MiB with the defaults) beyond the cap.
   - /proc/self/mountinfo names the host paths of the bound directories (the library dirs, the

@@ -29,7 +29,8 @@ defaults 16 x 512 MiB + 2 x 16 MiB of tmpfs + the socket queues, 8.3 GiB.
 
 The budget (`memory_budget()`): calls run at once only while their reservations sum to at most
 half of this host's memory (MemTotal); a call waits for room before its clock starts. One call
-always fits, whatever it reserves, so a host without cgroups runs its calls one at a time.
+always fits, whatever it reserves: without a cgroup, a host of 24 GiB (budget 12 GiB, 8.3 GiB a
+call) runs its calls one at a time.
 """
 
 from __future__ import annotations
