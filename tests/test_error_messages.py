@@ -166,7 +166,9 @@ def test_an_env_option_in_a_config_names_the_config_and_key(capsys):
     """Guards against a bad env option from the CLI that does not name the config key (env.options.tools) the
     user set."""
     assert main(["eval", "--model", "tiny-qwen3", "--env", "gsm8k", "--option", "tools=none", "--n", "1"]) == 2
-    assert "env.options.tools=none: invalid value in env: environment 'gsm8k': 'options.tools' got 'none'" in capsys.readouterr().err
+    problem, given = capsys.readouterr().err.splitlines()  # the problem first, then the overrides it came from
+    assert problem.startswith("error: --set: invalid value in env: environment 'gsm8k': 'options.tools' got 'none'")
+    assert given == "  (--set model=tiny-qwen3 env.name=gsm8k n=1 env.options.tools=none)"
 
 
 def test_a_damaged_reward_model_record_names_its_file(tmp_path):

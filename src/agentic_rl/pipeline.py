@@ -10,22 +10,20 @@ Run directory (`output_dir`):
     <stage>/DONE.json                                         written last, atomically
     report.md, plots/*.png, results.json, summary.json        the summary
 
-The RL stage is GRPO (`grpo:`) or PPO (`ppo:`), picked by `rl.algorithm`. The control answers
-"would more SFT have done as well as RL?": SFT continued from the SFT model on the same
-demonstrations (fresh adapters, as the RL stage gets, and a new batch order) for as many steps as
-fit in the RL stage's measured training time. The report compares every stage with the one it
-started from, and the RL stage with the control, on the same problems (paired, 95% CI).
+The RL stage is GRPO (`grpo:`) or PPO (`ppo:`), picked by `rl.algorithm`. The control answers "would more SFT have
+done as well as RL?": SFT continued from the SFT model on the same demonstrations (fresh adapters, as the RL stage
+gets, and a new batch order) for as many steps as fit in the RL stage's measured training time. The report compares
+every stage with the one it started from, and the RL stage with the control, on the same problems (paired, 95% CI).
 
-A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a
-killed training stage restarts from its newest checkpoint (the loop resumes), and finished
-stages are never redone. A stage ends with the pipeline process, even when only that process is
-killed (`pipeline_process.end_with_the_pipeline`). DONE.json records the config sections the
-stage's result depends on (its own and every earlier stage's it reads); a rerun whose config changed one of them stops
-with the stage and the sections named, rather than reporting results of another config.
-A training stage killed mid-run resumes from its checkpoint only with the same stage config
-(training/run_record.py): a changed one stops with each differing key of that section named;
-set `<stage>.train.resume=false` to redo it. Each stage's model and output folder are set by the pipeline from
-`model` and `output_dir`; setting them inside a stage section is an error.
+A stage whose DONE.json exists is skipped on a rerun, so an interrupted pipeline resumes: a killed training stage
+restarts from its newest checkpoint (the loop resumes), and finished stages are never redone. A stage ends with the
+pipeline process, even when only that process is killed (`pipeline_process.end_with_the_pipeline`). DONE.json records
+the config sections the stage's result depends on (its own and every earlier stage's it reads); a rerun whose config
+changed one of them stops with the stage and the sections named, rather than reporting results of another config. A
+training stage killed mid-run resumes from its checkpoint only with the same stage config (training/run_record.py): a
+changed one stops with each differing key of that section named; set `<stage>.train.resume=false` to redo it. Each
+stage's model and output folder are set by the pipeline from `model` and `output_dir`; setting them inside a stage
+section is an error.
 """
 
 from __future__ import annotations
@@ -246,8 +244,7 @@ def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> 
 
 
 def _check_devices(cfg: PipelineConfig) -> None:
-    """Resolve the devices the stages will load models on, so a GPU that is not there stops the run
-    now rather than after the stages before the first one that needs it."""
+    """Resolve the devices the stages will load models on: a missing GPU stops the run now, not later."""
     from agentic_rl.models.device import resolve_device
 
     for index, eval_cfg in enumerate(cfg.evals):
