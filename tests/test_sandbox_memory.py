@@ -109,7 +109,10 @@ def test_a_dead_process_cgroup_folder_is_removed_at_the_next_start():
     script = f"""
 import os
 from agentic_rl.tools import sandbox_memory
-version, folder = sandbox_memory._own_memory_cgroups()[0]
+mine = sandbox_memory._process_cgroup()[0]
+folder = os.path.dirname(mine)  # where a process's folder goes: the stale one's place
+os.rmdir(mine)
+sandbox_memory._MADE.clear()  # the next call starts afresh, as a new process would
 stale = os.path.join(folder, "agentic-rl-{dead.pid}")
 os.makedirs(os.path.join(stale, "call-1"))
 assert sandbox_memory.cgroups_available()
