@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import os
 import threading
 import time
@@ -61,9 +62,14 @@ def _meminfo_bytes(field: str) -> int:
 def socket_queue_bytes(limits: SandboxLimits) -> int:
     """The most a call can queue in Unix sockets: every fd of every process one socket, each
     at the host's default send buffer (the filter refuses raising it)."""
+    return limits.max_processes * limits.max_open_files * _wmem_default()
+
+
+@functools.lru_cache(maxsize=None)
+def _wmem_default() -> int:
+    """net.core.wmem_default, read once: every call reserves by it, and it does not change under us."""
     with open("/proc/sys/net/core/wmem_default") as f:
-        wmem_default = int(f.read())
-    return limits.max_processes * limits.max_open_files * wmem_default
+        return int(f.read())
 
 
 def call_reservation(limits: SandboxLimits, capped: bool) -> int:
