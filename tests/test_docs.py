@@ -79,3 +79,83 @@ def test_the_bridges_page_names_only_options_its_bridge_has():
     env = yaml.safe_load(block)["env"]
     fields = {field.name for field in dataclasses.fields(env_options_class(env["name"]))}
     assert set(env["options"]) <= fields and env["options"], (env, fields)
+
+
+def test_the_extending_guides_env_tool_and_reward_behave_as_it_says(tmp_path):
+    """Guards against a guide whose worked example drifted from the API or from its own prose: the
+    page's blocks, run as the file it says to save, register an env whose splits are disjoint, whose
+    oracle solves every test word with one hint (return 1 − 0.2 = 0.8), whose wrong answer earns the
+    share of letters in place (3/5) without counting as correct, whose hint count reaches the
+    episode's info and the page's reward term, and whose tool checks its argument; its EPISODE_INFO
+    table is the code's."""
+    import json
+    import re
+
+    code = "\n\n".join(_blocks("extending.md", "python"))
+    (tmp_path / "unscramble.py").write_text(code)
+    (config,) = _blocks("extending.md", "yaml")
+    (tmp_path / "grpo.yaml").write_text(config)
+    probe = """
+import json, sys
+from agentic_rl.config import load_config
+from agentic_rl.train_commands import config_class
+cfg = load_config(config_class("grpo"), "grpo.yaml")  # imports unscramble.py, the config's plugin
+out = {"config": [cfg.env.name, [(r.name, r.weight, r.params) for r in cfg.rewards]]}
+from agentic_rl.envs.base import make_env
+from agentic_rl.envs.oracle import run_oracle
+from agentic_rl.rewards.base import RewardComposer, RewardSpec
+from agentic_rl.rollout.trajectory import Span, Trajectory
+from agentic_rl.tools.base import ToolError, get_tool
+from agentic_rl.tools.parse import format_tool_call
+
+env = make_env("unscramble")
+train, test = env.tasks("train"), env.tasks("test")
+out["splits"] = [len(train), len(test), len({t.answer for t in train} & {t.answer for t in test})]
+out["scrambled"] = all(sorted(t.question) == sorted(t.answer) for t in train + test)
+out["oracle"] = run_oracle("unscramble", n=8, split="test")["accuracy"]
+task = next(t for t in test if t.answer == "bread")
+env.reset(task)
+hint = env.step(format_tool_call("hint", {}))
+done = env.step("Final Answer: bread")
+out["hint"] = [hint.observation[0]["content"], hint.reward, done.reward, done.info["correct"], done.info["hints_used"]]
+env.reset(task)
+out["hints"] = [env.step(format_tool_call("hint", {})).observation[0]["content"] for _ in range(2)]
+env.reset(next(t for t in train if t.answer == "apple"))
+wrong = env.step("Final Answer: appel")
+out["partial"] = [wrong.reward, wrong.info["correct"], wrong.info["score"]]
+cheap = make_env("unscramble", hint_cost=0.1)
+cheap.reset(task)
+out["cheap"] = cheap.step(format_tool_call("hint", {})).reward
+spans = [Span("prompt", 0, 1), Span("policy", 1, 2)]
+def traj(correct, hints):
+    return Trajectory([1, 2], [0, 1], [0.0, 0.0], spans, info={"correct": correct, "hints_used": hints})
+out["few_hints"] = RewardComposer([RewardSpec("few_hints", params={"free": 1})])([traj(True, 1), traj(True, 2), traj(False, 0)])
+tool = get_tool("anagram_check")
+out["tool"] = [tool.call({"word": "apple", "letters": "pleap"}), tool.call({"word": "apples", "letters": "pleap"})]
+try:
+    tool.call({"word": "ap ple", "letters": "pleap"})
+except ToolError as exc:
+    out["tool_error"] = str(exc)
+print(json.dumps(out))
+"""
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["splits"] == [8, 8, 0] and out["scrambled"] and out["oracle"] == 1.0
+    assert out["hint"] == ["b", pytest.approx(-0.2), 1.0, True, 1] and out["hints"] == ["b", "br"]
+    assert out["hint"][1] + out["hint"][2] == pytest.approx(0.8)  # the episode's return, as the page says
+    assert out["partial"] == [pytest.approx(3 / 5), False, pytest.approx(3 / 5)]
+    assert out["cheap"] == pytest.approx(-0.1)
+    assert out["few_hints"] == [1.0, 0.0, 0.0]
+    assert out["tool"] == ["yes", "no"] and out["tool_error"] == "word must be letters only"
+
+    assert out["config"] == ["unscramble", [["env_steps", 1.0, {}], ["length_penalty", 0.5, {"alpha": 0.002, "target": 64}]]]
+    from agentic_rl.envs.base import EPISODE_INFO
+
+    page = (REPO / "docs" / "extending.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", page, re.M))
+    def shown(default):  # as the page writes a default: Python's None and False, JSON's 0, "" and {}
+        return repr(default) if default is None or default is False else json.dumps(default)
+
+    assert table == {key: shown(default) for key, (default, _meaning) in EPISODE_INFO.items()}

@@ -120,6 +120,8 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
     takes (each would stop a user's first try)."""
     makefile = (REPO / "Makefile").read_text()
     (tmp_path / "my_tasks.py").write_text("\n\n".join(_python_blocks()))
+    extending = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "extending.md").read_text(), re.DOTALL)
+    (tmp_path / "unscramble.py").write_text("\n\n".join(extending))  # the guide's file, as it says to save it
     (tmp_path / "configs").symlink_to(REPO / "configs")  # the README's paths are relative to the checkout
     lines, launched = [], 0
     for block in _blocks("bash"):
@@ -144,7 +146,7 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
     done = _run_python(_CHECK_COMMANDS, json.dumps(lines), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = json.loads(done.stdout.splitlines()[-1])
-    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "pipeline", "serve", "sft"], checked
+    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "pipeline", "serve", "sft", "tools"], checked
 
 
 def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tmp_path):

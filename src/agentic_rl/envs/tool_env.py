@@ -206,8 +206,14 @@ class ToolEnv(Env):
             "turns": self._turns,
             "finish": finish,
             "score": score,
+            **self.extra_episode_info(),
         }
         return StepResult(None, reward + score, True, info)
+
+    def extra_episode_info(self) -> dict[str, Any]:
+        """Facts of this env's own for the episode's summary (the last step's `info`), e.g.
+        `{"hints_used": 2}`: they travel into `eval`'s records and reward terms. None by default."""
+        return {}
 
     # --- grading: override for another answer format or partial credit ---------------------------
 
