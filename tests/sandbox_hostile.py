@@ -23,6 +23,7 @@ import uuid
 
 from agentic_rl.tools import sandbox_supervisor
 from agentic_rl.tools.python_sandbox import SandboxLimits, run_python
+from agentic_rl.tools.sandbox_landlock import landlock_abi
 from agentic_rl.tools.sandbox_memory import cgroups_available
 
 # {name: code}; the code is formatted with the bait's paths and addresses (see `_bait`).
@@ -241,13 +242,17 @@ if libc.syscall(435, 0, 0) != -1 or ctypes.get_errno() != 38:
     print("ESCAPED: clone3 is not ENOSYS")""",
     "proc_shows_the_caller": """
 import os
+# The caller's interpreter, its prefix (a bind mount's root in mountinfo), the bootstrap's
+# source, and the caller's pid in its memory cgroup's path. Without Landlock the mount files
+# still name the prefix (sandbox_landlock.py): they are checked where the kernel has it.
+files = ["cmdline", "environ", "comm", "cgroup", "maps"] + (["mountinfo", "mounts", "mountstats"] if {landlock} else [])
 for pid in filter(str.isdigit, os.listdir("/proc")):
-    for name in ("cmdline", "environ", "comm"):
+    for name in files:
         try:
             text = open(f"/proc/{{pid}}/{{name}}", "rb").read()
         except OSError:
             continue
-        for secret in ({caller_executable!r}, {caller_prefix!r}, "def enter_root"):
+        for secret in ({caller_executable!r}, {caller_prefix!r}, "def enter_root", "agentic-rl-{caller_pid}"):
             if secret.encode() in text:
                 print("ESCAPED: /proc", pid, name, "shows", secret)""",
     "memory_work_dir_and_dev_shm_files": """
@@ -407,7 +412,7 @@ def _bait(root: str) -> tuple[dict, dict]:
               "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
               "source_dir": os.path.dirname(os.path.abspath(__file__)),
               "capped": cgroups_available(), "caller_executable": os.path.realpath(sys.executable),
-              "caller_prefix": os.path.realpath(sys.base_prefix),
+              "caller_prefix": os.path.realpath(sys.base_prefix), "landlock": landlock_abi() > 0,
               "wmem_default": int(open("/proc/sys/net/core/wmem_default").read())}
     return values, listeners
 

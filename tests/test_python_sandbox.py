@@ -25,6 +25,7 @@ import pytest
 
 from agentic_rl.tools.base import Tool, ToolError, get_tool
 from agentic_rl.tools.python_sandbox import SandboxLimits, format_observation, python, run_python
+from agentic_rl.tools.sandbox_landlock import landlock_abi
 
 import sandbox_hostile
 
@@ -415,12 +416,52 @@ calls = {"keyctl": (250 if x86 else 219, 0, -3), "add_key": (248 if x86 else 217
 for name, args in calls.items():
     print(name, libc.syscall(*args), errno.errorcode[ctypes.get_errno()])
 print("mq_open", libc.mq_open(b"/q", os.O_CREAT | os.O_RDWR, 0o600, None), errno.errorcode[ctypes.get_errno()])
-print(repr(open("/proc/keys").read()), repr(open("/proc/key-users").read()))
+for path in ("/proc/keys", "/proc/key-users"):
+    try:
+        print(repr(open(path).read()))
+    except PermissionError:
+        print("EACCES")
 """
     result = run_python(code)
+    masked = ["EACCES"] * 2 if landlock_abi() else ["''"] * 2  # unreadable with Landlock, else /dev/null
     assert result.stdout.splitlines() == [
         "keyctl -1 EPERM", "add_key -1 EPERM", "shmget -1 ENOSYS", "msgget -1 ENOSYS",
-        "memfd_create -1 ENOSYS", "mq_open -1 EMFILE", "'' ''"], result
+        "memfd_create -1 ENOSYS", "mq_open -1 EMFILE", *masked], result
+
+
+_PROC_PROBE = """
+import os, sys
+def read(path):
+    try:
+        return open(path).read()
+    except PermissionError:
+        return "EACCES"
+print(read("/proc/self/mountinfo") == "EACCES", read("/proc/1/mounts") == "EACCES", read("/proc/self/status") == "EACCES")
+print(sorted(set(line.split(":")[-1] for line in read("/proc/self/cgroup").splitlines())))
+print(read("/proc/cpuinfo").startswith("processor"), os.cpu_count() >= 1, {"1", "2", "self"} <= set(os.listdir("/proc")))
+"""
+
+
+@ROOT_SWITCHES
+def test_the_codes_proc_shows_nothing_of_the_caller(pivot_root, monkeypatch):
+    """Guards against /proc naming the caller: mountinfo gives each bind mount's root as a host
+    path (the interpreter's prefix under a user's home), /proc/self/cgroup the caller's cgroup path
+    with its pid. With Landlock every file of /proc but cpuinfo, meminfo and stat is EACCES (the
+    directory still lists the sandbox's pids, os.cpu_count() still works); where a kernel has
+    none, the cgroup namespace alone still makes /proc/self/cgroup read "/"."""
+    from agentic_rl.tools import sandbox_bootstrap, sandbox_supervisor
+
+    if not landlock_abi():
+        pytest.skip("this kernel has no Landlock: the mount files stay readable (docs/security.md)")
+    monkeypatch.setattr(sandbox_supervisor, "_USE_PIVOT_ROOT", pivot_root)
+    result = run_python(_PROC_PROBE)
+    assert result.stdout.splitlines() == ["True True True", "['EACCES']", "True True True"], result
+
+    without = sandbox_bootstrap.BOOTSTRAP.replace("    hide_proc_files()  #", "    pass  #")
+    assert without != sandbox_bootstrap.BOOTSTRAP
+    monkeypatch.setattr(sandbox_supervisor, "BOOTSTRAP", without)  # a kernel without Landlock
+    result = run_python(_PROC_PROBE)
+    assert result.stdout.splitlines() == ["False False False", "['/']", "True True True"], result
 
 
 def test_environment_variables_are_not_leaked(outside_dir, monkeypatch):

@@ -11,19 +11,20 @@ It is put together from pieces that share one global namespace when it runs:
     BOOTSTRAP = PRELUDE             libc (ctypes), check(): raise OSError with errno's text
               + NAMESPACES_SOURCE   the namespaces, host mounts read-only (sandbox_namespaces.py)
               + ROOT_SOURCE         the minimal root the code sees (sandbox_root.py)
+              + LANDLOCK_SOURCE     no file of /proc but the machine's (sandbox_landlock.py)
               + SECCOMP_SOURCE      the seccomp filter (sandbox_seccomp.py)
               + PROCESS_SOURCE      the three processes, the worker's limits, main()
 
 The three processes:
 
     caller ──Popen──► bootstrap (new session, PATH and LANG only, cwd /)
-                        │ enter_namespaces: unshare mount, net, pid, ipc, uts [+ user if not root]
+                        │ enter_namespaces: unshare mount, net, pid, ipc, uts, cgroup [+ user if not root]
                         └─fork─► init = pid 1 of the new pid namespace (stays privileged)
                                    │ prepare_filesystem: a minimal tmpfs root (interpreter and
                                    │   libraries bound ro, tmpfs work dir, fresh /proc and /dev),
                                    │   entered by pivot_root (or chroot where / is the initramfs)
                                    └─fork─► worker: setsid, rlimits, drop uid, no_new_privs,
-                                            seccomp, exec python -I -S -u -B main.py
+                                            Landlock, seccomp, exec python -I -S -u -B main.py
 
   - The bootstrap stays in the caller's pid namespace (unshare moves only its children into
     the new one), so the caller can signal it, and it relays init's exit status.
@@ -38,7 +39,7 @@ The three processes:
     (RLIMIT_AS, NPROC, FSIZE, NOFILE, CORE = 0, MSGQUEUE = 0, and CPU with SIGKILL 1 s
     after SIGXCPU), then
     as root a fresh uid and gid with no supplementary groups (which drops every capability),
-    no_new_privs, the seccomp filter, and exec. Unprivileged, RLIMIT_NPROC counts all the
+    no_new_privs, Landlock (no file of /proc but the machine's), the seccomp filter, and exec. Unprivileged, RLIMIT_NPROC counts all the
     user's tasks, so the cap is the user's current count (`user_tasks`) + max_processes,
     which races with the user's other processes.
 
@@ -57,6 +58,7 @@ Protocol with the caller:
 
 from agentic_rl.tools.sandbox_namespaces import NAMESPACES_SOURCE
 from agentic_rl.tools.sandbox_root import ROOT_SOURCE
+from agentic_rl.tools.sandbox_landlock import LANDLOCK_SOURCE
 from agentic_rl.tools.sandbox_seccomp import SECCOMP_SOURCE
 
 PRELUDE = r'''
@@ -113,6 +115,7 @@ def exec_worker(cfg, status_fd, nproc):
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
         os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # drops every capability
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    hide_proc_files()  # no file of /proc but the machine's (sandbox_landlock.py)
     install_seccomp()  # last: no socket but AF_INET/6, no keyring, no shm (sandbox_seccomp.py)
     os.set_inheritable(status_fd, False)  # closes at exec: EOF on it means "started"
     os.execve(cfg["exe"], [cfg["exe"], "-I", "-S", "-u", "-B", "main.py"], cfg["env"])
@@ -168,4 +171,4 @@ def main():
 main()
 '''
 
-BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + ROOT_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE
+BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + ROOT_SOURCE + LANDLOCK_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE

@@ -23,7 +23,7 @@ keeping the flags a user namespace locks (nosuid, nodev, noexec, atime flags).
 NAMESPACES_SOURCE = r'''
 import re
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 4096, 16384, 1 << 18
@@ -43,7 +43,9 @@ def mount(source, target, fstype, flags, data=None):
           f"mount {fstype or source} on {target}")
 
 def enter_namespaces(cfg):
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    # A cgroup namespace rooted where the bootstrap stands (the call's memory cgroup, joined
+    # before): /proc/self/cgroup reads "/", not the caller's cgroup path and pid.
+    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
     if not cfg["is_root"]:
         flags |= CLONE_NEWUSER
     check(libc.unshare(flags), "unshare")

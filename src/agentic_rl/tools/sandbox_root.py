@@ -19,7 +19,9 @@ The root, as `prepare_filesystem` leaves it (a 64 KiB tmpfs, read-only once buil
     /etc/ld.so.cache  the dynamic loader's index of those libraries, read-only
     /proc        a fresh proc of this pid namespace, read-only; /proc/keys and /proc/key-users
                  (not namespaced) masked by /dev/null; pid 1 (init) reads as "sandbox-init",
-                 not the caller's interpreter path and the bootstrap's source
+                 not the caller's interpreter path and the bootstrap's source. The worker reads
+                 none of its files but the machine's where the kernel has Landlock
+                 (sandbox_landlock.py): mountinfo names the host path of each bind's source
     /dev         a read-only tmpfs with only null, zero, full, random and urandom (bound from
                  the host), the fd/stdin/stdout/stderr links, and /dev/shm (tmpfs of
                  max_file_bytes)
