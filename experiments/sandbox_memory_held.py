@@ -6,11 +6,21 @@
 
 Each attack is a program the policy could write. It grabs what it can, prints how much it
 thinks it holds, and sleeps, while this script samples the host's used memory (MemTotal -
-MemAvailable) every 20 ms. "held" is the peak of used memory over its median in the second
-before the call, minus what the other processes of the host (the trainer, a queued job) grew
-by in the same sample: so a job beside it moves the number by its own noise only (its page
-cache, say). "cgroup peak" is what the call's cgroup recorded (the kernel's own count of what
+MemAvailable - the free pages in the per-CPU lists) every 20 ms. "held" is the peak of used
+memory over its median in the second before the call, minus what the other processes of the
+host (the trainer, a queued job) grew by in the same sample: so a job beside it moves the
+number by its own noise only (its page cache, say). The per-CPU lists are free memory that
+MemFree, and so MemAvailable, leaves out: on kernel 6.18 with 24 GiB they grew to 325 MiB (each
+CPU's auto-tuned `high`) as the killed processes of `children` freed theirs, which read as
+"held" up to 676 MiB under a 512 MiB cap until they were counted as free (--trace shows it). "cgroup peak" is what the call's cgroup recorded (the kernel's own count of what
 it charged; 0 where no cgroup is made). The row says how the last run ended.
+
+    ... children --repeats 20 --trace                               # one line per run
+
+--trace prints, for each run, where the host's memory went at its peak sample: "held", the
+live call cgroups' usage at that same sample, the bytes over it, and the change since the
+baseline of each /proc/meminfo field that could hold them (MemFree falls by what is taken), and of
+the free pages in the per-CPU lists, which MemFree (and so MemAvailable) does not count.
 
 Attacks (issue 65, item 8):
   sockets   one process fills 29 Unix socketpairs after raising SO_SNDBUF/SO_RCVBUF to the
@@ -128,13 +138,29 @@ time.sleep(2)
 }
 
 
-def _meminfo_used() -> int:
+TRACED = ("MemFree", "PerCPUFree", "AnonPages", "AnonHugePages", "Shmem", "Cached", "SReclaimable", "SUnreclaim",
+          "PageTables", "KernelStack", "Percpu")
+"""The /proc/meminfo fields --trace follows (bytes; where memory the cgroup does not count could sit)."""
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes, and "PerCPUFree": the free pages in the per-CPU lists of every zone
+    (/proc/zoneinfo's pageset counts), which MemFree leaves out: pages a process freed sit there
+    until the kernel drains them (each CPU's list may grow to its auto-tuned `high`)."""
     fields = {}
     with open("/proc/meminfo") as f:
         for line in f:
             name, value = line.split(":", 1)
-            fields[name] = int(value.split()[0]) * 1024
-    return fields["MemTotal"] - fields["MemAvailable"]
+            fields[name] = int(value.split()[0]) * (1024 if value.strip().endswith("kB") else 1)
+    with open("/proc/zoneinfo") as f:
+        counts = [int(line.split()[1]) for line in f if line.strip().startswith("count:")]
+    fields["PerCPUFree"] = sum(counts) * os.sysconf("SC_PAGE_SIZE")
+    return fields
+
+
+def _used(fields: dict[str, int]) -> int:
+    """The host's used memory: neither available nor free in a per-CPU list."""
+    return fields["MemTotal"] - fields["MemAvailable"] - fields["PerCPUFree"]
 
 
 def _rss_outside(own_pid_ns: str) -> int:
@@ -151,44 +177,53 @@ def _rss_outside(own_pid_ns: str) -> int:
     return total
 
 
-def _cgroup_peak() -> int:
-    """The highest usage any live call cgroup of this process has recorded (0 without one)."""
+def _call_cgroups(peak: bool) -> int:
+    """Over the live call cgroups of this process: the highest usage any has recorded (peak), or
+    their usage now summed (0 without one)."""
     found = sandbox_memory and sandbox_memory._process_cgroup()
     if not found:
         return 0
     folder, version = found
-    peak = 0
+    names = {(2, True): "memory.peak", (2, False): "memory.current",
+             (1, True): "memory.max_usage_in_bytes", (1, False): "memory.usage_in_bytes"}
+    values = []
     for name in os.listdir(folder):
-        path = os.path.join(folder, name, "memory.peak" if version == 2 else "memory.max_usage_in_bytes")
         try:
-            with open(path) as f:
-                peak = max(peak, int(f.read()))
+            with open(os.path.join(folder, name, names[version, peak])) as f:
+                values.append(int(f.read()))
         except OSError:
             continue
-    return peak
+    return (max(values) if peak else sum(values)) if values else 0
 
 
-def held_bytes(code: str, limits: SandboxLimits) -> tuple[int, int, object]:
-    """(host bytes held at the peak, the call cgroup's peak, the SandboxResult)."""
+def held_bytes(code: str, limits: SandboxLimits) -> tuple[int, int, object, dict[str, int]]:
+    """(host bytes held at the peak, the call cgroup's peak, the SandboxResult, the trace: the
+    cgroups' usage at the peak sample and each TRACED field's change since the baseline)."""
     own_ns = os.readlink("/proc/self/ns/pid")
-    before = []
+    before, fields_before = [], []
     for _ in range(20):
-        before.append(_meminfo_used() - _rss_outside(own_ns))
+        fields_before.append(_meminfo())
+        before.append(_used(fields_before[-1]) - _rss_outside(own_ns))
         time.sleep(0.05)
     baseline = statistics.median(before)
+    base_fields = {name: statistics.median(f[name] for f in fields_before) for name in TRACED}
     result = {}
     call = threading.Thread(target=lambda: result.update(r=run_python(code, limits)))
     call.start()
-    peak, cgroup_peak = baseline, 0
+    peak, cgroup_peak, trace = baseline, 0, {}
     while call.is_alive():
-        peak = max(peak, _meminfo_used() - _rss_outside(own_ns))
-        cgroup_peak = max(cgroup_peak, _cgroup_peak())
+        fields, outside, usage = _meminfo(), _rss_outside(own_ns), _call_cgroups(peak=False)
+        used = _used(fields) - outside
+        if used > peak:
+            peak = used
+            trace = {"cgroup_usage": usage, **{name: int(fields[name] - base_fields[name]) for name in TRACED}}
+        cgroup_peak = max(cgroup_peak, _call_cgroups(peak=True))
         time.sleep(0.02)
     call.join()
-    return int(peak - baseline), cgroup_peak, result["r"]
+    return int(peak - baseline), cgroup_peak, result["r"], trace
 
 
-def main(names: list[str], repeats: int) -> None:
+def main(names: list[str], repeats: int, trace: bool = False) -> None:
     limits = SandboxLimits(timeout_s=20.0, cpu_seconds=15)
     print(f"memory_bytes cap {limits.memory_bytes / 2**20:.0f} MiB, "
           f"max_processes {limits.max_processes}, max_file_bytes {limits.max_file_bytes / 2**20:.0f} MiB, "
@@ -197,6 +232,13 @@ def main(names: list[str], repeats: int) -> None:
     print(f"{'attack':<10} {'host MiB, median [min, max]':>28} {'cgroup peak':>11}  exit_reason  what it printed")
     for name in names or list(ATTACKS):
         rows = [held_bytes(ATTACKS[name], limits) for _ in range(repeats)]
+        if trace:
+            mib = lambda value: f"{value / 2**20:+.0f}"  # noqa: E731
+            for held, _peak, result, at_peak in rows:
+                over = held - at_peak.get("cgroup_usage", 0)
+                print(f"  run: held {held / 2**20:.0f} MiB, cgroups then {at_peak.get('cgroup_usage', 0) / 2**20:.0f}, "
+                      f"over them {over / 2**20:+.0f} ({result.exit_reason}); meminfo change: "
+                      + ", ".join(f"{key} {mib(value)}" for key, value in at_peak.items() if key != "cgroup_usage"))
         held = sorted(row[0] / 2**20 for row in rows)
         result = rows[-1][2]
         said = " | ".join(sorted(set(result.stdout.split("\n")) - {""}))[:80]
@@ -207,4 +249,4 @@ def main(names: list[str], repeats: int) -> None:
 if __name__ == "__main__":
     arguments = sys.argv[1:]
     repeats = int(arguments.pop(arguments.index("--repeats") + 1)) if "--repeats" in arguments else 3
-    main([a for a in arguments if a != "--repeats"], repeats)
+    main([a for a in arguments if a not in ("--repeats", "--trace")], repeats, trace="--trace" in arguments)
