@@ -28,17 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SIDES = {"flash bf16": (SDPBackend.FLASH_ATTENTION, torch.bfloat16),
-         "flash fp32": (SDPBackend.FLASH_ATTENTION, torch.float32),
-         "math bf16": (SDPBackend.MATH, torch.bfloat16)}
+SIDES = {
+    "flash bf16": (SDPBackend.FLASH_ATTENTION, torch.bfloat16),
+    "flash fp32": (SDPBackend.FLASH_ATTENTION, torch.float32),
+    "math bf16": (SDPBackend.MATH, torch.bfloat16),
+}
 
 
 def inputs(rows: int, heads: int, queries: int, keys: int, head_dim: int, dtype: torch.dtype):
     """q (rows, heads, queries, head_dim), k and v (rows, heads, keys, head_dim), leaves that take
     gradients, and the bool mask (1, 1, queries, keys): query i sits at position keys - queries + i."""
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(rows, heads, length, head_dim, generator=generator).to(dtype).requires_grad_()
-               for length in (queries, keys, keys))
+    q, k, v = (
+        torch.randn(rows, heads, length, head_dim, generator=generator).to(dtype).requires_grad_()
+        for length in (queries, keys, keys)
+    )
     positions = torch.arange(keys - queries, keys)[:, None]  # (queries, 1)
     mask = (torch.arange(keys)[None, :] <= positions)[None, None]  # (1, 1, queries, keys)
     return q, k, v, mask
@@ -69,8 +73,10 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.queries <= args.keys:
         parser.error(f"--queries {args.queries} must be in [1, --keys {args.keys}]")
-    tensors = {side: inputs(args.rows, args.heads, args.queries, args.keys, args.head_dim, dtype)
-               for side, (_, dtype) in SIDES.items()}
+    tensors = {
+        side: inputs(args.rows, args.heads, args.queries, args.keys, args.head_dim, dtype)
+        for side, (_, dtype) in SIDES.items()
+    }
     times: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
     for round_ in range(1 + args.repeats):
         for side, (backend, _) in SIDES.items():
@@ -78,18 +84,25 @@ def main() -> None:
             if round_:
                 times[side].append(spent)
     base = statistics.median(f + b for f, b in times["flash bf16"])
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}: {args.rows} rows x {args.heads} heads, "
-          f"{args.queries} queries over {args.keys} keys, head dim {args.head_dim}; {args.repeats} rounds interleaved")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}: {args.rows} rows x {args.heads} heads, "
+        f"{args.queries} queries over {args.keys} keys, head dim {args.head_dim}; {args.repeats} rounds interleaved"
+    )
     print("| side | forward s, median (min-max) | backward s, median (min-max) | total / flash bf16 |")
     print("|---|---|---|---|")
     summary = {}
     for side, spent in times.items():
         forward, backward = ([pass_[i] for pass_ in spent] for i in (0, 1))
         total = statistics.median(f + b for f, b in spent)
-        summary[side] = {"forward_s": round(statistics.median(forward), 4),
-                         "backward_s": round(statistics.median(backward), 4), "ratio": round(total / base, 3)}
-        print(f"| {side} | {statistics.median(forward):.3f} ({min(forward):.3f}-{max(forward):.3f}) | "
-              f"{statistics.median(backward):.3f} ({min(backward):.3f}-{max(backward):.3f}) | {total / base:.2f} |")
+        summary[side] = {
+            "forward_s": round(statistics.median(forward), 4),
+            "backward_s": round(statistics.median(backward), 4),
+            "ratio": round(total / base, 3),
+        }
+        print(
+            f"| {side} | {statistics.median(forward):.3f} ({min(forward):.3f}-{max(forward):.3f}) | "
+            f"{statistics.median(backward):.3f} ({min(backward):.3f}-{max(backward):.3f}) | {total / base:.2f} |"
+        )
     print(json.dumps(summary))
 
 

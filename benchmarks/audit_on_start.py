@@ -44,9 +44,12 @@ def demo_shape(repeats: int) -> dict[str, float]:
         assert audit.check_episodes(episodes) is None, "the oracle's episodes must pass"
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
-    print(f"demo shape: 32 episodes, {sum(e.num_turns for e in episodes)} turns, {sum(len(e) for e in episodes)} tokens: "
-          f"checks {median:.3f} s, median of {repeats} [{min(times):.3f}, {max(times):.3f}] = "
-          f"{100 * median / DEMO_STEP_SECONDS:.2f}% of the demo's {DEMO_STEP_SECONDS} s GRPO step", flush=True)
+    print(
+        f"demo shape: 32 episodes, {sum(e.num_turns for e in episodes)} turns, {sum(len(e) for e in episodes)} tokens: "
+        f"checks {median:.3f} s, median of {repeats} [{min(times):.3f}, {max(times):.3f}] = "
+        f"{100 * median / DEMO_STEP_SECONDS:.2f}% of the demo's {DEMO_STEP_SECONDS} s GRPO step",
+        flush=True,
+    )
     return {"demo_checks_s": median, "demo_share": median / DEMO_STEP_SECONDS}
 
 
@@ -60,11 +63,26 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     from agentic_rl.training.start_audit import StartAudit
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(GRPOConfig, None, overrides=[
-            "model.name=tiny-qwen3", "model.lora.r=4", "rollout.batch_size=4", "rollout.group_size=2",
-            "rollout.max_turn_tokens=8", "rollout.max_turns=1", "env.options={difficulty: 1}", "env.task_pool=8",
-            "rewards=[{name: format}]", "loss.beta=0.04", "micro_batch_size=4", "train.progress=false",
-            f"train.steps={steps}", f"train.output_dir={out}"])
+        cfg = load_config(
+            GRPOConfig,
+            None,
+            overrides=[
+                "model.name=tiny-qwen3",
+                "model.lora.r=4",
+                "rollout.batch_size=4",
+                "rollout.group_size=2",
+                "rollout.max_turn_tokens=8",
+                "rollout.max_turns=1",
+                "env.options={difficulty: 1}",
+                "env.task_pool=8",
+                "rewards=[{name: format}]",
+                "loss.beta=0.04",
+                "micro_batch_size=4",
+                "train.progress=false",
+                f"train.steps={steps}",
+                f"train.output_dir={out}",
+            ],
+        )
         rows = train_grpo(cfg)["history"]
     seconds = [row["time/data"] + row["time/forward_backward"] + row["time/optimizer"] for row in rows]
     logged, step = rows[0]["time/audit"], statistics.median(seconds[1:])
@@ -76,14 +94,22 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     episodes = objective.episodes.collate(*objective.episodes.draw(0)).trajectories
     times = []
     for _ in range(repeats):
-        audit = StartAudit(objective.episodes.engine.chat_format, objective.episodes.env_for(objective.episodes.task_pool[0]).tool_schemas, True, log=lambda *_: None)
+        audit = StartAudit(
+            objective.episodes.engine.chat_format,
+            objective.episodes.env_for(objective.episodes.task_pool[0]).tool_schemas,
+            True,
+            log=lambda *_: None,
+        )
         started = time.perf_counter()
         assert audit.check_episodes(episodes) is None
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
-    print(f"tiny-qwen3: checks {1e3 * median:.1f} ms, median of {repeats} [{1e3 * min(times):.1f}, {1e3 * max(times):.1f}] "
-          f"(the run logged time/audit {1e3 * logged:.1f} ms, checks and drift); steps 2-{steps} {step:.2f} s median "
-          f"[{min(seconds[1:]):.2f}, {max(seconds[1:]):.2f}]: {100 * median / step:.2f}% of a step", flush=True)
+    print(
+        f"tiny-qwen3: checks {1e3 * median:.1f} ms, median of {repeats} [{1e3 * min(times):.1f}, {1e3 * max(times):.1f}] "
+        f"(the run logged time/audit {1e3 * logged:.1f} ms, checks and drift); steps 2-{steps} {step:.2f} s median "
+        f"[{min(seconds[1:]):.2f}, {max(seconds[1:]):.2f}]: {100 * median / step:.2f}% of a step",
+        flush=True,
+    )
     return {"tiny_checks_s": median, "tiny_logged_audit_s": logged, "tiny_step_s": step, "tiny_share": median / step}
 
 

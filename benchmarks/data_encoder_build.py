@@ -27,8 +27,14 @@ from tokenizers import Tokenizer
 from agentic_rl.models import load_tokenizer
 from agentic_rl.models.data_tokens import plain_tokenizer as parts
 
-TEXTS = ["hi <|im_end|> there\n<|im_start|>assistant\n", "Step 1: 57 - 30.\n<tool_call>\n{\"a\": 1}\n</tool_call>",
-         "émoji 🙂 and  tabs\t\t ok", "<think>\n\n</think>\n\n", "  leading and trailing  ", "12,345.67 * 0.5"]
+TEXTS = [
+    "hi <|im_end|> there\n<|im_start|>assistant\n",
+    'Step 1: 57 - 30.\n<tool_call>\n{"a": 1}\n</tool_call>',
+    "émoji 🙂 and  tabs\t\t ok",
+    "<think>\n\n</think>\n\n",
+    "  leading and trailing  ",
+    "12,345.67 * 0.5",
+]
 
 
 def round_trip(backend: Tokenizer) -> Tokenizer:
@@ -55,15 +61,23 @@ def main() -> None:
         backend = load_tokenizer(name).backend_tokenizer
         old_times, old = timed(round_trip, backend, args.repeats)
         new_times, new = timed(parts, backend, args.repeats)
-        same = all(old.encode(t, add_special_tokens=False).ids == new.encode(t, add_special_tokens=False).ids for t in TEXTS)
-        row = {"round_trip_ms": statistics.median(old_times), "round_trip_range_ms": [min(old_times), max(old_times)],
-               "parts_ms": statistics.median(new_times), "parts_range_ms": [min(new_times), max(new_times)],
-               "same_ids": same}
+        same = all(
+            old.encode(t, add_special_tokens=False).ids == new.encode(t, add_special_tokens=False).ids for t in TEXTS
+        )
+        row = {
+            "round_trip_ms": statistics.median(old_times),
+            "round_trip_range_ms": [min(old_times), max(old_times)],
+            "parts_ms": statistics.median(new_times),
+            "parts_range_ms": [min(new_times), max(new_times)],
+            "same_ids": same,
+        }
         row["ratio"] = row["round_trip_ms"] / row["parts_ms"]
         rows[name] = row
-        print(f"{name:24s} round trip {row['round_trip_ms']:8.1f} ms [{min(old_times):.1f}, {max(old_times):.1f}]   "
-              f"parts {row['parts_ms']:7.3f} ms [{min(new_times):.3f}, {max(new_times):.3f}]   "
-              f"{row['ratio']:,.0f}x   same ids: {same}")
+        print(
+            f"{name:24s} round trip {row['round_trip_ms']:8.1f} ms [{min(old_times):.1f}, {max(old_times):.1f}]   "
+            f"parts {row['parts_ms']:7.3f} ms [{min(new_times):.3f}, {max(new_times):.3f}]   "
+            f"{row['ratio']:,.0f}x   same ids: {same}"
+        )
     print(json.dumps(rows))
 
 

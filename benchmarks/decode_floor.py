@@ -54,8 +54,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="profiled decode steps")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     ap.add_argument("--linear", choices=["auto", "mm", "mkldnn"], default="auto")
-    ap.add_argument("--shared-prefix", type=int, default=0,
-                    help="cached tokens every row shares (prefilled once and forked, as in the rollout engine)")
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="cached tokens every row shares (prefilled once and forked, as in the rollout engine)",
+    )
     args = ap.parse_args()
     if not 0 <= args.shared_prefix < args.context:
         raise SystemExit(f"--shared-prefix must be in [0, --context), got {args.shared_prefix}")
@@ -64,7 +68,9 @@ def main() -> None:
     gbps = read_bandwidth()
     model, _ = load_model("smollm2-135m-instruct")
     model.eval()
-    runner = FastRunner(model, max_slots=args.batch, max_len=args.context + 2 * args.steps + 8, dtype=dtype, linear=args.linear)
+    runner = FastRunner(
+        model, max_slots=args.batch, max_len=args.context + 2 * args.steps + 8, dtype=dtype, linear=args.linear
+    )
     rows = [[(7 * i + j) % 1000 + 1 for j in range(args.context)] for i in range(args.batch)]
     shared = args.shared_prefix
     rows = [rows[0][:shared] + row[shared:] for row in rows]
@@ -112,19 +118,40 @@ def main() -> None:
     floor_ms = (weight_mb + kv_mb) / 1e3 / gbps * 1e3
     proj_gbps = weight_mb / 1e3 / (split["projections"] / 1e3)
 
-    print(f"read bandwidth {gbps:.1f} GB/s; {args.dtype}, linear={runner.linear}, batch {args.batch}, "
-          f"context {args.context} (shared prefix {shared}, attended once: {runner.shared_prefix_calls > 0}), "
-          f"threads {torch.get_num_threads()}; prefill {prefill_ms:.0f} ms")
-    print(f"decode step: {wall_ms:.1f} ms wall, {op_ms:.1f} ms op time = projections {split['projections']:.1f} "
-          f"({weight_mb:.0f} MB of weights at {proj_gbps:.1f} GB/s) + attention {split['attention']:.1f} "
-          f"(K/V {kv_mb:.0f} MB) + other {split['other']:.1f}")
-    print(f"memory floor: {weight_mb + kv_mb:.0f} MB / {gbps:.1f} GB/s = {floor_ms:.1f} ms per step "
-          f"({wall_ms / floor_ms:.1f}x above it)")
-    print(json.dumps({
-        "read_gbps": gbps, "dtype": args.dtype, "linear": runner.linear, "batch": args.batch, "context": args.context,
-        "shared_prefix": shared, "prefill_ms": prefill_ms, "wall_ms": wall_ms, "op_ms": op_ms, **{f"{k}_ms": v for k, v in split.items()},
-        "weight_mb": weight_mb, "kv_mb": kv_mb, "projection_gbps": proj_gbps, "floor_ms": floor_ms,
-    }))
+    print(
+        f"read bandwidth {gbps:.1f} GB/s; {args.dtype}, linear={runner.linear}, batch {args.batch}, "
+        f"context {args.context} (shared prefix {shared}, attended once: {runner.shared_prefix_calls > 0}), "
+        f"threads {torch.get_num_threads()}; prefill {prefill_ms:.0f} ms"
+    )
+    print(
+        f"decode step: {wall_ms:.1f} ms wall, {op_ms:.1f} ms op time = projections {split['projections']:.1f} "
+        f"({weight_mb:.0f} MB of weights at {proj_gbps:.1f} GB/s) + attention {split['attention']:.1f} "
+        f"(K/V {kv_mb:.0f} MB) + other {split['other']:.1f}"
+    )
+    print(
+        f"memory floor: {weight_mb + kv_mb:.0f} MB / {gbps:.1f} GB/s = {floor_ms:.1f} ms per step "
+        f"({wall_ms / floor_ms:.1f}x above it)"
+    )
+    print(
+        json.dumps(
+            {
+                "read_gbps": gbps,
+                "dtype": args.dtype,
+                "linear": runner.linear,
+                "batch": args.batch,
+                "context": args.context,
+                "shared_prefix": shared,
+                "prefill_ms": prefill_ms,
+                "wall_ms": wall_ms,
+                "op_ms": op_ms,
+                **{f"{k}_ms": v for k, v in split.items()},
+                "weight_mb": weight_mb,
+                "kv_mb": kv_mb,
+                "projection_gbps": proj_gbps,
+                "floor_ms": floor_ms,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

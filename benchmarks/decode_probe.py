@@ -27,7 +27,10 @@ from agentic_rl.rollout.fast_runner import FastRunner
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant that solves arithmetic word problems step by step."},
-    {"role": "user", "content": "Tom has 48 apples. He gives half of them to Ann and then buys 7 more. How many apples does he have now?"},
+    {
+        "role": "user",
+        "content": "Tom has 48 apples. He gives half of them to Ann and then buys 7 more. How many apples does he have now?",
+    },
 ]
 
 
@@ -75,8 +78,13 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--no-bf16", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--linears", nargs="+", default=["auto"], choices=["auto", "mm", "mkldnn"],
-                    help="FastRunner projection backends to time (one FastRunner each)")
+    ap.add_argument(
+        "--linears",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "mm", "mkldnn"],
+        help="FastRunner projection backends to time (one FastRunner each)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,19 +99,28 @@ def main() -> None:
     max_b = max(args.batches)
     max_len = len(prompt) + args.new + 8
     variants = [("fp32", "generate", model, None)]
-    variants += [("fp32", f"fast-{lin}", None, FastRunner(model, max_slots=max_b, max_len=max_len, linear=lin))
-                 for lin in args.linears]
+    variants += [
+        ("fp32", f"fast-{lin}", None, FastRunner(model, max_slots=max_b, max_len=max_len, linear=lin))
+        for lin in args.linears
+    ]
     if not args.no_bf16:
         model16, _ = load_model("smollm2-135m-instruct", dtype=torch.bfloat16)
         model16.eval()
         variants.append(("bf16", "generate", model16, None))
         variants += [
-            ("bf16", f"fast-{lin}", None, FastRunner(model, max_slots=max_b, max_len=max_len, dtype=torch.bfloat16, linear=lin))
+            (
+                "bf16",
+                f"fast-{lin}",
+                None,
+                FastRunner(model, max_slots=max_b, max_len=max_len, dtype=torch.bfloat16, linear=lin),
+            )
             for lin in args.linears
         ]
 
-    print(f"prompt {len(prompt)} tokens, {args.new} new tokens, threads {torch.get_num_threads()}, "
-          f"repeats {args.repeats} (interleaved)")
+    print(
+        f"prompt {len(prompt)} tokens, {args.new} new tokens, threads {torch.get_num_threads()}, "
+        f"repeats {args.repeats} (interleaved)"
+    )
     rows = []
     for batch in args.batches:
         ids = torch.tensor([prompt] * batch)
@@ -123,15 +140,20 @@ def main() -> None:
                 continue
             g, f = stats(times[(prec, "generate")], tokens), stats(times[(prec, kind)], tokens)
             rows.append((batch, prec, kind, g, f, g["median"] / f["median"]))
-            print(f"batch {batch:3d} {prec}: generate {g['median']:.2f}s [{g['min']:.2f}-{g['max']:.2f}] "
-                  f"{g['tok_s']:.0f} tok/s | {kind} {f['median']:.2f}s [{f['min']:.2f}-{f['max']:.2f}] "
-                  f"{f['tok_s']:.0f} tok/s | ratio {g['median'] / f['median']:.2f}x", flush=True)
+            print(
+                f"batch {batch:3d} {prec}: generate {g['median']:.2f}s [{g['min']:.2f}-{g['max']:.2f}] "
+                f"{g['tok_s']:.0f} tok/s | {kind} {f['median']:.2f}s [{f['min']:.2f}-{f['max']:.2f}] "
+                f"{f['tok_s']:.0f} tok/s | ratio {g['median'] / f['median']:.2f}x",
+                flush=True,
+            )
 
     print("\n| batch | precision | generate s (min-max) | tok/s | runner | s (min-max) | tok/s | ratio |")
     print("|---|---|---|---|---|---|---|---|")
     for batch, prec, kind, g, f, ratio in rows:
-        print(f"| {batch} | {prec} | {g['median']:.2f} ({g['min']:.2f}-{g['max']:.2f}) | {g['tok_s']:.0f} | {kind} | "
-              f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f}) | {f['tok_s']:.0f} | {ratio:.2f}x |")
+        print(
+            f"| {batch} | {prec} | {g['median']:.2f} ({g['min']:.2f}-{g['max']:.2f}) | {g['tok_s']:.0f} | {kind} | "
+            f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f}) | {f['tok_s']:.0f} | {ratio:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from agentic_rl.rollout.sampling import SamplingParams
 
 
 def runner_kwargs(text: str) -> dict[str, bool | int | str | torch.dtype]:
-    """"linear=mkldnn,shared_prefix=0" -> {"linear": "mkldnn", "shared_prefix": 0}; "" -> {}.
+    """ "linear=mkldnn,shared_prefix=0" -> {"linear": "mkldnn", "shared_prefix": 0}; "" -> {}.
 
     Values are ints ("0"), booleans ("true"/"false", any case), torch dtypes for `dtype`
     ("bfloat16", "float32") or strings."""
@@ -70,15 +70,18 @@ def runner_kwargs(text: str) -> dict[str, bool | int | str | torch.dtype]:
     return kwargs
 
 
-def engine_rate(model, tokenizer, kwargs: dict, episodes: int, turns: int, turn_tokens: int,
-                max_len: int, seed: int) -> tuple[float, int]:
+def engine_rate(
+    model, tokenizer, kwargs: dict, episodes: int, turns: int, turn_tokens: int, max_len: int, seed: int
+) -> tuple[float, int]:
     """Generated tokens per second of one engine run, and how many forward calls used the shared prefix."""
     runner = FastRunner(model, max_slots=episodes, max_len=max_len, **kwargs)
     tasks = make_env("arith").tasks("test", n=episodes, seed=0)
     envs = [_ScriptedToolEnv(turns, make_env("arith")) for _ in range(episodes)]
     limits = RolloutConfig(max_turn_tokens=turn_tokens, max_episode_tokens=max_len, max_turns=turns)
     chat_format = _NoStopFormat(tokenizer)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=1.0, seed=seed))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=1.0, seed=seed)
+    )
     start = time.perf_counter()
     trajectories = engine.run(envs, tasks)
     seconds = time.perf_counter() - start
@@ -103,16 +106,30 @@ def main() -> None:
     model, tokenizer = load_model("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
     model.eval()
     env = make_env("arith")
-    first = ChatFormat.for_tokenizer(tokenizer).prompt_ids(env.reset(env.tasks("test", n=1, seed=0)[0]), env.tool_schemas)
-    built = {side: FastRunner(model, max_slots=1, max_len=8, **kw) for side, kw in sides.items()}  # rejects bad settings now
-    print(f"# SmolLM2-135M-Instruct, {args.dtype}, threads={torch.get_num_threads()}, arith prompts ({len(first)} tokens "
-          f"for the first); A: {sides['A'] or 'defaults'} (linear={built['A'].linear}, shared_prefix="
-          f"{built['A'].shared_prefix}); B: {sides['B'] or 'defaults'} (linear={built['B'].linear}, "
-          f"shared_prefix={built['B'].shared_prefix})")
-    shapes = [(f"single-turn b={b}", b, 1, args.max_new_tokens) for b in (int(x) for x in args.batch_sizes.split(",") if x)]
+    first = ChatFormat.for_tokenizer(tokenizer).prompt_ids(
+        env.reset(env.tasks("test", n=1, seed=0)[0]), env.tool_schemas
+    )
+    built = {
+        side: FastRunner(model, max_slots=1, max_len=8, **kw) for side, kw in sides.items()
+    }  # rejects bad settings now
+    print(
+        f"# SmolLM2-135M-Instruct, {args.dtype}, threads={torch.get_num_threads()}, arith prompts ({len(first)} tokens "
+        f"for the first); A: {sides['A'] or 'defaults'} (linear={built['A'].linear}, shared_prefix="
+        f"{built['A'].shared_prefix}); B: {sides['B'] or 'defaults'} (linear={built['B'].linear}, "
+        f"shared_prefix={built['B'].shared_prefix})"
+    )
+    shapes = [
+        (f"single-turn b={b}", b, 1, args.max_new_tokens) for b in (int(x) for x in args.batch_sizes.split(",") if x)
+    ]
     if args.multi_turn_episodes:
-        shapes.append((f"multi-turn {args.multi_turn_episodes}x{args.turns}x{args.turn_tokens}",
-                       args.multi_turn_episodes, args.turns, args.turn_tokens))
+        shapes.append(
+            (
+                f"multi-turn {args.multi_turn_episodes}x{args.turns}x{args.turn_tokens}",
+                args.multi_turn_episodes,
+                args.turns,
+                args.turn_tokens,
+            )
+        )
     for side, runner in built.items():  # warm-up, and the cost of one refresh of the copies
         engine_rate(model, tokenizer, sides[side], 2, 1, 4, args.max_len, seed=0)
         refresh = []
@@ -127,14 +144,18 @@ def main() -> None:
         shared_calls = 0
         for repeat in range(args.repeats):
             for side, kwargs in sides.items():
-                rate, calls = engine_rate(model, tokenizer, kwargs, episodes, turns, turn_tokens, args.max_len, seed=repeat)
+                rate, calls = engine_rate(
+                    model, tokenizer, kwargs, episodes, turns, turn_tokens, args.max_len, seed=repeat
+                )
                 rates[side].append(rate)
                 if side == "B":
                     shared_calls = calls
         a, b = statistics.median(rates["A"]), statistics.median(rates["B"])
         ratios[name] = b / a
-        lines.append(f"| {name} | {a:.0f} ({min(rates['A']):.0f}-{max(rates['A']):.0f}) | "
-                     f"{b:.0f} ({min(rates['B']):.0f}-{max(rates['B']):.0f}) | {b / a:.2f}x | {shared_calls} |")
+        lines.append(
+            f"| {name} | {a:.0f} ({min(rates['A']):.0f}-{max(rates['A']):.0f}) | "
+            f"{b:.0f} ({min(rates['B']):.0f}-{max(rates['B']):.0f}) | {b / a:.2f}x | {shared_calls} |"
+        )
         print(lines[-1], flush=True)
     print("\n| row | A: tok/s median (min-max) | B: tok/s median (min-max) | B / A | shared calls (last B run) |")
     print("|---|---|---|---|---|")

@@ -108,8 +108,13 @@ def main() -> None:
     from torch.utils.cpp_extension import load_inline
 
     with tempfile.TemporaryDirectory() as build:
-        ext = load_inline("fused_attention_probe", cpp_sources=[KERNEL], functions=["decode_attention"],
-                          extra_cflags=["-O3", "-march=native", "-fopenmp"], build_directory=build)
+        ext = load_inline(
+            "fused_attention_probe",
+            cpp_sources=[KERNEL],
+            functions=["decode_attention"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            build_directory=build,
+        )
     B, H, G, D, k0, own = args.batch, KV_HEADS, GROUP, HEAD_DIM, args.prefix, args.own
     gen = torch.Generator().manual_seed(0)
     store = torch.randn(LAYERS, 2, H, k0 + 64, D, generator=gen)  # FastRunner's prefix store layout
@@ -117,8 +122,9 @@ def main() -> None:
     q = torch.randn(B, H * G * D, generator=gen)
     nvalid = torch.randint(own // 2, own + 1, (B,), generator=gen)
     # the additive mask a decode step passes (key j of row b is visible iff j < nvalid[b])
-    mask = torch.zeros(B, 1, 1, own).masked_fill_(torch.arange(own)[None, None, None, :] >= nvalid[:, None, None, None],
-                                                  float("-inf"))
+    mask = torch.zeros(B, 1, 1, own).masked_fill_(
+        torch.arange(own)[None, None, None, :] >= nvalid[:, None, None, None], float("-inf")
+    )
     scale = D**-0.5
 
     def to_tokens(t: torch.Tensor) -> torch.Tensor:  # forward's layout map on the plain decode path
@@ -126,13 +132,15 @@ def main() -> None:
 
     def torch_path(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]
-        return attend_with_shared_prefix(q, q.view(B, H, G, D), k, v, mask, store[li, 0, :, :k0], store[li, 1, :, :k0],
-                                         scale, to_tokens)
+        return attend_with_shared_prefix(
+            q, q.view(B, H, G, D), k, v, mask, store[li, 0, :, :k0], store[li, 1, :, :k0], scale, to_tokens
+        )
 
     def compiled(li: int) -> torch.Tensor:
         k, v = cache[li, :, 0, :, k0 : k0 + own], cache[li, :, 1, :, k0 : k0 + own]
-        return ext.decode_attention(q.view(B, H, G, D), store[li, 0, :, :k0], store[li, 1, :, :k0], k, v, nvalid,
-                                    scale).view(B, -1)
+        return ext.decode_attention(
+            q.view(B, H, G, D), store[li, 0, :, :k0], store[li, 1, :, :k0], k, v, nvalid, scale
+        ).view(B, -1)
 
     diff = max((torch_path(li) - compiled(li)).abs().max().item() for li in range(LAYERS))
     times: dict[str, list[float]] = {"torch": [], "compiled": []}
@@ -145,12 +153,22 @@ def main() -> None:
                 fn(li)
             times[name].append((time.perf_counter() - start) / LAYERS * 1e6)
     med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"batch {B}, prefix {k0}, own keys {nvalid.tolist()}, threads {torch.get_num_threads()}; "
-          f"max abs difference {diff:.2e}")
+    print(
+        f"batch {B}, prefix {k0}, own keys {nvalid.tolist()}, threads {torch.get_num_threads()}; "
+        f"max abs difference {diff:.2e}"
+    )
     for name, t in times.items():
         print(f"{name:9} {med[name]:7.1f} us per layer ({min(t):.1f}-{max(t):.1f})")
-    print(json.dumps({"torch_us": med["torch"], "compiled_us": med["compiled"],
-                      "torch_over_compiled": med["torch"] / med["compiled"], "max_abs_diff": diff}))
+    print(
+        json.dumps(
+            {
+                "torch_us": med["torch"],
+                "compiled_us": med["compiled"],
+                "torch_over_compiled": med["torch"] / med["compiled"],
+                "max_abs_diff": diff,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

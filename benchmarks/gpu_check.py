@@ -54,9 +54,22 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # rollout_throughput's helpers
 
-QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def build_model(tiny: bool, device: str, dtype: torch.dtype):
@@ -66,9 +79,16 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype):
     from agentic_rl.models.loader import TINY_QWEN3, load_tokenizer
 
     tokenizer = load_tokenizer(TINY_QWEN3)
-    config = Qwen3Config(vocab_size=151_936, max_position_embeddings=40_960, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, **(TINY if tiny else QWEN3_0_6B))
+    config = Qwen3Config(
+        vocab_size=151_936,
+        max_position_embeddings=40_960,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        **(TINY if tiny else QWEN3_0_6B),
+    )
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the GPU: 0.6 B parameters take ~10 s on one CPU core
         model = Qwen3ForCausalLM(config)
@@ -89,31 +109,43 @@ def check_correctness(model, tokenizer, args) -> dict:
 
     episodes, turns, turn_tokens = (4, 3, 8) if args.tiny else (16, 3, 32)
     tasks, envs, _ = _tasks_and_envs(episodes, turns)
-    limits = RolloutConfig(max_turn_tokens=turn_tokens, max_episode_tokens=2048, max_turns=turns, dtype=args.rollout_dtype)
+    limits = RolloutConfig(
+        max_turn_tokens=turn_tokens, max_episode_tokens=2048, max_turns=turns, dtype=args.rollout_dtype
+    )
     chat_format = _NoStopFormat(tokenizer)
     runner = build_runner(model, "auto", max_slots=episodes, max_len=2048, dtype=args.rollout_dtype)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=1.0, seed=0))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=1.0, seed=0)
+    )
     trajectories = engine.run(envs, tasks)
     batch = collate(trajectories, tokenizer.pad_token_id).to(args.device)
     with torch.no_grad():
         trained, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)  # (B, T)
-    sampled = torch.tensor([t.logprobs + [0.0] * (batch.input_ids.shape[1] - len(t)) for t in trajectories], device=args.device)  # (B, T)
+    sampled = torch.tensor(
+        [t.logprobs + [0.0] * (batch.input_ids.shape[1] - len(t)) for t in trajectories], device=args.device
+    )  # (B, T)
     first_turn = torch.zeros_like(batch.loss_mask, dtype=torch.bool)  # (B, T)
     mask_errors = 0
     for row, traj in enumerate(trajectories):
         policy = [span for span in traj.spans if span.kind == "policy"]
-        first_turn[row, policy[0].start:policy[0].end] = True
+        first_turn[row, policy[0].start : policy[0].end] = True
         expected = [0] * len(traj)
         for span in policy:
-            expected[span.start:span.end] = [1] * (span.end - span.start)
+            expected[span.start : span.end] = [1] * (span.end - span.start)
         mask_errors += sum(a != b for a, b in zip(expected, traj.loss_mask))
     scored = batch.loss_mask.bool()
     diff = (trained.float() - sampled).abs()  # (B, T)
     later = scored & ~first_turn
-    return {"episodes": episodes, "turns": [len([s for s in t.spans if s.kind == "policy"]) for t in trajectories][:4],
-            "policy_tokens": int(scored.sum()), "max_abs_diff_first_turn": float(diff[scored & first_turn].max()),
-            "max_abs_diff_later_turns": float(diff[later].max()) if later.any() else None,
-            "mean_abs_diff": float(diff[scored].mean()), "mask_errors": mask_errors, "rollout_dtype": args.rollout_dtype}
+    return {
+        "episodes": episodes,
+        "turns": [len([s for s in t.spans if s.kind == "policy"]) for t in trajectories][:4],
+        "policy_tokens": int(scored.sum()),
+        "max_abs_diff_first_turn": float(diff[scored & first_turn].max()),
+        "max_abs_diff_later_turns": float(diff[later].max()) if later.any() else None,
+        "mean_abs_diff": float(diff[scored].mean()),
+        "mask_errors": mask_errors,
+        "rollout_dtype": args.rollout_dtype,
+    }
 
 
 def check_throughput(model, tokenizer, args) -> dict:
@@ -152,11 +184,19 @@ def grpo_cfg(model_dir: str, setting: str, backend: str, args, out: str):
         model=ModelConfig(name=model_dir, dtype="float32", lora=LoraConfig(enabled=setting == "lora")),
         env=EnvConfig(name="arith", options={"difficulty": 2, "max_turns": 1}, task_pool=64),
         rewards=[RewardSpec("accuracy")],
-        rollout=GRPORolloutConfig(batch_size=prompts * group, group_size=group, max_turn_tokens=new_tokens, max_turns=1),
-        loss=GRPOLossConfig(beta=0.04), micro_batch_size=prompts * group,
+        rollout=GRPORolloutConfig(
+            batch_size=prompts * group, group_size=group, max_turn_tokens=new_tokens, max_turns=1
+        ),
+        loss=GRPOLossConfig(beta=0.04),
+        micro_batch_size=prompts * group,
         optim=OptimConfig(lr=1e-5 if setting == "full" else 1e-4),
-        train=LoopConfig(steps=2, output_dir=out, progress=False, resume=False,
-                         mixed_precision="bf16" if args.device == "cuda" else "no"),
+        train=LoopConfig(
+            steps=2,
+            output_dir=out,
+            progress=False,
+            resume=False,
+            mixed_precision="bf16" if args.device == "cuda" else "no",
+        ),
     )
 
 
@@ -180,9 +220,13 @@ def check_grpo_step(model, tokenizer, args) -> dict:
             if "trl" not in args.grpo_backends.split(","):
                 continue
             timer = StepTimer()
-            trainer, _ = build_trl_trainer(grpo_cfg(model_dir, setting, "trl", args, f"{scratch}/trl-{setting}"), callbacks=[timer])
+            trainer, _ = build_trl_trainer(
+                grpo_cfg(model_dir, setting, "trl", args, f"{scratch}/trl-{setting}"), callbacks=[timer]
+            )
             trainer.train()
-            lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
+            lengths = [
+                r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r
+            ]
             result[f"trl_{setting}_s"] = timer.times[-1]
             result[f"trl_{setting}_tokens"] = lengths[-1]
             result[f"trl_over_ours_{setting}"] = result[f"trl_{setting}_s"] / result[f"ours_{setting}_s"]
@@ -206,7 +250,7 @@ def check_memory(model, tokenizer, args) -> dict:
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
     ids = torch.randint(0, 151_000, (micro, tokens), device=args.device)  # (B, T)
     mask = torch.zeros_like(ids)
-    mask[:, tokens // 2:] = 1  # (B, T) the second half stands for the policy's tokens
+    mask[:, tokens // 2 :] = 1  # (B, T) the second half stands for the policy's tokens
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -217,8 +261,15 @@ def check_memory(model, tokenizer, args) -> dict:
     optimizer.step()
     peak_gb = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     policy.unload()  # the base model back, without adapters, for any later section
-    return {"kv_cache_slots": slots, "kv_cache_len": cache_len, "kv_cache_gb": kv_gb, "train_micro_batch": micro,
-            "train_tokens": tokens, "train_peak_gb": peak_gb, "train_loss": float(loss)}
+    return {
+        "kv_cache_slots": slots,
+        "kv_cache_len": cache_len,
+        "kv_cache_gb": kv_gb,
+        "train_micro_batch": micro,
+        "train_tokens": tokens,
+        "train_peak_gb": peak_gb,
+        "train_loss": float(loss),
+    }
 
 
 def check_evaluation(model, tokenizer, args) -> dict:
@@ -233,18 +284,29 @@ def check_evaluation(model, tokenizer, args) -> dict:
     policy, policy_tokenizer, _ = load_for_decoding("tiny-qwen3", "auto")
     device = next(policy.parameters()).device
     loaded_s = time.perf_counter() - begun
-    cfg = EvalConfig(n=16, max_concurrent=16,
-                     rollout=RolloutConfig(max_turn_tokens=32, max_turns=2, device="auto", dtype="auto"))
+    cfg = EvalConfig(
+        n=16, max_concurrent=16, rollout=RolloutConfig(max_turn_tokens=32, max_turns=2, device="auto", dtype="auto")
+    )
     begun = time.perf_counter()
     result = evaluate(policy, policy_tokenizer, cfg, progress=False)
     _sync(args.device)
     eval_s = time.perf_counter() - begun
-    print(f"# evaluation: tiny-qwen3 on {device}, decoded in {resolve_rollout_dtype('auto', device)}, "
-          f"{cfg.n} greedy episodes in {eval_s:.2f} s", file=sys.stderr, flush=True)
+    print(
+        f"# evaluation: tiny-qwen3 on {device}, decoded in {resolve_rollout_dtype('auto', device)}, "
+        f"{cfg.n} greedy episodes in {eval_s:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     if device.type != args.device:
         raise RuntimeError(f"rollout.device auto put the model on {device}, expected {args.device}")
-    return {"model_device": str(device), "decode_dtype": resolve_rollout_dtype("auto", device), "problems": result["n"],
-            "pass@1": result["pass@1"], "load_s": loaded_s, "eval_s": eval_s}
+    return {
+        "model_device": str(device),
+        "decode_dtype": resolve_rollout_dtype("auto", device),
+        "problems": result["n"],
+        "pass@1": result["pass@1"],
+        "load_s": loaded_s,
+        "eval_s": eval_s,
+    }
 
 
 def _allocated(cuda: bool) -> int:
@@ -259,29 +321,49 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-SECTIONS = {"correctness": check_correctness, "throughput": check_throughput, "evaluation": check_evaluation,
-            "memory": check_memory, "grpo_step": check_grpo_step}
+SECTIONS = {
+    "correctness": check_correctness,
+    "throughput": check_throughput,
+    "evaluation": check_evaluation,
+    "memory": check_memory,
+    "grpo_step": check_grpo_step,
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where everything runs")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 Qwen3 and small batches (the CPU smoke run)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a 2-layer, hidden-64 Qwen3 and small batches (the CPU smoke run)"
+    )
     parser.add_argument("--out", default="", help="also write the JSON line to this file")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
-    parser.add_argument("--grpo-backends", default="ours,trl",
-                        help="grpo_step's sides; the CPU smoke test runs ours only (TRL's tiny CPU step takes ~30 s)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="skip the sections that would start after this many seconds")
+    parser.add_argument(
+        "--grpo-backends",
+        default="ours,trl",
+        help="grpo_step's sides; the CPU smoke test runs ours only (TRL's tiny CPU step takes ~30 s)",
+    )
+    parser.add_argument(
+        "--budget-s", type=float, default=420.0, help="skip the sections that would start after this many seconds"
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no GPU (torch.cuda.is_available() is False); use --device cpu --tiny for the smoke run")
+        raise SystemExit(
+            "--device cuda: torch sees no GPU (torch.cuda.is_available() is False); use --device cpu --tiny for the smoke run"
+        )
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     args.rollout_dtype = "bfloat16" if args.device == "cuda" else "float32"
     started = time.perf_counter()
     model, tokenizer = build_model(args.tiny, args.device, args.dtype)
-    report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "tiny": args.tiny,
-              "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-              "date": time.strftime("%Y-%m-%d"), "build_s": time.perf_counter() - started, "sections": {}}
+    report = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "tiny": args.tiny,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "build_s": time.perf_counter() - started,
+        "sections": {},
+    }
     for name in [s for s in args.sections.split(",") if s]:
         if time.perf_counter() - started > args.budget_s:
             report["sections"][name] = {"ok": False, "error": f"skipped: past the {args.budget_s:.0f} s budget"}

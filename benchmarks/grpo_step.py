@@ -90,8 +90,11 @@ def run_trl(setting: str, warmup: int, steps: int) -> tuple[list[float], list[fl
 
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
-        trainer, info = build_trl_trainer(make_cfg(setting, warmup + steps, out, "trl"), callbacks=[timer],
-                                          extra_args={"generation_kwargs": {"min_new_tokens": NEW_TOKENS}})
+        trainer, info = build_trl_trainer(
+            make_cfg(setting, warmup + steps, out, "trl"),
+            callbacks=[timer],
+            extra_args={"generation_kwargs": {"min_new_tokens": NEW_TOKENS}},
+        )
         trainer.train()
     rows = [r for r in trainer.state.log_history if "completions/mean_length" in r]
     tokens = [r["completions/mean_length"] * PROMPTS * G for r in rows][warmup:]
@@ -109,7 +112,9 @@ def flop_floor(setting: str, prompt_tokens: float, new_tokens: float) -> dict[st
     per episode, P = prompt tokens.
     """
     h, inter, layers, vocab = 576, 1536, 30, 49152
-    n = layers * (2 * h * h + 2 * h * (h // 3) + 3 * h * inter) + h * vocab  # q,o: h*h; k,v: h*h/3 (GQA 9:3); MLP; LM head
+    n = (
+        layers * (2 * h * h + 2 * h * (h // 3) + 3 * h * inter) + h * vocab
+    )  # q,o: h*h; k,v: h*h/3 (GQA 9:3); MLP; LM head
     distinct = PROMPTS * prompt_tokens + PROMPTS * G * new_tokens
     backward = (4 if setting == "full" else 2) * n * distinct
     total = 2 * n * distinct * 3 + backward
@@ -142,8 +147,10 @@ def main() -> None:
             print(f"[{setting} round {round_}] trl   {['%.2f' % x for x in t]} s, tokens {tok}", flush=True)
         ours_med, trl_med = statistics.median(ours_t), statistics.median(trl_t)
         ours_tok_med, trl_tok_med = statistics.median(ours_tok), statistics.median(trl_tok)
-        phases = {k: statistics.median(r[k] for r in profile) for k in
-                  ("time/rollout", "time/reference", "time/forward_backward", "time/optimizer", "time/data")}
+        phases = {
+            k: statistics.median(r[k] for r in profile)
+            for k in ("time/rollout", "time/reference", "time/forward_backward", "time/optimizer", "time/data")
+        }
         results[setting] = dict(ours=ours_t, trl=trl_t, ours_tokens=ours_tok_med, trl_tokens=trl_tok_med, phases=phases)
         ratios[setting] = trl_med / ours_med
         ratios[f"{setting}_token_normalised"] = trl_med / (ours_med * trl_tok_med / max(ours_tok_med, 1))
@@ -153,10 +160,14 @@ def main() -> None:
 
     env = make_env("arith", difficulty=2, max_turns=1)
     chat = ChatFormat(load_tokenizer(MODEL))
-    prompt_len = statistics.mean(len(chat.prompt_ids(env.reset(t), env.tool_schemas)) for t in env.tasks("train", n=64, seed=0))
+    prompt_len = statistics.mean(
+        len(chat.prompt_ids(env.reset(t), env.tool_schemas)) for t in env.tasks("train", n=64, seed=0)
+    )
     print()
-    print(f"GRPO step, SmolLM2-135M-Instruct fp32, {PROMPTS} prompts x G={G}, <= {NEW_TOKENS} new tokens, beta={BETA}, "
-          f"CPU threads={torch.get_num_threads()}, mean prompt {prompt_len:.0f} tokens")
+    print(
+        f"GRPO step, SmolLM2-135M-Instruct fp32, {PROMPTS} prompts x G={G}, <= {NEW_TOKENS} new tokens, beta={BETA}, "
+        f"CPU threads={torch.get_num_threads()}, mean prompt {prompt_len:.0f} tokens"
+    )
     print("| setting | side | s/step median [min, max] | gen tokens/step (median) | FLOP floor s/step |")
     print("|---|---|---|---|---|")
     for setting, r in results.items():
@@ -164,9 +175,15 @@ def main() -> None:
             toks = r[f"{side}_tokens"]
             floor = flop_floor(setting, prompt_len, toks / (PROMPTS * G))
             print(f"| {setting} | {side} | {summary(r[side])} | {toks:.0f} | {floor['seconds']:.2f} |")
-        print(f"| {setting} | ours phases (median s) | " + ", ".join(f"{k[5:]}={v:.2f}" for k, v in r["phases"].items()) + " | | |")
-    print(f"N (matmul params) = {flop_floor('full', prompt_len, NEW_TOKENS)['params'] / 1e6:.1f} M; floor = "
-          "[2N·U rollout + 2N·U reference + 2N·U policy + (4N full | 2N LoRA)·U backward] / 169 GFLOP/s, U = prompts·P + B·C distinct tokens")
+        print(
+            f"| {setting} | ours phases (median s) | "
+            + ", ".join(f"{k[5:]}={v:.2f}" for k, v in r["phases"].items())
+            + " | | |"
+        )
+    print(
+        f"N (matmul params) = {flop_floor('full', prompt_len, NEW_TOKENS)['params'] / 1e6:.1f} M; floor = "
+        "[2N·U rollout + 2N·U reference + 2N·U policy + (4N full | 2N LoRA)·U backward] / 169 GFLOP/s, U = prompts·P + B·C distinct tokens"
+    )
     print(json.dumps({k: round(v, 3) for k, v in ratios.items()}))
 
 

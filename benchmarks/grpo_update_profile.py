@@ -42,8 +42,28 @@ FAMILIES = [  # (family, substrings of the op name), first match wins
     ("matrix products", ("mm", "matmul", "linear", "bmm", "addmm", "mkldnn")),
     ("LM head log-softmax", ("logsumexp", "softmax", "amax", "gather", "scatter", "exp")),
     ("copies and casts", ("copy_", "aten::to", "_to_copy", "contiguous", "clone", "cat", "index", "repeat", "expand")),
-    ("elementwise and norms", ("mul", "add", "sub", "div", "pow", "rsqrt", "mean", "silu", "neg", "sum", "where",
-                               "fill", "zero", "sigmoid", "rms", "cos", "sin")),
+    (
+        "elementwise and norms",
+        (
+            "mul",
+            "add",
+            "sub",
+            "div",
+            "pow",
+            "rsqrt",
+            "mean",
+            "silu",
+            "neg",
+            "sum",
+            "where",
+            "fill",
+            "zero",
+            "sigmoid",
+            "rms",
+            "cos",
+            "sin",
+        ),
+    ),
 ]
 
 
@@ -63,8 +83,17 @@ def main() -> None:
     args = parser.parse_args()
 
     out_dir = tempfile.mkdtemp(prefix="grpo-profile-")
-    cfg = load_config(GRPOConfig, args.config, args.overrides + [f"train.steps={args.steps}", f"train.output_dir={out_dir}",
-                                                                 "train.checkpoint_every=0", "train.progress=false"])
+    cfg = load_config(
+        GRPOConfig,
+        args.config,
+        args.overrides
+        + [
+            f"train.steps={args.steps}",
+            f"train.output_dir={out_dir}",
+            "train.checkpoint_every=0",
+            "train.progress=false",
+        ],
+    )
     shapes: dict[int, list[dict[str, float]]] = defaultdict(list)  # step -> its micro-batches
     state = {"step": 0, "profile": None}
     loss_of, accumulate = grpo_module.GRPO.loss, Trainer.accumulate
@@ -78,9 +107,16 @@ def main() -> None:
         width = int(attention.sum(-1).max())
         ids, attention, mask = ids[:, :width], attention[:, :width], mask[:, :width]
         prefix = shared_prefix_length(ids, attention, mask)
-        shapes[state["step"]].append({"rows": len(micro.rows), "width": width, "prefix": prefix,
-                                      "backbone_tokens": prefix + int(attention[:, prefix:].sum()),
-                                      "trained": int(mask.sum()), "forward_s": forward_s})
+        shapes[state["step"]].append(
+            {
+                "rows": len(micro.rows),
+                "width": width,
+                "prefix": prefix,
+                "backbone_tokens": prefix + int(attention[:, prefix:].sum()),
+                "trained": int(mask.sum()),
+                "forward_s": forward_s,
+            }
+        )
         return loss, metrics
 
     def timed_accumulate(self, micro_batches, loss_fn):
@@ -108,21 +144,29 @@ def main() -> None:
     result = grpo_module.train_grpo(cfg)
     history = result["history"]
 
-    print(f"{cfg.model.name}: batch {cfg.rollout.batch_size} episodes (groups of {cfg.rollout.group_size}), micro-batches of "
-          f"{cfg.micro_batch_size}, threads {torch.get_num_threads()}, training precision {cfg.train.mixed_precision}")
+    print(
+        f"{cfg.model.name}: batch {cfg.rollout.batch_size} episodes (groups of {cfg.rollout.group_size}), micro-batches of "
+        f"{cfg.micro_batch_size}, threads {torch.get_num_threads()}, training precision {cfg.train.mixed_precision}"
+    )
     print("| step | rollout s | forward/backward s | optimizer s | episodes trained | profiled |")
     print("|---|---|---|---|---|---|")
     for number, row in enumerate(history, start=1):
-        print(f"| {number} | {row.get('time/rollout', 0):.1f} | {row['time/forward_backward']:.1f} | "
-              f"{row['time/optimizer']:.2f} | {row['train/episodes_trained']:.0f} | {'yes' if number == args.steps else 'no'} |")
+        print(
+            f"| {number} | {row.get('time/rollout', 0):.1f} | {row['time/forward_backward']:.1f} | "
+            f"{row['time/optimizer']:.2f} | {row['train/episodes_trained']:.0f} | {'yes' if number == args.steps else 'no'} |"
+        )
 
-    print("\n| step | micro-batch | rows x width | shared prefix | backbone tokens | trained tokens | forward s | "
-          "forward+backward s | backbone tokens/s |")
+    print(
+        "\n| step | micro-batch | rows x width | shared prefix | backbone tokens | trained tokens | forward s | "
+        "forward+backward s | backbone tokens/s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for step, micros in shapes.items():
         for number, s in enumerate(micros, start=1):
-            print(f"| {step} | {number} | {s['rows']} x {s['width']} | {s['prefix']} | {s['backbone_tokens']} | {s['trained']} | "
-                  f"{s['forward_s']:.2f} | {s['total_s']:.2f} | {s['backbone_tokens'] / s['total_s']:.0f} |")
+            print(
+                f"| {step} | {number} | {s['rows']} x {s['width']} | {s['prefix']} | {s['backbone_tokens']} | {s['trained']} | "
+                f"{s['forward_s']:.2f} | {s['total_s']:.2f} | {s['backbone_tokens'] / s['total_s']:.0f} |"
+            )
 
     def rate(step: int) -> float:  # backbone tokens per second of forward+backward
         seconds = sum(s["total_s"] for s in shapes[step])
@@ -139,15 +183,25 @@ def main() -> None:
     print(f"| all (profiled) | {total:.2f} | |")
     print("\n| op | family | calls | self CPU s | share |\n|---|---|---|---|---|")
     for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]:
-        print(f"| {event.key} | {family(event.key)} | {event.count} | {event.self_cpu_time_total / 1e6:.2f} | "
-              f"{event.self_cpu_time_total / 1e6 / total:.1%} |")
+        print(
+            f"| {event.key} | {family(event.key)} | {event.count} | {event.self_cpu_time_total / 1e6:.2f} | "
+            f"{event.self_cpu_time_total / 1e6 / total:.1%} |"
+        )
 
-    print(json.dumps({"rollout_s": [round(row.get("time/rollout", 0.0), 2) for row in history],
-                      "forward_backward_s": [round(row["time/forward_backward"], 2) for row in history],
-                      "backbone_tokens_per_s": [round(rate(step)) for step in shapes],
-                      "profiled_step": args.steps, "median_micro_batch_s": round(statistics.median(
-                          s["total_s"] for s in shapes[args.steps]), 2) if shapes[args.steps] else None,
-                      "shares": {label: round(seconds / total, 3) for label, seconds in by_family.items()}}))
+    print(
+        json.dumps(
+            {
+                "rollout_s": [round(row.get("time/rollout", 0.0), 2) for row in history],
+                "forward_backward_s": [round(row["time/forward_backward"], 2) for row in history],
+                "backbone_tokens_per_s": [round(rate(step)) for step in shapes],
+                "profiled_step": args.steps,
+                "median_micro_batch_s": round(statistics.median(s["total_s"] for s in shapes[args.steps]), 2)
+                if shapes[args.steps]
+                else None,
+                "shares": {label: round(seconds / total, 3) for label, seconds in by_family.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

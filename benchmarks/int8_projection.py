@@ -58,12 +58,22 @@ def main() -> None:
                     fn()
                 times[name].append((time.perf_counter() - started) / 10 * 1e6)
         median = {name: statistics.median(v) for name, v in times.items()}
-        result["rows"][rows] = {name: {"median_us": round(median[name], 1), "min_us": round(min(v), 1), "max_us": round(max(v), 1),
-                                       "max_abs_error": round(errors[name], 4), "bf16_over_this": round(median["bf16"] / median[name], 2),
-                                       "fp32_over_this": round(median["fp32"] / median[name], 2)} for name, v in times.items()}
+        result["rows"][rows] = {
+            name: {
+                "median_us": round(median[name], 1),
+                "min_us": round(min(v), 1),
+                "max_us": round(max(v), 1),
+                "max_abs_error": round(errors[name], 4),
+                "bf16_over_this": round(median["bf16"] / median[name], 2),
+                "fp32_over_this": round(median["fp32"] / median[name], 2),
+            }
+            for name, v in times.items()
+        }
         for name, row in result["rows"][rows].items():
-            print(f"{rows:>4} rows  {name:<17} median {row['median_us']:>9.1f} us  [{row['min_us']:.1f}, {row['max_us']:.1f}]  "
-                  f"bf16/this {row['bf16_over_this']:.2f}  fp32/this {row['fp32_over_this']:.2f}  max error {row['max_abs_error']}")
+            print(
+                f"{rows:>4} rows  {name:<17} median {row['median_us']:>9.1f} us  [{row['min_us']:.1f}, {row['max_us']:.1f}]  "
+                f"bf16/this {row['bf16_over_this']:.2f}  fp32/this {row['fp32_over_this']:.2f}  max error {row['max_abs_error']}"
+            )
     print(json.dumps(result))
 
 

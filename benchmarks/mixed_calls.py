@@ -38,8 +38,9 @@ OPTIONS = {"difficulty": 1, "branching": 1, "max_turns": 12}
 
 def run(model, tokenizer, tasks, dtype: str, split: bool) -> tuple[float, int, int, int, list[list[int]]]:
     """(seconds, model calls, split calls, houses solved, each episode's token ids) for one side."""
-    rollout = RolloutConfig(max_turn_tokens=48, max_turns=12, max_episode_tokens=1792, sampling=Sampling(temperature=0),
-                            dtype=dtype)
+    rollout = RolloutConfig(
+        max_turn_tokens=48, max_turns=12, max_episode_tokens=1792, sampling=Sampling(temperature=0), dtype=dtype
+    )
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     runner = engine.backend.runner
     if not hasattr(runner, "split_mixed"):
@@ -71,17 +72,29 @@ def main() -> None:
             times[side].append(seconds)
             stats[side], ids[side] = (calls, splits, solved), tokens
     differ = sum(a != b for a, b in zip(ids["one call"], ids["split"]))
-    print(f"{args.n} plan houses (one door), greedy, rollout.dtype={args.dtype}, {torch.get_num_threads()} threads; "
-          f"model {args.model}")
+    print(
+        f"{args.n} plan houses (one door), greedy, rollout.dtype={args.dtype}, {torch.get_num_threads()} threads; "
+        f"model {args.model}"
+    )
     for side, t in times.items():
         calls, splits, solved = stats[side]
-        print(f"{side:8s} median {statistics.median(t):6.1f} s  [min {min(t):.1f}, max {max(t):.1f}]  "
-              f"forward calls {calls} ({splits} of them split in two)  solved {solved}/{args.n}")
+        print(
+            f"{side:8s} median {statistics.median(t):6.1f} s  [min {min(t):.1f}, max {max(t):.1f}]  "
+            f"forward calls {calls} ({splits} of them split in two)  solved {solved}/{args.n}"
+        )
     ratio = statistics.median(times["one call"]) / statistics.median(times["split"])
     print(f"one call / split: {ratio:.2f}x time; episodes whose tokens differ: {differ}/{args.n}")
-    print(json.dumps({"time_ratio": round(ratio, 3), "split_median_s": round(statistics.median(times["split"]), 2),
-                      "one_call_median_s": round(statistics.median(times["one call"]), 2), "episodes_differ": differ,
-                      "solved": {side: stats[side][2] for side in times}}))
+    print(
+        json.dumps(
+            {
+                "time_ratio": round(ratio, 3),
+                "split_median_s": round(statistics.median(times["split"]), 2),
+                "one_call_median_s": round(statistics.median(times["one call"]), 2),
+                "episodes_differ": differ,
+                "solved": {side: stats[side][2] for side in times},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

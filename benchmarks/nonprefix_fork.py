@@ -35,7 +35,9 @@ MODEL = "smollm2-135m-instruct"
 OPTIONS = {"facts": 2, "distractors": 6, "gap": 3, "window": 2}
 
 
-def run(model, tokenizer, tasks, dtype: str, max_turns: int, fork: bool) -> tuple[float, int, int, list[list[list[int]]]]:
+def run(
+    model, tokenizer, tasks, dtype: str, max_turns: int, fork: bool
+) -> tuple[float, int, int, list[list[list[int]]]]:
     rollout = RolloutConfig(max_turn_tokens=48, max_turns=max_turns, sampling=Sampling(temperature=0), dtype=dtype)
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     backend = engine.backend
@@ -71,23 +73,36 @@ def main() -> None:
     ids: dict[str, list] = {}
     for _ in range(args.repeats):
         for side in ("prefill", "fork"):
-            seconds, computed, forks, sequences = run(model, tokenizer, tasks, args.dtype, args.max_turns, side == "fork")
+            seconds, computed, forks, sequences = run(
+                model, tokenizer, tasks, args.dtype, args.max_turns, side == "fork"
+            )
             times[side].append(seconds)
             stats[side], ids[side] = (computed, forks), sequences
     if ids["fork"] != ids["prefill"]:
         raise SystemExit("the two sides produced different trajectories")
     sequences = sum(len(e) for e in ids["fork"])
-    print(f"{args.episodes} memory episodes, {sequences} token sequences, greedy, rollout.dtype={args.dtype}, "
-          f"max_turns {args.max_turns}, {torch.get_num_threads()} threads")
+    print(
+        f"{args.episodes} memory episodes, {sequences} token sequences, greedy, rollout.dtype={args.dtype}, "
+        f"max_turns {args.max_turns}, {torch.get_num_threads()} threads"
+    )
     for side in ("prefill", "fork"):
         t = times[side]
-        print(f"{side:8s} median {statistics.median(t):7.1f} s  [min {min(t):.1f}, max {max(t):.1f}]  "
-              f"tokens computed {stats[side][0]:,}  forks {stats[side][1]}")
+        print(
+            f"{side:8s} median {statistics.median(t):7.1f} s  [min {min(t):.1f}, max {max(t):.1f}]  "
+            f"tokens computed {stats[side][0]:,}  forks {stats[side][1]}"
+        )
     ratio = statistics.median(times["prefill"]) / statistics.median(times["fork"])
     print(f"prefill / fork: {ratio:.2f}x time, {stats['prefill'][0] / stats['fork'][0]:.2f}x tokens computed")
-    print(json.dumps({"time_ratio": round(ratio, 3), "tokens_ratio": round(stats["prefill"][0] / stats["fork"][0], 3),
-                      "fork_median_s": round(statistics.median(times["fork"]), 2),
-                      "prefill_median_s": round(statistics.median(times["prefill"]), 2)}))
+    print(
+        json.dumps(
+            {
+                "time_ratio": round(ratio, 3),
+                "tokens_ratio": round(stats["prefill"][0] / stats["fork"][0], 3),
+                "fork_median_s": round(statistics.median(times["fork"]), 2),
+                "prefill_median_s": round(statistics.median(times["prefill"]), 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ def main() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    sides = {"foreach": torch.optim.AdamW(params, lr=1e-6, foreach=True),
-             "fused": torch.optim.AdamW(params, lr=1e-6, fused=True)}
+    sides = {
+        "foreach": torch.optim.AdamW(params, lr=1e-6, foreach=True),
+        "fused": torch.optim.AdamW(params, lr=1e-6, fused=True),
+    }
     times: dict[str, list[float]] = {name: [] for name in sides}
     for optimizer in sides.values():
         optimizer.step()  # warm-up: allocates exp_avg and exp_avg_sq

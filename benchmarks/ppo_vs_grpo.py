@@ -49,10 +49,12 @@ def child(variant: str, model: str, steps: int, seed: int, out: str) -> dict:
     if trainer == "grpo":
         import agentic_rl.training.grpo as module
         from agentic_rl.training.grpo_config import GRPOConfig as Config
+
         run = module.train_grpo
     else:
         import agentic_rl.training.ppo as module
         from agentic_rl.training.ppo_config import PPOConfig as Config
+
         run = module.train_ppo
     import agentic_rl.training.loop as loop_module  # train_on_policy imports run_training from here when it runs
 
@@ -66,14 +68,28 @@ def child(variant: str, model: str, steps: int, seed: int, out: str) -> dict:
         return original(objective, scorer, *args, **kwargs)
 
     loop_module.run_training = counting
-    cfg = load_config(Config, REPO / config, overrides=[f"model.name={model}", f"train.steps={steps}", f"train.seed={seed}",
-                                                        f"train.output_dir={out}", "train.progress=false", *extra])
+    cfg = load_config(
+        Config,
+        REPO / config,
+        overrides=[
+            f"model.name={model}",
+            f"train.steps={steps}",
+            f"train.seed={seed}",
+            f"train.output_dir={out}",
+            "train.progress=false",
+            *extra,
+        ],
+    )
     history = run(cfg)["history"]
     step_seconds = [row["time/data"] + row["time/forward_backward"] + row["time/optimizer"] for row in history]
-    return {"step_seconds": step_seconds, "rollout_seconds": [row["time/rollout"] for row in history],
-            "episodes_rolled_out": [32 * row.get("rollout/rounds", 1.0) if trainer == "grpo" else 32 for row in history],
-            "policy_tokens": [row["rollout/completion_tokens/mean"] for row in history],
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, **held}
+    return {
+        "step_seconds": step_seconds,
+        "rollout_seconds": [row["time/rollout"] for row in history],
+        "episodes_rolled_out": [32 * row.get("rollout/rounds", 1.0) if trainer == "grpo" else 32 for row in history],
+        "policy_tokens": [row["rollout/completion_tokens/mean"] for row in history],
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        **held,
+    }
 
 
 def _summary(values: list[float]) -> dict:
@@ -93,42 +109,67 @@ def main() -> None:
         print("RESULT " + json.dumps(child(variant, args.model, args.steps, int(seed), out)), flush=True)
         return
     if not Path(args.model).exists():
-        raise SystemExit(f"--model {args.model} does not exist; make it with "
-                         "`agentic-rl pipeline --config configs/demo.yaml --set output_dir=runs/x2` (its sft/final)")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+        raise SystemExit(
+            f"--model {args.model} does not exist; make it with "
+            "`agentic-rl pipeline --config configs/demo.yaml --set output_dir=runs/x2` (its sft/final)"
+        )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     runs: dict[str, list[dict]] = {variant: [] for variant in args.variants}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
             for variant in args.variants:
                 out = Path(scratch) / f"{variant}-{round_index}"
-                command = [sys.executable, __file__, "--model", args.model, "--steps", str(args.steps),
-                           "--child", variant, str(round_index), str(out)]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--model",
+                    args.model,
+                    "--steps",
+                    str(args.steps),
+                    "--child",
+                    variant,
+                    str(round_index),
+                    str(out),
+                ]
                 proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
                 lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
                 if proc.returncode != 0 or not lines:
                     raise SystemExit(f"{variant} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-                runs[variant].append(json.loads(lines[-1][len("RESULT "):]))
-                print(f"round {round_index + 1} {variant}: steps {[round(s, 1) for s in runs[variant][-1]['step_seconds']]} s, "
-                      f"peak RSS {runs[variant][-1]['peak_rss_gb']:.2f} GiB", flush=True)
+                runs[variant].append(json.loads(lines[-1][len("RESULT ") :]))
+                print(
+                    f"round {round_index + 1} {variant}: steps {[round(s, 1) for s in runs[variant][-1]['step_seconds']]} s, "
+                    f"peak RSS {runs[variant][-1]['peak_rss_gb']:.2f} GiB",
+                    flush=True,
+                )
     result = {}
     for variant, children in runs.items():
         steps = [s for c in children for s in c["step_seconds"]]
         rollouts = [s for c in children for s in c["rollout_seconds"]]
         result[variant] = {
-            "step_seconds": _summary(steps), "rollout_seconds": _summary(rollouts),
+            "step_seconds": _summary(steps),
+            "rollout_seconds": _summary(rollouts),
             "train_seconds": _summary([a - b for a, b in zip(steps, rollouts)]),
             "episodes_rolled_out": _summary([e for c in children for e in c["episodes_rolled_out"]]),
             "policy_tokens_per_episode": _summary([t for c in children for t in c["policy_tokens"]]),
             "peak_rss_gb": _summary([c["peak_rss_gb"] for c in children]),
-            "parameters_held": children[0]["parameters"], "trainable_parameters": children[0]["trainable"],
+            "parameters_held": children[0]["parameters"],
+            "trainable_parameters": children[0]["trainable"],
         }
     print()
-    print(f"{'variant':<14}{'step s (median [min, max])':<30}{'rollout s':<12}{'train s':<10}{'peak RSS GiB':<14}{'params held':<14}trainable")
+    print(
+        f"{'variant':<14}{'step s (median [min, max])':<30}{'rollout s':<12}{'train s':<10}{'peak RSS GiB':<14}{'params held':<14}trainable"
+    )
     for variant, r in result.items():
         s = r["step_seconds"]
-        print(f"{variant:<14}{s['median']:>6.1f} [{s['min']:.1f}, {s['max']:.1f}]{'':<12}{r['rollout_seconds']['median']:>8.1f}    "
-              f"{r['train_seconds']['median']:>6.1f}    {r['peak_rss_gb']['median']:>8.2f}      {r['parameters_held']:>12,}  {r['trainable_parameters']:,}")
+        print(
+            f"{variant:<14}{s['median']:>6.1f} [{s['min']:.1f}, {s['max']:.1f}]{'':<12}{r['rollout_seconds']['median']:>8.1f}    "
+            f"{r['train_seconds']['median']:>6.1f}    {r['peak_rss_gb']['median']:>8.2f}      {r['parameters_held']:>12,}  {r['trainable_parameters']:,}"
+        )
     print(json.dumps(result))
 
 

@@ -75,7 +75,10 @@ class _ScriptedToolEnv(Env):
         self.turn = 0
         if self.base is not None:
             return self.base.reset(task)
-        return [{"role": "system", "content": "Solve the problem with the calculator."}, {"role": "user", "content": task.question}]
+        return [
+            {"role": "system", "content": "Solve the problem with the calculator."},
+            {"role": "user", "content": task.question},
+        ]
 
     def step(self, action_text: str) -> StepResult:
         self.turn += 1
@@ -111,7 +114,13 @@ def _engine_run(model, tokenizer, args, envs, tasks, turn_tokens: int, turns: in
     runner = _make_runner(args.runner, model, max_slots=len(envs), max_len=args.max_len)
     limits = RolloutConfig(max_turn_tokens=turn_tokens, max_episode_tokens=args.max_len, max_turns=turns)
     chat_format = _NoStopFormat(tokenizer)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=args.temperature, seed=seed))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format),
+        chat_format,
+        tokenizer,
+        limits,
+        SamplingParams(temperature=args.temperature, seed=seed),
+    )
     start = time.perf_counter()
     trajectories = engine.run(envs, tasks)
     elapsed = time.perf_counter() - start
@@ -119,7 +128,9 @@ def _engine_run(model, tokenizer, args, envs, tasks, turn_tokens: int, turns: in
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, sequences: list[list[int]], new_tokens: int, temperature: float) -> tuple[list[list[int]], float]:
+def _generate(
+    model, tokenizer, sequences: list[list[int]], new_tokens: int, temperature: float
+) -> tuple[list[list[int]], float]:
     """Left-padded batch generate of exactly `new_tokens` per row; returns the new tokens and seconds."""
     width = max(len(s) for s in sequences)
     pad = tokenizer.pad_token_id
@@ -128,15 +139,23 @@ def _generate(model, tokenizer, sequences: list[list[int]], new_tokens: int, tem
     attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)  # (B, T)
     start = time.perf_counter()
     out = model.generate(
-        input_ids=input_ids, attention_mask=attention, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_p=None,
+        top_k=None,
         pad_token_id=pad,
     )
     new = out[:, width:].tolist()  # the copy to the host waits for the GPU, inside the timing
     return new, time.perf_counter() - start
 
 
-def _generate_episodes(model, tokenizer, chat_format, envs, tasks, turn_tokens: int, turns: int, temperature: float) -> tuple[int, float]:
+def _generate_episodes(
+    model, tokenizer, chat_format, envs, tasks, turn_tokens: int, turns: int, temperature: float
+) -> tuple[int, float]:
     """The naive multi-turn loop: after each turn, re-encode every episode's whole token sequence."""
     sequences = [chat_format.prompt_ids(env.reset(task), env.tool_schemas) for env, task in zip(envs, tasks)]
     messages = [env.reset(task) for env, task in zip(envs, tasks)]
@@ -151,7 +170,11 @@ def _generate_episodes(model, tokenizer, chat_format, envs, tasks, turn_tokens: 
             text = tokenizer.decode(turn)
             result = envs[i].step(text)
             if not result.done:
-                sequences[i] = sequences[i] + turn + chat_format.observation_ids(messages[i], text, result.observation, envs[i].tool_schemas)
+                sequences[i] = (
+                    sequences[i]
+                    + turn
+                    + chat_format.observation_ids(messages[i], text, result.observation, envs[i].tool_schemas)
+                )
                 messages[i] = messages[i] + [{"role": "assistant", "content": text}] + result.observation
                 still.append(i)
             seconds += time.perf_counter() - start
@@ -170,26 +193,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median/min/max reported)")
     parser.add_argument("--batch-sizes", default="8,32", help="comma-separated single-turn batch sizes")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per row in the single-turn rows")
-    parser.add_argument("--multi-turn-episodes", type=int, default=8, help="episodes in the multi-turn row (0 skips it)")
+    parser.add_argument(
+        "--multi-turn-episodes", type=int, default=8, help="episodes in the multi-turn row (0 skips it)"
+    )
     parser.add_argument("--turns", type=int, default=3, help="policy turns per multi-turn episode")
     parser.add_argument("--turn-tokens", type=int, default=32, help="tokens per turn in the multi-turn row")
-    parser.add_argument("--runner", choices=["hf", "fast"], default="hf", help="the engine's runner (fast = FastRunner)")
+    parser.add_argument(
+        "--runner", choices=["hf", "fast"], default="hf", help="the engine's runner (fast = FastRunner)"
+    )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="model dtype, both sides")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, both sides")
     parser.add_argument("--max-len", type=int, default=2048, help="runner cache length per slot")
-    parser.add_argument("--single-turn-prompts", choices=["short", "arith"], default="short",
-                        help="single-turn rows: short built-in questions (~50 tokens, no tools) or arith "
-                             "prompts with the calculator's tool schema (~430 tokens, the agent case)")
+    parser.add_argument(
+        "--single-turn-prompts",
+        choices=["short", "arith"],
+        default="short",
+        help="single-turn rows: short built-in questions (~50 tokens, no tools) or arith "
+        "prompts with the calculator's tool schema (~430 tokens, the agent case)",
+    )
     args = parser.parse_args()
 
     model, tokenizer = load_model("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
     chat_format = ChatFormat.for_tokenizer(tokenizer)
-    print(f"# SmolLM2-135M-Instruct, {args.dtype}, runner={args.runner}, T={args.temperature}, threads={torch.get_num_threads()}")
+    print(
+        f"# SmolLM2-135M-Instruct, {args.dtype}, runner={args.runner}, T={args.temperature}, threads={torch.get_num_threads()}"
+    )
     rows, ratios = [], {}
     # Warm-up (untimed): first calls pay one-off allocation and kernel selection costs.
     warm_tasks = [Task("w", QUESTIONS[0], "")]
     _engine_run(model, tokenizer, args, [_ScriptedToolEnv(1)], warm_tasks, 4, 1, seed=0)
-    _generate(model, tokenizer, [chat_format.prompt_ids([{"role": "user", "content": QUESTIONS[0]}])], 4, args.temperature)
+    _generate(
+        model, tokenizer, [chat_format.prompt_ids([{"role": "user", "content": QUESTIONS[0]}])], 4, args.temperature
+    )
     for batch in [int(b) for b in args.batch_sizes.split(",") if b]:
         tasks = [Task(f"q{i}", QUESTIONS[i % len(QUESTIONS)], "") for i in range(batch)]
         engine_rates, generate_rates = [], []
@@ -206,28 +241,47 @@ def main() -> None:
             torch.manual_seed(repeat)
             new, seconds = _generate(model, tokenizer, prompts, args.max_new_tokens, args.temperature)
             generate_rates.append(sum(len(n) for n in new) / seconds)
-        rows += [_row(f"single-turn b={batch} engine[{args.runner}]", engine_rates), _row(f"single-turn b={batch} generate", generate_rates)]
+        rows += [
+            _row(f"single-turn b={batch} engine[{args.runner}]", engine_rates),
+            _row(f"single-turn b={batch} generate", generate_rates),
+        ]
         ratios[f"single_b{batch}"] = statistics.median(engine_rates) / statistics.median(generate_rates)
     if args.multi_turn_episodes > 0:
         n, label = args.multi_turn_episodes, ""
         engine_rates, generate_rates = [], []
         for repeat in range(args.repeats):
             tasks, envs, label = _tasks_and_envs(n, args.turns)
-            tokens, seconds = _engine_run(model, tokenizer, args, envs, tasks, args.turn_tokens, args.turns, seed=repeat)
+            tokens, seconds = _engine_run(
+                model, tokenizer, args, envs, tasks, args.turn_tokens, args.turns, seed=repeat
+            )
             engine_rates.append(tokens / seconds)
             tasks, envs, _ = _tasks_and_envs(n, args.turns)
             torch.manual_seed(repeat)
-            tokens, seconds = _generate_episodes(model, tokenizer, chat_format, envs, tasks, args.turn_tokens, args.turns, args.temperature)
+            tokens, seconds = _generate_episodes(
+                model, tokenizer, chat_format, envs, tasks, args.turn_tokens, args.turns, args.temperature
+            )
             generate_rates.append(tokens / seconds)
         name = f"multi-turn {n}x{args.turns}x{args.turn_tokens}"
-        rows += [_row(f"{name} engine[{args.runner}]", engine_rates), _row(f"{name} generate (re-encode)", generate_rates)]
+        rows += [
+            _row(f"{name} engine[{args.runner}]", engine_rates),
+            _row(f"{name} generate (re-encode)", generate_rates),
+        ]
         ratios["multi_turn"] = statistics.median(engine_rates) / statistics.median(generate_rates)
         print(f"# multi-turn: {label}")
     print(f"{'row':<44} {'median tok/s':>12} {'min':>8} {'max':>8}")
     for row in rows:
         print(f"{row['row']:<44} {row['median']:>12.1f} {row['min']:>8.1f} {row['max']:>8.1f}")
-    print(json.dumps({"engine_over_generate": ratios, "runner": args.runner, "dtype": args.dtype, "repeats": args.repeats,
-                      "single_turn_prompts": args.single_turn_prompts}))
+    print(
+        json.dumps(
+            {
+                "engine_over_generate": ratios,
+                "runner": args.runner,
+                "dtype": args.dtype,
+                "repeats": args.repeats,
+                "single_turn_prompts": args.single_turn_prompts,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -64,9 +64,16 @@ def model_shapes(cfg: Any) -> dict[str, tuple[int, int]]:
     """(K, N) of each projection of one layer, and the LM head, as the model has them."""
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     hidden, kv = cfg.hidden_size, cfg.num_key_value_heads * head_dim
-    return {"q": (hidden, hidden), "k": (hidden, kv), "v": (hidden, kv), "o": (hidden, hidden),
-            "gate": (hidden, cfg.intermediate_size), "up": (hidden, cfg.intermediate_size),
-            "down": (cfg.intermediate_size, hidden), "lm_head": (hidden, cfg.vocab_size)}
+    return {
+        "q": (hidden, hidden),
+        "k": (hidden, kv),
+        "v": (hidden, kv),
+        "o": (hidden, hidden),
+        "gate": (hidden, cfg.intermediate_size),
+        "up": (hidden, cfg.intermediate_size),
+        "down": (cfg.intermediate_size, hidden),
+        "lm_head": (hidden, cfg.vocab_size),
+    }
 
 
 def gemm_peak(shapes: dict[str, tuple[int, int]], rows: int, dtype: torch.dtype, repeats: int) -> dict[str, Any]:
@@ -108,15 +115,24 @@ def decode_phase(model: Any, batch: int, context: int, shared: int, dtype: torch
 
     median, low, high = _median_range(decode_steps, repeats)
     cfg = model.config
-    params = sum(k * n * (cfg.num_hidden_layers if name != "lm_head" else 1) for name, (k, n) in model_shapes(cfg).items())
+    params = sum(
+        k * n * (cfg.num_hidden_layers if name != "lm_head" else 1) for name, (k, n) in model_shapes(cfg).items()
+    )
     ctx = context + steps * (repeats + 1.5)  # the mean cached length over the timed steps
     flops = batch * (2 * params + 4 * cfg.num_hidden_layers * cfg.hidden_size * ctx)
     item = torch.finfo(dtype).bits // 8
     kv_width = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * item
     read = params * item + kv_width * (shared + batch * (ctx - shared))
-    return {"batch": batch, "context": context, "shared_prefix": shared, "step_s": median / steps,
-            "step_range_s": [low / steps, high / steps], "tokens_per_s": batch * steps / median,
-            "flops": flops, "bytes": read}
+    return {
+        "batch": batch,
+        "context": context,
+        "shared_prefix": shared,
+        "step_s": median / steps,
+        "step_range_s": [low / steps, high / steps],
+        "tokens_per_s": batch * steps / median,
+        "flops": flops,
+        "bytes": read,
+    }
 
 
 def update_phase(model: Any, rows: int, prompt: int, completion: int, repeats: int) -> dict[str, Any]:
@@ -139,13 +155,26 @@ def update_phase(model: Any, rows: int, prompt: int, completion: int, repeats: i
     lora = sum(16 * (k + n) for name, (k, n) in shapes.items() if name != "lm_head") * cfg.num_hidden_layers
     tokens = prompt + rows * completion  # the shared prefix runs once
     trained = rows * completion
-    attention = 4 * cfg.num_hidden_layers * cfg.hidden_size * (prompt * prompt / 2 + rows * completion * (prompt + completion / 2))
+    attention = (
+        4
+        * cfg.num_hidden_layers
+        * cfg.hidden_size
+        * (prompt * prompt / 2 + rows * completion * (prompt + completion / 2))
+    )
     head = cfg.vocab_size * cfg.hidden_size
     forward = 2 * body * tokens + 2 * lora * tokens + attention + 2 * head * trained
     backward = 2 * body * tokens + 4 * lora * tokens + 2 * attention + 2 * head * trained
-    return {"rows": rows, "prompt": prompt, "completion": completion, "tokens": tokens, "step_s": median,
-            "step_range_s": [low, high], "trained_tokens_per_s": trained / median, "flops": forward + backward,
-            "bytes": 2 * (body + head) * 4}
+    return {
+        "rows": rows,
+        "prompt": prompt,
+        "completion": completion,
+        "tokens": tokens,
+        "step_s": median,
+        "step_range_s": [low, high],
+        "trained_tokens_per_s": trained / median,
+        "flops": forward + backward,
+        "bytes": 2 * (body + head) * 4,
+    }
 
 
 def main() -> None:
@@ -166,8 +195,12 @@ def main() -> None:
     model.eval()
     shapes = model_shapes(model.config)
     bandwidth = read_bandwidth(args.repeats)
-    peaks = {str(dtype).removeprefix("torch."): {rows: gemm_peak(shapes, rows, dtype, args.repeats)
-                                                  for rows in (2048, args.batch, args.eval_batch)} for dtype in dtypes}
+    peaks = {
+        str(dtype).removeprefix("torch."): {
+            rows: gemm_peak(shapes, rows, dtype, args.repeats) for rows in (2048, args.batch, args.eval_batch)
+        }
+        for dtype in dtypes
+    }
     rows = []
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
@@ -175,26 +208,50 @@ def main() -> None:
             phase = decode_phase(model, batch, args.context, args.shared_prefix, dtype, args.repeats)
             peak = peaks[name][batch]["layer_gflops"] * 1e9
             bound = max(phase["flops"] / peak, phase["bytes"] / (bandwidth * 1e9))
-            rows.append({"phase": label, "dtype": name, **phase, "peak_gflops": peak / 1e9, "bound_s": bound,
-                         "achieved_gflops": phase["flops"] / phase["step_s"] / 1e9, "fraction": bound / phase["step_s"]})
+            rows.append(
+                {
+                    "phase": label,
+                    "dtype": name,
+                    **phase,
+                    "peak_gflops": peak / 1e9,
+                    "bound_s": bound,
+                    "achieved_gflops": phase["flops"] / phase["step_s"] / 1e9,
+                    "fraction": bound / phase["step_s"],
+                }
+            )
     policy = apply_lora(model, LoraConfig())
     policy.train()
     update = update_phase(policy, args.update_rows, args.prompt, args.completion, args.repeats)
     peak = peaks["float32"][2048]["layer_gflops"] * 1e9
     bound = max(update["flops"] / peak, update["bytes"] / (bandwidth * 1e9))
-    rows.append({"phase": "update (GRPO, SFT): LoRA forward + backward", "dtype": "float32", **update,
-                 "peak_gflops": peak / 1e9, "bound_s": bound, "achieved_gflops": update["flops"] / update["step_s"] / 1e9,
-                 "fraction": bound / update["step_s"]})
+    rows.append(
+        {
+            "phase": "update (GRPO, SFT): LoRA forward + backward",
+            "dtype": "float32",
+            **update,
+            "peak_gflops": peak / 1e9,
+            "bound_s": bound,
+            "achieved_gflops": update["flops"] / update["step_s"] / 1e9,
+            "fraction": bound / update["step_s"],
+        }
+    )
 
     print(f"threads {torch.get_num_threads()}; read bandwidth {bandwidth:.1f} GB/s")
     for name, by_rows in peaks.items():
-        print(f"GEMM {name}: " + "; ".join(f"{r} rows {p['layer_gflops']:.0f} GFLOP/s (LM head {p['shapes']['lm_head']['gflops']:.0f})"
-                                           for r, p in by_rows.items()))
+        print(
+            f"GEMM {name}: "
+            + "; ".join(
+                f"{r} rows {p['layer_gflops']:.0f} GFLOP/s (LM head {p['shapes']['lm_head']['gflops']:.0f})"
+                for r, p in by_rows.items()
+            )
+        )
     print(f"{'phase':<46} {'dtype':<9} {'time [range]':>24} {'GFLOP/s':>8} {'bound':>9} {'fraction':>8}")
     for row in rows:
         low, high = row["step_range_s"]
-        print(f"{row['phase']:<46} {row['dtype']:<9} {row['step_s'] * 1e3:>9.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
-              f"{row['achieved_gflops']:>8.0f} {row['bound_s'] * 1e3:>6.1f} ms {row['fraction']:>8.2f}")
+        print(
+            f"{row['phase']:<46} {row['dtype']:<9} {row['step_s'] * 1e3:>9.1f} ms [{low * 1e3:.1f}, {high * 1e3:.1f}] "
+            f"{row['achieved_gflops']:>8.0f} {row['bound_s'] * 1e3:>6.1f} ms {row['fraction']:>8.2f}"
+        )
     print(json.dumps({"threads": torch.get_num_threads(), "read_gbps": bandwidth, "peaks": peaks, "phases": rows}))
 
 

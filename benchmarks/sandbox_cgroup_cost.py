@@ -38,10 +38,14 @@ def main() -> None:
         for label, capped in (("with cgroup", True), ("without", False)):
             sandbox_supervisor.cgroups_available = (lambda: True) if capped else (lambda: False)
             times[label] += [_timed_call() for _ in range(min(5, args.calls - block))]
-    rows = {label: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "max_ms": max(t) * 1e3}
-            for label, t in times.items()}
+    rows = {
+        label: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "max_ms": max(t) * 1e3}
+        for label, t in times.items()
+    }
     for label, row in rows.items():
-        print(f"{label:<12} median {row['median_ms']:.1f} ms [{row['min_ms']:.1f}, {row['max_ms']:.1f}] over {args.calls} calls")
+        print(
+            f"{label:<12} median {row['median_ms']:.1f} ms [{row['min_ms']:.1f}, {row['max_ms']:.1f}] over {args.calls} calls"
+        )
     ratio = rows["with cgroup"]["median_ms"] / rows["without"]["median_ms"]
     print(f"ratio with/without: {ratio:.3f}")
     print(json.dumps({"calls": args.calls, **rows, "ratio": ratio}))

@@ -44,16 +44,33 @@ def main() -> None:
     args = parser.parse_args()
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "agentic_rl.cli", "serve", "--model", "tiny-qwen3", "--port", str(port),
-                               "--max-turn-tokens", str(args.max_tokens)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentic_rl.cli",
+            "serve",
+            "--model",
+            "tiny-qwen3",
+            "--port",
+            str(port),
+            "--max-turn-tokens",
+            str(args.max_tokens),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
         _wait_ready(client, server)
 
         def ask() -> float:
             begin = time.perf_counter()
-            client.chat.completions.create(model="tiny-qwen3", messages=[{"role": "user", "content": "What is 48/2 + 3?"}],
-                                           temperature=0, max_tokens=args.max_tokens)
+            client.chat.completions.create(
+                model="tiny-qwen3",
+                messages=[{"role": "user", "content": "What is 48/2 + 3?"}],
+                temperature=0,
+                max_tokens=args.max_tokens,
+            )
             return time.perf_counter() - begin
 
         for _ in range(3):
@@ -79,20 +96,34 @@ def main() -> None:
 
     alone_median = statistics.median(phases["alone"][0])
     report = {"rss_mb_before": rss_before, "rss_mb_after": rss_after, "small_request_after_s": still}
-    print(f"{'20 MB bodies':<16} {'n':>4} {'median ms':>10} {'p10-p90 ms':>14} {'max ms':>7} {'ratio':>6} {'server cpu':>10}"
-          "   big bodies: n, answers, median/max ms to the answer")
+    print(
+        f"{'20 MB bodies':<16} {'n':>4} {'median ms':>10} {'p10-p90 ms':>14} {'max ms':>7} {'ratio':>6} {'server cpu':>10}"
+        "   big bodies: n, answers, median/max ms to the answer"
+    )
     for name, (latencies, refusals, cpu_s) in phases.items():
         small = _summary(latencies)
-        row = {"small": small, "median_ratio": small["median"] / alone_median, "server_cpu_s_per_s": cpu_s / args.seconds}
-        line = (f"{name:<16} {small['n']:>4} {small['median'] * 1e3:>10.1f} {small['p10'] * 1e3:>6.1f}-{small['p90'] * 1e3:<7.1f} "
-                f"{small['max'] * 1e3:>7.1f} {row['median_ratio']:>6.2f} {row['server_cpu_s_per_s']:>9.2f}s")
+        row = {
+            "small": small,
+            "median_ratio": small["median"] / alone_median,
+            "server_cpu_s_per_s": cpu_s / args.seconds,
+        }
+        line = (
+            f"{name:<16} {small['n']:>4} {small['median'] * 1e3:>10.1f} {small['p10'] * 1e3:>6.1f}-{small['p90'] * 1e3:<7.1f} "
+            f"{small['max'] * 1e3:>7.1f} {row['median_ratio']:>6.2f} {row['server_cpu_s_per_s']:>9.2f}s"
+        )
         if refusals:
             big = _summary([seconds for _, seconds in refusals])
-            row.update(big_bodies=len(refusals), big_statuses=sorted({status for status, _ in refusals}), big_time_to_answer_s=big)
+            row.update(
+                big_bodies=len(refusals),
+                big_statuses=sorted({status for status, _ in refusals}),
+                big_time_to_answer_s=big,
+            )
             line += f"   {len(refusals)}, {row['big_statuses']}, {big['median'] * 1e3:.1f}/{big['max'] * 1e3:.1f}"
         report[name] = row
         print(line)
-    print(f"server RSS: {rss_before:.0f} MB before, {rss_after:.0f} MB after; a small request after: {still * 1e3:.1f} ms")
+    print(
+        f"server RSS: {rss_before:.0f} MB before, {rss_after:.0f} MB after; a small request after: {still * 1e3:.1f} ms"
+    )
     print(json.dumps(report))
 
 
@@ -142,7 +173,13 @@ def _for(seconds: float, ask) -> list[float]:
 def _summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "median": statistics.median(ordered), "p10": pick(0.1), "p90": pick(0.9), "max": ordered[-1]}
+    return {
+        "n": len(ordered),
+        "median": statistics.median(ordered),
+        "p10": pick(0.1),
+        "p90": pick(0.9),
+        "max": ordered[-1],
+    }
 
 
 def _cpu_s(pid: int) -> float:

@@ -28,8 +28,10 @@ import urllib.request
 
 import openai
 
-QUESTION = ("A baker makes 48 muffins and sells half of them in the morning. In the afternoon she bakes 3 more. "
-            "How many muffins does she have now?")
+QUESTION = (
+    "A baker makes 48 muffins and sells half of them in the morning. In the afternoon she bakes 3 more. "
+    "How many muffins does she have now?"
+)
 
 
 def main() -> None:
@@ -45,8 +47,22 @@ def main() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "agentic_rl.cli", "serve", "--model", args.model, "--port", str(port), "--dtype", args.dtype,
-               "--max-concurrent", str(max(args.concurrent, 1)), "--max-turn-tokens", str(args.max_tokens)]
+    command = [
+        sys.executable,
+        "-m",
+        "agentic_rl.cli",
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+        "--max-concurrent",
+        str(max(args.concurrent, 1)),
+        "--max-turn-tokens",
+        str(args.max_tokens),
+    ]
     command += ["--env", args.env] if args.env else []
     server = subprocess.Popen(command, env=os.environ.copy())
     try:
@@ -65,8 +81,12 @@ def main() -> None:
 
         def ask(_: int) -> tuple[float, int]:
             begin = time.perf_counter()
-            reply = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": QUESTION}],
-                                                   temperature=0, max_tokens=args.max_tokens)
+            reply = client.chat.completions.create(
+                model=model_id,
+                messages=[{"role": "user", "content": QUESTION}],
+                temperature=0,
+                max_tokens=args.max_tokens,
+            )
             return time.perf_counter() - begin, reply.usage.completion_tokens
 
         ask(0)  # warm-up: first-call allocations, lazy imports
@@ -85,12 +105,18 @@ def main() -> None:
     tokens_sequential = sum(tokens for _, tokens in sequential)
     tokens_concurrent = sum(tokens for _, tokens in together)
     result = {
-        "model": args.model, "env": args.env, "dtype": args.dtype, "max_tokens": args.max_tokens, "startup_s": round(startup_s, 1),
+        "model": args.model,
+        "env": args.env,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "startup_s": round(startup_s, 1),
         "sequential_requests": args.requests,
-        "latency_median_s": round(statistics.median(latencies), 3), "latency_min_s": round(min(latencies), 3),
+        "latency_median_s": round(statistics.median(latencies), 3),
+        "latency_min_s": round(min(latencies), 3),
         "latency_max_s": round(max(latencies), 3),
         "sequential_tokens_per_s": round(tokens_sequential / sum(latencies), 1),
-        "concurrent_requests": args.concurrent, "concurrent_wall_s": round(wall, 2),
+        "concurrent_requests": args.concurrent,
+        "concurrent_wall_s": round(wall, 2),
         "concurrent_requests_per_s": round(args.concurrent / wall, 2),
         "concurrent_tokens_per_s": round(tokens_concurrent / wall, 1),
         "concurrent_latency_median_s": round(statistics.median(seconds for seconds, _ in together), 3),
@@ -99,11 +125,15 @@ def main() -> None:
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(f"startup {result['startup_s']} s")
-    print(f"sequential x{args.requests}: median {result['latency_median_s']} s (min {result['latency_min_s']}, max "
-          f"{result['latency_max_s']}), {result['sequential_tokens_per_s']} tok/s")
-    print(f"concurrent x{args.concurrent}: {result['concurrent_wall_s']} s wall, {result['concurrent_requests_per_s']} req/s, "
-          f"{result['concurrent_tokens_per_s']} tok/s, median latency {result['concurrent_latency_median_s']} s, "
-          f"{result['concurrent_engine_batches']} engine batch(es)")
+    print(
+        f"sequential x{args.requests}: median {result['latency_median_s']} s (min {result['latency_min_s']}, max "
+        f"{result['latency_max_s']}), {result['sequential_tokens_per_s']} tok/s"
+    )
+    print(
+        f"concurrent x{args.concurrent}: {result['concurrent_wall_s']} s wall, {result['concurrent_requests_per_s']} req/s, "
+        f"{result['concurrent_tokens_per_s']} tok/s, median latency {result['concurrent_latency_median_s']} s, "
+        f"{result['concurrent_engine_batches']} engine batch(es)"
+    )
     print(json.dumps(result))
 
 

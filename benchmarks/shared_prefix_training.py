@@ -74,8 +74,12 @@ def main() -> None:
     model = apply_lora(model, LoraConfig()).train()
     batches = micro_batches(tokenizer, args.batch)
     ratios = {}
-    print(f"{MODEL}, LoRA, {args.batch} rows per micro-batch, threads {torch.get_num_threads()}, repeats {args.repeats}")
-    print("| micro-batch | precision | tokens (rows x T) | shared prefix P | full rows s (min-max) | shared prefix s (min-max) | ratio |")
+    print(
+        f"{MODEL}, LoRA, {args.batch} rows per micro-batch, threads {torch.get_num_threads()}, repeats {args.repeats}"
+    )
+    print(
+        "| micro-batch | precision | tokens (rows x T) | shared prefix P | full rows s (min-max) | shared prefix s (min-max) | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, batch in batches.items():
         prefix = shared_prefix_length(*batch)
@@ -87,9 +91,12 @@ def main() -> None:
                     times[share].append(step(model, batch, share, precision))
             off, on = statistics.median(times[False]), statistics.median(times[True])
             ratios[f"{name}/{precision}"] = round(off / on, 3)
-            print(f"| {name} | {precision} | {batch[0].shape[0]} x {batch[0].shape[1]} | {prefix} | "
-                  f"{off:.2f} ({min(times[False]):.2f}-{max(times[False]):.2f}) | "
-                  f"{on:.2f} ({min(times[True]):.2f}-{max(times[True]):.2f}) | {off / on:.2f}x |", flush=True)
+            print(
+                f"| {name} | {precision} | {batch[0].shape[0]} x {batch[0].shape[1]} | {prefix} | "
+                f"{off:.2f} ({min(times[False]):.2f}-{max(times[False]):.2f}) | "
+                f"{on:.2f} ({min(times[True]):.2f}-{max(times[True]):.2f}) | {off / on:.2f}x |",
+                flush=True,
+            )
     print(json.dumps(ratios))
 
 

@@ -43,8 +43,12 @@ def main() -> None:
     args = parser.parse_args()
 
     out_dir = tempfile.mkdtemp(prefix="micro-batch-")
-    cfg = load_config(GRPOConfig, args.config, args.overrides + ["train.steps=1", f"train.output_dir={out_dir}",
-                                                                 "train.checkpoint_every=0", "train.progress=false"])
+    cfg = load_config(
+        GRPOConfig,
+        args.config,
+        args.overrides
+        + ["train.steps=1", f"train.output_dir={out_dir}", "train.checkpoint_every=0", "train.progress=false"],
+    )
     times: dict[int, list[float]] = {size: [] for size in args.sizes}
     norms: dict[int, list[float]] = {size: [] for size in args.sizes}
     shape: dict[str, int] = {}
@@ -74,18 +78,32 @@ def main() -> None:
     grpo_module.train_grpo(cfg)
 
     first = statistics.median(times[args.sizes[0]])
-    print(f"{cfg.model.name}, {cfg.env.name}: one rollout batch of {shape['episodes']} episodes, {shape['rows']} rows trained "
-          f"({shape['tokens']} tokens), threads {torch.get_num_threads()}, training precision {cfg.train.mixed_precision}, "
-          f"{args.repeats} rounds interleaved")
-    print("| micro_batch_size | passes | forward/backward s, median (min-max) | ratio to the first | gradient norm of each pass |")
+    print(
+        f"{cfg.model.name}, {cfg.env.name}: one rollout batch of {shape['episodes']} episodes, {shape['rows']} rows trained "
+        f"({shape['tokens']} tokens), threads {torch.get_num_threads()}, training precision {cfg.train.mixed_precision}, "
+        f"{args.repeats} rounds interleaved"
+    )
+    print(
+        "| micro_batch_size | passes | forward/backward s, median (min-max) | ratio to the first | gradient norm of each pass |"
+    )
     print("|---|---|---|---|---|")
     for size in args.sizes:
         median = statistics.median(times[size])
-        print(f"| {size} | {-(-shape['rows'] // size)} | {median:.2f} ({min(times[size]):.2f}-{max(times[size]):.2f}) | "
-              f"{median / first:.2f} | {', '.join(f'{norm:.6g}' for norm in norms[size])} |")
-    print(json.dumps({"sizes": args.sizes, "median_s": [round(statistics.median(times[s]), 2) for s in args.sizes],
-                      "speedup_over_first": [round(first / statistics.median(times[s]), 3) for s in args.sizes],
-                      "grad_norms": [norms[s] for s in args.sizes], "rows": shape["rows"]}))
+        print(
+            f"| {size} | {-(-shape['rows'] // size)} | {median:.2f} ({min(times[size]):.2f}-{max(times[size]):.2f}) | "
+            f"{median / first:.2f} | {', '.join(f'{norm:.6g}' for norm in norms[size])} |"
+        )
+    print(
+        json.dumps(
+            {
+                "sizes": args.sizes,
+                "median_s": [round(statistics.median(times[s]), 2) for s in args.sizes],
+                "speedup_over_first": [round(first / statistics.median(times[s]), 3) for s in args.sizes],
+                "grad_norms": [norms[s] for s in args.sizes],
+                "rows": shape["rows"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

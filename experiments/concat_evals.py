@@ -27,8 +27,10 @@ def main() -> None:
     if any(run.get("k", 1) != 1 for run in runs):
         raise SystemExit(f"{args.files}: every file must be a greedy (k = 1) evaluation")
     if not args.model and any(run["model"] != runs[0]["model"] for run in runs):
-        raise SystemExit(f"{args.files}: the files name different models ({sorted({run['model'] for run in runs})}); "
-                         "pass --model NAME if they are one model evaluated from different folders")
+        raise SystemExit(
+            f"{args.files}: the files name different models ({sorted({run['model'] for run in runs})}); "
+            "pass --model NAME if they are one model evaluated from different folders"
+        )
     merged = {key: value for key, value in runs[0].items() if key != "ci95"}
     merged["per_task"] = {key: [v for run in runs for v in run["per_task"][key]] for key in runs[0]["per_task"]}
     ids = merged["per_task"]["id"]

@@ -48,25 +48,31 @@ def teacher_forced_inputs(description: str, default_n: int):
     model, tokenizer, _ = load_base_and_tokenizer(args.model, "float32", "cpu")
     model.eval()
     env = EnvSpec(args.env, parse_options(args.option)).make()
-    sequences = demo_sequences(oracle_demos(env, env.tasks(args.split, n=args.n, seed=0), ChatFormat.for_tokenizer(tokenizer)))
+    sequences = demo_sequences(
+        oracle_demos(env, env.tasks(args.split, n=args.n, seed=0), ChatFormat.for_tokenizer(tokenizer))
+    )
     return args, model, tokenizer, sequences
 
 
 def main() -> None:
     args, model, tokenizer, sequences = teacher_forced_inputs(__doc__.split("\n")[0], default_n=10)
-    stats: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0, 0])  # turns, argmax right, Σ P, whole turn right
+    stats: dict[str, list[float]] = collections.defaultdict(
+        lambda: [0, 0, 0.0, 0]
+    )  # turns, argmax right, Σ P, whole turn right
     start = time.perf_counter()
     for seq in sequences:
         logits = model(torch.tensor([seq.input_ids])).logits[0].float()
         predicted = logits.argmax(-1).tolist()
         for span in seq.policy_spans:
             target = seq.input_ids[span.start]
-            row = stats[turn_kind(tokenizer.decode(seq.input_ids[span.start:span.end], skip_special_tokens=True))]
+            row = stats[turn_kind(tokenizer.decode(seq.input_ids[span.start : span.end], skip_special_tokens=True))]
             row[0] += 1
             row[1] += predicted[span.start - 1] == target
             row[2] += float(torch.softmax(logits[span.start - 1], -1)[target])
-            row[3] += predicted[span.start - 1:span.end - 1] == seq.input_ids[span.start:span.end]
-    print(f"{args.model}: {len(sequences)} sequences of {args.n} {args.split} oracle episodes in {time.perf_counter() - start:.0f} s")
+            row[3] += predicted[span.start - 1 : span.end - 1] == seq.input_ids[span.start : span.end]
+    print(
+        f"{args.model}: {len(sequences)} sequences of {args.n} {args.split} oracle episodes in {time.perf_counter() - start:.0f} s"
+    )
     print(f"{'turn':22s} {'turns':>5s} {'argmax first':>13s} {'mean P(first)':>14s} {'whole turn':>11s}")
     for kind, (turns, first, probability, whole) in sorted(stats.items()):
         print(f"{kind:22s} {turns:5d} {first / turns:13.1%} {probability / turns:14.3f} {whole / turns:11.1%}")

@@ -36,9 +36,11 @@ def median_training_seconds(run: Path) -> float:
     the sums of μ consecutive steps (one rollout batch each)."""
     config = read_json(run / "run.json", "give a run folder written by agentic-rl sft/grpo")["config"]
     group = config.get("updates_per_batch", 1)
-    times = [row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0)
-             for row in read_metrics(run / "metrics.jsonl")]
-    sums = sorted(sum(times[start:start + group]) for start in range(0, len(times) - group + 1, group))
+    times = [
+        row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0)
+        for row in read_metrics(run / "metrics.jsonl")
+    ]
+    sums = sorted(sum(times[start : start + group]) for start in range(0, len(times) - group + 1, group))
     middle = len(sums) // 2
     median = sums[middle] if len(sums) % 2 else (sums[middle - 1] + sums[middle]) / 2
     return median * config["train"]["steps"] / group
@@ -71,10 +73,30 @@ def _seeds(runs: list) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", required=True, help="a pipeline run folder with SFT, GRPO and the control")
-    parser.add_argument("--grpo", nargs="+", action="append", default=[], metavar="RUN_OR_EVAL", help="RUN EVAL.json...: one more GRPO seed")
-    parser.add_argument("--control", nargs="+", action="append", default=[], metavar="RUN_OR_EVAL", help="RUN EVAL.json...: one more control seed")
-    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME_RUN_OR_EVAL",
-                        help="NAME RUN EVAL.json...: one seed of another RL setting from the same SFT model, its own line (seeds of one NAME are averaged)")
+    parser.add_argument(
+        "--grpo",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="RUN_OR_EVAL",
+        help="RUN EVAL.json...: one more GRPO seed",
+    )
+    parser.add_argument(
+        "--control",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="RUN_OR_EVAL",
+        help="RUN EVAL.json...: one more control seed",
+    )
+    parser.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="NAME_RUN_OR_EVAL",
+        help="NAME RUN EVAL.json...: one seed of another RL setting from the same SFT model, its own line (seeds of one NAME are averaged)",
+    )
     parser.add_argument("--out", required=True, help="the PNG to write")
     args = parser.parse_args()
 
@@ -90,9 +112,11 @@ def main() -> None:
     series = {}
     for label, evaluation in sft.items():
         start = (sft_minutes, evaluation["pass@1"], list(accuracy_interval(evaluation["per_task"]["greedy"])))
-        series[label] = {"SFT": [start],
-                         f"GRPO μ = {mu}, {_seeds(grpo)}": [start, _mean_point(sft_minutes, grpo, label)],
-                         f"SFT control, {_seeds(control)}": [start, _mean_point(sft_minutes, control, label)]}
+        series[label] = {
+            "SFT": [start],
+            f"GRPO μ = {mu}, {_seeds(grpo)}": [start, _mean_point(sft_minutes, grpo, label)],
+            f"SFT control, {_seeds(control)}": [start, _mean_point(sft_minutes, control, label)],
+        }
         for name, runs in variants.items():
             series[label][f"{name}, {_seeds(runs)}"] = [start, _mean_point(sft_minutes, runs, label)]
     plot_minutes(series, Path(args.out), title="configs/demo.yaml: greedy pass@1 on held-out problems")

@@ -17,8 +17,10 @@ def load_failures(path: str, env_name: str, env: Env) -> tuple[dict[str, Any], d
     run = json.load(open(path))
     failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
     if run["env"] != env_name or len(run["failures"]) < failed:
-        raise SystemExit(f"{path}: {len(run['failures'])} transcripts kept of {failed} failures (env {run['env']}); "
-                         f"evaluate {env_name} again with --set failures_shown=100")
+        raise SystemExit(
+            f"{path}: {len(run['failures'])} transcripts kept of {failed} failures (env {run['env']}); "
+            f"evaluate {env_name} again with --set failures_shown=100"
+        )
     sets = collections.defaultdict(int)  # (split, seed) -> tasks it needs
     for task_id in run["per_task"]["id"]:
         split, seed, index = task_id.split("/")[1:]

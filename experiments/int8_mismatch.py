@@ -63,18 +63,22 @@ def main() -> None:
         tokens.append(outs[-1].argmax(-1))
         outs.append(reference.forward(slots, [[int(t)] for t in tokens[-1]]))
     log_p = torch.cat(outs).log_softmax(-1)
-    variants = [("every projection and the LM head, 7-bit activations", True, []),
-                ("every projection and the LM head, 8-bit activations", False, []),
-                ("all but down_proj", True, ["down"]),
-                ("all but the LM head", True, ["lm_head"]),
-                ("all but down_proj and the LM head", True, ["down", "lm_head"]),
-                ("down_proj only", True, ["qkv", "o", "gate_up", "lm_head"])]
+    variants = [
+        ("every projection and the LM head, 7-bit activations", True, []),
+        ("every projection and the LM head, 8-bit activations", False, []),
+        ("all but down_proj", True, ["down"]),
+        ("all but the LM head", True, ["lm_head"]),
+        ("all but down_proj and the LM head", True, ["down", "lm_head"]),
+        ("down_proj only", True, ["qkv", "o", "gate_up", "lm_head"]),
+    ]
     quantize = fast_weights.int8_operand  # the backend's own, before any variant patches it
     print("| int8 | KL per token, mean | max | argmax agrees |\n|---|---|---|---|")
     for name, reduce_range, keep in variants:
         fast_weights.INT8_REDUCE_RANGE = reduce_range
         keep_in_float32(keep, quantize)
-        log_q = teacher_forced_logits(FastRunner(model, max_slots=4, max_len=1024, linear="int8"), prompts, tokens).log_softmax(-1)
+        log_q = teacher_forced_logits(
+            FastRunner(model, max_slots=4, max_len=1024, linear="int8"), prompts, tokens
+        ).log_softmax(-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         agree = (log_p.argmax(-1) == log_q.argmax(-1)).float().mean()
         print(f"| {name} | {kl.mean():.3f} | {kl.max():.2f} | {agree:.1%} |", flush=True)

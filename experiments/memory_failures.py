@@ -36,9 +36,13 @@ CATEGORIES = ("no answer", "not stored", "wrong recall", "misread")
 
 def classify(task, messages: list[dict]) -> dict:
     """The failure's category and its recalls after the question (module docstring)."""
-    question = next((i for i, m in enumerate(messages) if m["role"] == "user" and m["content"] == task.meta["question"]), None)
+    question = next(
+        (i for i, m in enumerate(messages) if m["role"] == "user" and m["content"] == task.meta["question"]), None
+    )
     if question is None:
-        raise SystemExit(f"{task.id}: the transcript never asks the task's question; pass the evaluation's --option values")
+        raise SystemExit(
+            f"{task.id}: the transcript never asks the task's question; pass the evaluation's --option values"
+        )
     keys, answers = [normalise_key(k) for k in task.meta["keys"]], [normalise_key(a) for a in task.meta["answers"]]
     stored, recalled = {}, []
     for index, message in enumerate(messages):
@@ -66,7 +70,9 @@ def classify(task, messages: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="evaluation JSON files of memory, with every failure kept")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="the evaluation's env options")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="the evaluation's env options"
+    )
     args = parser.parse_args()
     env = make_env("memory", **parse_options(args.option))
     print("| evaluation | solved | " + " | ".join(CATEGORIES) + " | recalls after the question, per failure |")
@@ -76,8 +82,11 @@ def main() -> None:
         features = [classify(by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
         recalls = f"{statistics.mean(f['recalls'] for f in features):.1f}" if features else ""
-        print(f"| {path} | {sum(run['per_task']['greedy'])}/{len(run['per_task']['id'])} | "
-              + " | ".join(str(counts[c]) for c in CATEGORIES) + f" | {recalls} |")
+        print(
+            f"| {path} | {sum(run['per_task']['greedy'])}/{len(run['per_task']['id'])} | "
+            + " | ".join(str(counts[c]) for c in CATEGORIES)
+            + f" | {recalls} |"
+        )
 
 
 if __name__ == "__main__":

@@ -51,11 +51,15 @@ def replay(env, task, messages: list[dict]) -> dict:
         if room_before in key_rooms and key_rooms[room_before] not in held_before:
             at_key = True
         result = env.step(messages[index]["content"])
-        expected = [m["content"] for m in messages[index + 1: turns[position + 1] if position + 1 < len(turns) else None]]
+        expected = [
+            m["content"] for m in messages[index + 1 : turns[position + 1] if position + 1 < len(turns) else None]
+        ]
         got = [m["content"] for m in result.observation or []]
         if result.observation is not None and got != expected:
-            raise SystemExit(f"{task.id}: the replay's observation {got} differs from the transcript's {expected}; "
-                             "pass the evaluation's --option values")
+            raise SystemExit(
+                f"{task.id}: the replay's observation {got} differs from the transcript's {expected}; "
+                "pass the evaluation's --option values"
+            )
         errors = [m for m in result.observation or [] if m["content"].startswith("Error")]
         refused += len(errors)
         run = run + 1 if errors and messages[index]["content"] == last_refused else (1 if errors else 0)
@@ -83,7 +87,9 @@ def replay(env, task, messages: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="evaluation JSON files of plan, with every failure kept")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="the evaluation's env options")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="the evaluation's env options"
+    )
     args = parser.parse_args()
     options = parse_options(args.option)
     rows = []
@@ -93,16 +99,27 @@ def main() -> None:
         failed = len(run["per_task"]["id"]) - sum(run["per_task"]["greedy"])
         features = [replay(env, by_id[failure["task_id"]], failure["messages"]) for failure in run["failures"]]
         counts = collections.Counter(f["category"] for f in features)
-        keyed = {task_id: any(action == "take" for action, _ in shortest_plan(_world_of(by_id[task_id])))
-                 for task_id in run["per_task"]["id"]}
+        keyed = {
+            task_id: any(action == "take" for action, _ in shortest_plan(_world_of(by_id[task_id])))
+            for task_id in run["per_task"]["id"]
+        }
         solved = dict(zip(run["per_task"]["id"], run["per_task"]["greedy"]))
-        split_solved = [f"{sum(solved[i] for i in keyed if keyed[i] == want)}/{sum(v == want for v in keyed.values())}"
-                        for want in (True, False)]
-        rows.append([path, f"{len(run['per_task']['id']) - failed}/{len(run['per_task']['id'])} "
-                           f"(key houses {split_solved[0]}, no-key {split_solved[1]})"]
-                    + [str(counts[c]) for c in CATEGORIES]
-                    + [f"{statistics.mean(f['closest'] for f in features):.2f}" if features else "",
-                       f"{statistics.mean(f['refused'] for f in features):.1f}" if features else ""])
+        split_solved = [
+            f"{sum(solved[i] for i in keyed if keyed[i] == want)}/{sum(v == want for v in keyed.values())}"
+            for want in (True, False)
+        ]
+        rows.append(
+            [
+                path,
+                f"{len(run['per_task']['id']) - failed}/{len(run['per_task']['id'])} "
+                f"(key houses {split_solved[0]}, no-key {split_solved[1]})",
+            ]
+            + [str(counts[c]) for c in CATEGORIES]
+            + [
+                f"{statistics.mean(f['closest'] for f in features):.2f}" if features else "",
+                f"{statistics.mean(f['refused'] for f in features):.1f}" if features else "",
+            ]
+        )
     print("| evaluation | solved | " + " | ".join(CATEGORIES) + " | closest to the goal (actions) | refused actions |")
     print("|---" * (len(CATEGORIES) + 4) + "|")
     for row in rows:

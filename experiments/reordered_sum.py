@@ -7,6 +7,7 @@ of tests/test_grpo_trainer.py::test_one_process_trains_only_the_live_rows_whatev
 
     .venv/bin/python experiments/reordered_sum.py
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,14 @@ def worst_relative_difference(cfg, model, objective, batch) -> float:
 
 
 def main() -> None:
-    cfg = grpo_cfg(Path(tempfile.mkdtemp()), "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
-                   "rollout.max_turn_tokens=6", "micro_batch_size=4")
+    cfg = grpo_cfg(
+        Path(tempfile.mkdtemp()),
+        "loss.beta=0",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "micro_batch_size=4",
+    )
     model, objective, batch = first_batch(cfg)
     batch.advantages[:3] = 0.0
     print(f"float32:                        {worst_relative_difference(cfg, model, objective, batch):.2e}")

@@ -53,8 +53,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rm", required=True, help="a reward model folder from `agentic-rl rm`")
     parser.add_argument("--policy", required=True, help="the model that samples the episodes")
-    parser.add_argument("--group", nargs=2, action="append", required=True, metavar=("LABEL", "TEMPLATES"),
-                        help="a label and a comma-separated list of arith templates (repeatable)")
+    parser.add_argument(
+        "--group",
+        nargs=2,
+        action="append",
+        required=True,
+        metavar=("LABEL", "TEMPLATES"),
+        help="a label and a comma-separated list of arith templates (repeatable)",
+    )
     parser.add_argument("--n", type=int, default=48, help="test-split tasks per group")
     parser.add_argument("--k", type=int, default=8, help="episodes sampled per task")
     parser.add_argument("--seed", type=int, default=0)
@@ -67,12 +73,28 @@ def main() -> None:
     for label, templates in args.group:
         started = time.perf_counter()
         env = EnvSpec(name="arith", options={"difficulty": 2, "templates": [t.strip() for t in templates.split(",")]})
-        cfg = PairsConfig(source="sampled", env=env, policy=args.policy, samples_per_task=args.k,
-                          max_pairs_per_task=args.k * args.k, rollout=rollout)
+        cfg = PairsConfig(
+            source="sampled",
+            env=env,
+            policy=args.policy,
+            samples_per_task=args.k,
+            max_pairs_per_task=args.k * args.k,
+            rollout=rollout,
+        )
         pairs = build_pairs(cfg, "test", args.n, tokenizer, args.seed)
         if not pairs:  # every task all right or all wrong: nothing to rank
-            print(f"{label:>8}: no task of {args.n} had both a correct and an incorrect episode; raise --n or --k", flush=True)
-            rows[label] = {"pairwise_accuracy": None, "ci95": None, "pairs": 0, "tasks_with_both": 0, "tasks": args.n, "k": args.k}
+            print(
+                f"{label:>8}: no task of {args.n} had both a correct and an incorrect episode; raise --n or --k",
+                flush=True,
+            )
+            rows[label] = {
+                "pairwise_accuracy": None,
+                "ci95": None,
+                "pairs": 0,
+                "tasks_with_both": 0,
+                "tasks": args.n,
+                "k": args.k,
+            }
             continue
         right = score_pairs(scorer, tokenizer, pairs)
         by_task: dict[str, list[bool]] = collections.defaultdict(list)
@@ -81,11 +103,20 @@ def main() -> None:
         per_task = [(sum(v), len(v)) for v in by_task.values()]
         accuracy = sum(right) / len(right)
         low, high = bootstrap_ci(per_task)
-        rows[label] = {"pairwise_accuracy": accuracy, "ci95": [low, high], "pairs": len(pairs),
-                       "tasks_with_both": len(per_task), "tasks": args.n, "k": args.k,
-                       "seconds": round(time.perf_counter() - started, 1)}
-        print(f"{label:>8}: {accuracy:.3f} [{low:.3f}, {high:.3f}]  {len(pairs)} pairs from {len(per_task)} of "
-              f"{args.n} tasks with both outcomes  ({rows[label]['seconds']} s)", flush=True)
+        rows[label] = {
+            "pairwise_accuracy": accuracy,
+            "ci95": [low, high],
+            "pairs": len(pairs),
+            "tasks_with_both": len(per_task),
+            "tasks": args.n,
+            "k": args.k,
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        print(
+            f"{label:>8}: {accuracy:.3f} [{low:.3f}, {high:.3f}]  {len(pairs)} pairs from {len(per_task)} of "
+            f"{args.n} tasks with both outcomes  ({rows[label]['seconds']} s)",
+            flush=True,
+        )
     if args.out:
         write_json(args.out, {"rm": args.rm, "policy": args.policy, "seed": args.seed, "groups": rows})
 

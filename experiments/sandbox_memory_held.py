@@ -74,12 +74,14 @@ def fill(count):
 """
 
 ATTACKS = {
-    "sockets": _FILL_SOCKETS + """
+    "sockets": _FILL_SOCKETS
+    + """
 pairs = fill(29)
 print("pairs", len(pairs), flush=True)
 time.sleep(2)
 """,
-    "sockets4": _FILL_SOCKETS + """
+    "sockets4": _FILL_SOCKETS
+    + """
 for _ in range(3):
     if os.fork() == 0:
         fill(29)
@@ -138,8 +140,19 @@ time.sleep(2)
 }
 
 
-TRACED = ("MemFree", "PerCPUFree", "AnonPages", "AnonHugePages", "Shmem", "Cached", "SReclaimable", "SUnreclaim",
-          "PageTables", "KernelStack", "Percpu")
+TRACED = (
+    "MemFree",
+    "PerCPUFree",
+    "AnonPages",
+    "AnonHugePages",
+    "Shmem",
+    "Cached",
+    "SReclaimable",
+    "SUnreclaim",
+    "PageTables",
+    "KernelStack",
+    "Percpu",
+)
 """The /proc/meminfo fields --trace follows (bytes; where memory the cgroup does not count could sit)."""
 
 
@@ -184,8 +197,12 @@ def _call_cgroups(peak: bool) -> int:
     if not found:
         return 0
     folder, version = found
-    names = {(2, True): "memory.peak", (2, False): "memory.current",
-             (1, True): "memory.max_usage_in_bytes", (1, False): "memory.usage_in_bytes"}
+    names = {
+        (2, True): "memory.peak",
+        (2, False): "memory.current",
+        (1, True): "memory.max_usage_in_bytes",
+        (1, False): "memory.usage_in_bytes",
+    }
     values = []
     for name in os.listdir(folder):
         try:
@@ -225,10 +242,12 @@ def held_bytes(code: str, limits: SandboxLimits) -> tuple[int, int, object, dict
 
 def main(names: list[str], repeats: int, trace: bool = False) -> None:
     limits = SandboxLimits(timeout_s=20.0, cpu_seconds=15)
-    print(f"memory_bytes cap {limits.memory_bytes / 2**20:.0f} MiB, "
-          f"max_processes {limits.max_processes}, max_file_bytes {limits.max_file_bytes / 2**20:.0f} MiB, "
-          f"a cgroup per call: {bool(sandbox_memory and sandbox_memory.cgroups_available())}, "
-          f"{repeats} runs each")
+    print(
+        f"memory_bytes cap {limits.memory_bytes / 2**20:.0f} MiB, "
+        f"max_processes {limits.max_processes}, max_file_bytes {limits.max_file_bytes / 2**20:.0f} MiB, "
+        f"a cgroup per call: {bool(sandbox_memory and sandbox_memory.cgroups_available())}, "
+        f"{repeats} runs each"
+    )
     print(f"{'attack':<10} {'host MiB, median [min, max]':>28} {'cgroup peak':>11}  exit_reason  what it printed")
     for name in names or list(ATTACKS):
         rows = [held_bytes(ATTACKS[name], limits) for _ in range(repeats)]
@@ -236,14 +255,18 @@ def main(names: list[str], repeats: int, trace: bool = False) -> None:
             mib = lambda value: f"{value / 2**20:+.0f}"  # noqa: E731
             for held, _peak, result, at_peak in rows:
                 over = held - at_peak.get("cgroup_usage", 0)
-                print(f"  run: held {held / 2**20:.0f} MiB, cgroups then {at_peak.get('cgroup_usage', 0) / 2**20:.0f}, "
-                      f"over them {over / 2**20:+.0f} ({result.exit_reason}); meminfo change: "
-                      + ", ".join(f"{key} {mib(value)}" for key, value in at_peak.items() if key != "cgroup_usage"))
+                print(
+                    f"  run: held {held / 2**20:.0f} MiB, cgroups then {at_peak.get('cgroup_usage', 0) / 2**20:.0f}, "
+                    f"over them {over / 2**20:+.0f} ({result.exit_reason}); meminfo change: "
+                    + ", ".join(f"{key} {mib(value)}" for key, value in at_peak.items() if key != "cgroup_usage")
+                )
         held = sorted(row[0] / 2**20 for row in rows)
         result = rows[-1][2]
         said = " | ".join(sorted(set(result.stdout.split("\n")) - {""}))[:80]
-        print(f"{name:<10} {statistics.median(held):>10.0f} [{held[0]:>5.0f}, {held[-1]:>5.0f}]"
-              f"{max(row[1] for row in rows) / 2**20:>17.0f}  {result.exit_reason:<11}  {said}")
+        print(
+            f"{name:<10} {statistics.median(held):>10.0f} [{held[0]:>5.0f}, {held[-1]:>5.0f}]"
+            f"{max(row[1] for row in rows) / 2**20:>17.0f}  {result.exit_reason:<11}  {said}"
+        )
 
 
 if __name__ == "__main__":

@@ -47,19 +47,23 @@ def main() -> None:
         logps = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)  # (T, V)
         for span in seq.policy_spans:
             for t in range(span.start, span.end):
-                line_before = tokenizer.decode(ids[span.start:t]).split("\n")[-1]
+                line_before = tokenizer.decode(ids[span.start : t]).split("\n")[-1]
                 kind = token_class(line_before, tokenizer.decode([ids[t]]))
                 tokens[kind] += 1
                 nll[kind] -= float(logps[t - 1, ids[t]])
                 right[kind] += int(logps[t - 1].argmax()) == ids[t]
     total_tokens, total_nll = sum(tokens.values()), sum(nll.values())
-    print(f"{args.model}: {len(sequences)} sequences of {args.n} {args.split} oracle episodes in {time.perf_counter() - start:.0f} s; "
-          f"mean NLL {total_nll / total_tokens:.4f} per trained token")
+    print(
+        f"{args.model}: {len(sequences)} sequences of {args.n} {args.split} oracle episodes in {time.perf_counter() - start:.0f} s; "
+        f"mean NLL {total_nll / total_tokens:.4f} per trained token"
+    )
     print(f"{'class':10s} {'tokens':>7s} {'share':>7s} {'mean NLL':>9s} {'loss share':>11s} {'argmax right':>13s}")
     for kind in CLASSES:
         count = max(1, tokens[kind])
-        print(f"{kind:10s} {tokens[kind]:7d} {tokens[kind] / total_tokens:7.1%} {nll[kind] / count:9.4f} "
-              f"{nll[kind] / max(total_nll, 1e-12):11.1%} {right[kind] / count:13.1%}")
+        print(
+            f"{kind:10s} {tokens[kind]:7d} {tokens[kind] / total_tokens:7.1%} {nll[kind] / count:9.4f} "
+            f"{nll[kind] / max(total_nll, 1e-12):11.1%} {right[kind] / count:13.1%}"
+        )
 
 
 if __name__ == "__main__":

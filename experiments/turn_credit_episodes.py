@@ -42,7 +42,9 @@ def turn_actions(messages: list[dict], turns: int) -> list[str]:
     for message in [m for m in messages if m["role"] == "assistant"][:turns]:
         calls = [call for call in parse_tool_calls(str(message.get("content", ""))) if call.ok]
         if calls:
-            out.append(" ".join(f"{call.name}({','.join(str(v) for v in (call.arguments or {}).values())})" for call in calls))
+            out.append(
+                " ".join(f"{call.name}({','.join(str(v) for v in (call.arguments or {}).values())})" for call in calls)
+            )
         else:
             out.append(repr(str(message.get("content", ""))[:40]))
     return out + ["?"] * (turns - len(out))
@@ -60,10 +62,22 @@ def credit_table(trajs, rewards: list[float], cfg) -> list[dict]:
     for i, traj in enumerate(trajs):
         actions = turn_actions(traj.messages, len(placed[i]))
         for t in range(len(placed[i])):
-            rows.append({"group": i // G, "episode": i % G, "task": traj.task_id, "correct": bool(traj.info.get("correct")),
-                         "reward": rewards[i], "turn": t, "actions": actions[t], "turn_reward": placed[i][t],
-                         "return_to_go": returns[i][t], "episode_mode": episode[i], "turn_mode": start[i][t],
-                         "turn_position_mode": position[i][t]})
+            rows.append(
+                {
+                    "group": i // G,
+                    "episode": i % G,
+                    "task": traj.task_id,
+                    "correct": bool(traj.info.get("correct")),
+                    "reward": rewards[i],
+                    "turn": t,
+                    "actions": actions[t],
+                    "turn_reward": placed[i][t],
+                    "return_to_go": returns[i][t],
+                    "episode_mode": episode[i],
+                    "turn_mode": start[i][t],
+                    "turn_position_mode": position[i][t],
+                }
+            )
     return rows
 
 
@@ -82,15 +96,19 @@ def main() -> None:
     model, tokenizer, _ = load_for_decoding(args.model, cfg.rollout.device)
     G = cfg.rollout.group_size
     engine = build_engine(model, tokenizer, cfg.rollout, seed=args.seed, max_concurrent=G * args.houses)
-    trajs = engine.run([cfg.env.make() for _ in range(G * args.houses)], [t for t in tasks for _ in range(G)], seed=args.seed)
+    trajs = engine.run(
+        [cfg.env.make() for _ in range(G * args.houses)], [t for t in tasks for _ in range(G)], seed=args.seed
+    )
     rewards = RewardComposer(cfg.rewards)(trajs)
     rows = credit_table(trajs, rewards, cfg)
     print("| group | ep | solved | reward | turn | actions | turn reward | episode | turn | turn_position |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['group']} | {row['episode']} | {'yes' if row['correct'] else 'no'} | {row['reward']:+.3f} | {row['turn']} | "
-              f"{row['actions']} | {row['turn_reward']:+.3f} | {row['episode_mode']:+.2f} | {row['turn_mode']:+.2f} | "
-              f"{row['turn_position_mode']:+.2f} |")
+        print(
+            f"| {row['group']} | {row['episode']} | {'yes' if row['correct'] else 'no'} | {row['reward']:+.3f} | {row['turn']} | "
+            f"{row['actions']} | {row['turn_reward']:+.3f} | {row['episode_mode']:+.2f} | {row['turn_mode']:+.2f} | "
+            f"{row['turn_position_mode']:+.2f} |"
+        )
     if args.out:
         with open(args.out, "w") as handle:
             json.dump({"config": args.config, "model": args.model, "seed": args.seed, "rows": rows}, handle, indent=1)

@@ -25,7 +25,9 @@ LONG_TIMEOUT_S = 1200
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("timeout") is None and (item.get_closest_marker("slow") or item.get_closest_marker("e2e")):
+        if item.get_closest_marker("timeout") is None and (
+            item.get_closest_marker("slow") or item.get_closest_marker("e2e")
+        ):
             item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))
 
 

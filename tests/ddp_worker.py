@@ -31,9 +31,15 @@ def main(out: Path) -> None:
     def advantages(self, collected):
         result = original_advantages(self, collected)  # (R_local, T): episode mode, one value per row
         trajs = collected.trajectories
-        records.append({"rows": list(collected.local_rows), "task_ids": [t.task_id for t in trajs],
-                        "local_rewards": [t.reward for t in trajs], "global_rewards": collected.rewards.tolist(),
-                        "advantages": result[:, 0].tolist()})
+        records.append(
+            {
+                "rows": list(collected.local_rows),
+                "task_ids": [t.task_id for t in trajs],
+                "local_rewards": [t.reward for t in trajs],
+                "global_rewards": collected.rewards.tolist(),
+                "advantages": result[:, 0].tolist(),
+            }
+        )
         return result
 
     def after_update(self, batch):  # μ = 1: one rollout batch (one `advantages` record) per step
@@ -41,15 +47,32 @@ def main(out: Path) -> None:
         step = len(records) - 1
         params = [p.detach().double() for p in self.policy.parameters() if p.requires_grad]
         digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in params)).hexdigest()
-        logged = {k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k}
-        records[-1].update({"step": step, "param_digest": digest, "metrics": logged,
-                            "policy_tokens": [len([m for m in t.loss_mask if m]) for t in batch.trajectories], "param_abs_sum": float(sum(p.abs().sum() for p in params)),
-                            "rank": self.accelerator.process_index, "world": self.accelerator.num_processes})
+        logged = {
+            k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k
+        }
+        records[-1].update(
+            {
+                "step": step,
+                "param_digest": digest,
+                "metrics": logged,
+                "policy_tokens": [len([m for m in t.loss_mask if m]) for t in batch.trajectories],
+                "param_abs_sum": float(sum(p.abs().sum() for p in params)),
+                "rank": self.accelerator.process_index,
+                "world": self.accelerator.num_processes,
+            }
+        )
         return metrics
 
     GRPO.advantages, Episodes.after_update = advantages, after_update
-    cfg = shared.grpo_cfg(out / "run", "train.steps=2", "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4",
-                      "rollout.max_turn_tokens=6", "train.resume=false")
+    cfg = shared.grpo_cfg(
+        out / "run",
+        "train.steps=2",
+        "loss.beta=0",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "train.resume=false",
+    )
     train_grpo(cfg)
     rank = records[0]["rank"]
     (out / f"rank{rank}.json").write_text(json.dumps(records))

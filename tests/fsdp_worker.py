@@ -29,12 +29,24 @@ def sft_cfg(output_dir: Path, mode: str) -> SFTConfig:
     gradient near 0 whose sign differs by float summation order (FSDP reduces in another order
     than one process) moves its weight by ±lr. eps 1e-3 makes the step continuous in g, so the
     two sides' weights differ by about their gradients' rounding, times lr/eps."""
-    return load_config(SFTConfig, None, overrides=[
-        "model.name=tiny-qwen3", "model.lora.r=4", f"model.lora.enabled={'true' if mode == 'lora' else 'false'}",
-        "optim.lr=1e-2", "optim.eps=1e-3", "batch_size=4", "micro_batch_size=1",
-        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
-        f"train.output_dir={output_dir}", "train.progress=false", "train.steps=1", "train.resume=false",
-    ])
+    return load_config(
+        SFTConfig,
+        None,
+        overrides=[
+            "model.name=tiny-qwen3",
+            "model.lora.r=4",
+            f"model.lora.enabled={'true' if mode == 'lora' else 'false'}",
+            "optim.lr=1e-2",
+            "optim.eps=1e-3",
+            "batch_size=4",
+            "micro_batch_size=1",
+            "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
+            f"train.output_dir={output_dir}",
+            "train.progress=false",
+            "train.steps=1",
+            "train.resume=false",
+        ],
+    )
 
 
 def main(out: Path, mode: str) -> None:
@@ -46,10 +58,16 @@ def main(out: Path, mode: str) -> None:
 
         embed = next(p for name, p in model.named_parameters() if name.endswith("embed_tokens.weight"))
         local = embed.to_local() if hasattr(embed, "to_local") else embed
-        seen.update({"distributed_type": str(accelerator.distributed_type).split(".")[-1],
-                     "fsdp_modules": sum(isinstance(m, FSDPModule) for m in model.modules()),
-                     "embed_local_numel": local.numel(), "embed_numel": embed.numel(),
-                     "rank": accelerator.process_index, "world": accelerator.num_processes})
+        seen.update(
+            {
+                "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+                "fsdp_modules": sum(isinstance(m, FSDPModule) for m in model.modules()),
+                "embed_local_numel": local.numel(),
+                "embed_numel": embed.numel(),
+                "rank": accelerator.process_index,
+                "world": accelerator.num_processes,
+            }
+        )
         original_bind(self, model, accelerator)
 
     SFTObjective.bind = bind

@@ -16,7 +16,7 @@ def reference_advantages(rewards: list[float], group_size: int, scale: str) -> l
     """A_i = r_i - mean(group), divided by (unbiased std + 1e-4) of the group or of the batch."""
     out = []
     for i, reward in enumerate(rewards):
-        group = rewards[(i // group_size) * group_size:(i // group_size + 1) * group_size]
+        group = rewards[(i // group_size) * group_size : (i // group_size + 1) * group_size]
         divisor = {"group": statistics.stdev(group) + 1e-4, "batch": statistics.stdev(rewards) + 1e-4, "none": 1.0}
         out.append((reward - statistics.fmean(group)) / divisor[scale])
     return out
@@ -53,7 +53,6 @@ def reference_loss(logps, old_logps, advantages, mask, cfg: GRPOLossConfig, ref_
     if cfg.loss_type in ("dapo", "token", "bnpo"):
         return sum(sequence_sums) / max(sum(counts), 1)
     return sum(sequence_sums) / (batch * cfg.max_completion_length)
-
 
 
 def reference_turn_advantages(turn_returns, group_size, baseline, eps=1e-4):

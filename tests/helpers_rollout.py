@@ -36,7 +36,13 @@ class ToolLoopEnv(Env):
     name = "fake-tools"
     max_turns = 16
 
-    def __init__(self, tool_turns: int = 2, fail_on_turn: int | None = None, feedback: bool = False, question: str = "What is 6*7?"):
+    def __init__(
+        self,
+        tool_turns: int = 2,
+        fail_on_turn: int | None = None,
+        feedback: bool = False,
+        question: str = "What is 6*7?",
+    ):
         self.tool_turns, self.fail_on_turn, self.feedback, self.question = tool_turns, fail_on_turn, feedback, question
         self.turn = 0
         self.actions: list[str] = []
@@ -47,7 +53,10 @@ class ToolLoopEnv(Env):
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
         self.turn, self.actions = 0, []
-        return [{"role": "system", "content": "You solve problems with tools."}, {"role": "user", "content": task.question}]
+        return [
+            {"role": "system", "content": "You solve problems with tools."},
+            {"role": "user", "content": task.question},
+        ]
 
     def step(self, action_text: str) -> StepResult:
         self.turn += 1
@@ -80,7 +89,10 @@ class WindowEnv(Env):
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
         self.turn, self.exchanges, self.contexts = 0, [], []
-        self.head = [{"role": "system", "content": "You solve problems with tools."}, {"role": "user", "content": task.question}]
+        self.head = [
+            {"role": "system", "content": "You solve problems with tools."},
+            {"role": "user", "content": task.question},
+        ]
         return list(self.head)
 
     def step(self, action_text: str) -> StepResult:
@@ -92,7 +104,7 @@ class WindowEnv(Env):
         context = None
         if len(self.exchanges) > self.window:
             head = self.head[:1] + [{"role": "user", "content": self.head[1]["content"] + self.note}]
-            context = head + [m for exchange in self.exchanges[len(self.exchanges) - self.window:] for m in exchange]
+            context = head + [m for exchange in self.exchanges[len(self.exchanges) - self.window :] for m in exchange]
             self.contexts.append(context)
         return StepResult(observation, self.turn / 8, False, {"tool_calls": 1}, context=context)
 
@@ -104,7 +116,12 @@ class ScriptedRunner(Runner):
     """
 
     def __init__(self, scripts: Sequence[Sequence[int]], vocab_size: int, max_slots: int = 16, max_len: int = 4096):
-        self.scripts, self.vocab_size, self.max_slots, self.max_len = [list(s) for s in scripts], vocab_size, max_slots, max_len
+        self.scripts, self.vocab_size, self.max_slots, self.max_len = (
+            [list(s) for s in scripts],
+            vocab_size,
+            max_slots,
+            max_len,
+        )
         self.fed: dict[int, list[int]] = {}
         self.script_of: dict[int, int] = {}
         self.emitted: dict[int, int] = {}
@@ -146,7 +163,12 @@ def tool_turn(expression: str) -> str:
 
 def scripted_engine(tokenizer, chat_format, turn_texts_per_episode, limits=None, temperature=0.0):
     """An engine whose 'model' writes the given turns (canonical tokenization; <|im_end|> turns end with it)."""
-    scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turn_texts_per_episode]
+    scripts = [
+        sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), [])
+        for turns in turn_texts_per_episode
+    ]
     runner = ScriptedRunner(scripts, len(tokenizer))
     limits = limits or RolloutConfig(max_turn_tokens=128, max_episode_tokens=2048, max_turns=8)
-    return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature)), runner
+    return RolloutEngine(
+        RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature)
+    ), runner

@@ -76,10 +76,13 @@ def scripted_server(tokenizer, turns_per_request, agent_tools=None, http=HTTPLim
     writes `turns_per_request`, one token per forward of `forward_s` seconds; `received` (a dict) gets
     each slot's token ids as the model read them."""
     chat_format = ChatFormat.for_tokenizer(tokenizer)
-    scripts = [sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turns_per_request]
+    scripts = [
+        sum((tokenizer(t, add_special_tokens=False)["input_ids"] for t in turns), []) for turns in turns_per_request
+    ]
     runner = ScriptRunner(scripts, len(tokenizer), received=received, forward_s=forward_s)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, LIMITS,
-                           SamplingParams(temperature=1.0))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format), chat_format, tokenizer, LIMITS, SamplingParams(temperature=1.0)
+    )
     worker = EngineWorker(engine, max_concurrent=16, batch_window_s=0.01)
     port = free_port()
     app = build_app(ServedModel("scripted", LIMITS, worker, agent_tools, http=http))

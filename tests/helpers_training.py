@@ -80,11 +80,18 @@ if "ragged_arith" not in list_envs():
 # Both trainers' tiny run: tiny-qwen3 with LoRA r=4, 4 one-turn episodes of at most 8 tokens per
 # step, rewarded by token_parity + 0.5 format. GRPO adds its group size (2 groups of G = 2).
 TINY = [
-    "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
-    "rollout.batch_size=4", "rollout.max_turn_tokens=8", "rollout.max_turns=1",
-    "rollout.max_episode_tokens=1024", "env.options={difficulty: 1}", "env.task_pool=8",
+    "model.name=tiny-qwen3",
+    "model.lora.r=4",
+    "optim.lr=1e-2",
+    "rollout.batch_size=4",
+    "rollout.max_turn_tokens=8",
+    "rollout.max_turns=1",
+    "rollout.max_episode_tokens=1024",
+    "env.options={difficulty: 1}",
+    "env.task_pool=8",
     "rewards=[{name: token_parity}, {name: format, weight: 0.5}]",
-    "micro_batch_size=4", "train.progress=false",
+    "micro_batch_size=4",
+    "train.progress=false",
 ]
 GRPO_TINY = [*TINY, "rollout.group_size=2"]
 

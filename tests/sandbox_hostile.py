@@ -355,16 +355,14 @@ def _add_bait_key(description: str) -> int | None:
     (a session keyring is installed if there is none); its key id, or None if refused here."""
     add_key, _ = _KEY_SYSCALLS[os.uname().machine]
     libc = ctypes.CDLL(None, use_errno=True)
-    key = libc.syscall(add_key, b"user", description.encode(), _KEY_SECRET, len(_KEY_SECRET),
-                       _KEY_SPEC_SESSION_KEYRING)
+    key = libc.syscall(add_key, b"user", description.encode(), _KEY_SECRET, len(_KEY_SECRET), _KEY_SPEC_SESSION_KEYRING)
     return key if key >= 0 else None
 
 
 def _remove_bait_key(key: int | None) -> None:
     if key is not None:
         _, keyctl = _KEY_SYSCALLS[os.uname().machine]
-        ctypes.CDLL(None, use_errno=True).syscall(keyctl, _KEYCTL_UNLINK, key,
-                                                  _KEY_SPEC_SESSION_KEYRING)
+        ctypes.CDLL(None, use_errno=True).syscall(keyctl, _KEYCTL_UNLINK, key, _KEY_SPEC_SESSION_KEYRING)
 
 
 def keyring_users() -> set[int]:
@@ -405,15 +403,24 @@ def _bait(root: str) -> tuple[dict, dict]:
     listeners = {"stream": stream, "dgram": dgram, "abstract": abstract, "tcp": tcp, "udp": udp}
     for listener in listeners.values():
         listener.setblocking(False)
-    values = {"outside": outside, "sentinel": sentinel, "stream_path": stream_path,
-              "dgram_path": dgram_path, "abstract_name": abstract_name,
-              "tcp_port": tcp.getsockname()[1], "udp_port": udp.getsockname()[1],
-              "caller_pid": os.getpid(), "memory_bytes": SandboxLimits().memory_bytes,
-              "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
-              "source_dir": os.path.dirname(os.path.abspath(__file__)),
-              "capped": cgroups_available(), "caller_executable": os.path.realpath(sys.executable),
-              "caller_prefix": os.path.realpath(sys.base_prefix), "landlock": landlock_abi() > 0,
-              "wmem_default": int(open("/proc/sys/net/core/wmem_default").read())}
+    values = {
+        "outside": outside,
+        "sentinel": sentinel,
+        "stream_path": stream_path,
+        "dgram_path": dgram_path,
+        "abstract_name": abstract_name,
+        "tcp_port": tcp.getsockname()[1],
+        "udp_port": udp.getsockname()[1],
+        "caller_pid": os.getpid(),
+        "memory_bytes": SandboxLimits().memory_bytes,
+        "key_description": f"agentic-rl-bait-{uuid.uuid4().hex}",
+        "source_dir": os.path.dirname(os.path.abspath(__file__)),
+        "capped": cgroups_available(),
+        "caller_executable": os.path.realpath(sys.executable),
+        "caller_prefix": os.path.realpath(sys.base_prefix),
+        "landlock": landlock_abi() > 0,
+        "wmem_default": int(open("/proc/sys/net/core/wmem_default").read()),
+    }
     return values, listeners
 
 
@@ -481,8 +488,12 @@ def probe(root: str = "/var/tmp", pivot_root: bool = True) -> dict[str, dict]:
                 problems.append(f"keys left behind by uids {sorted(keyring_users() - keyring_users_before)}")
             if live_processes_with(marker):
                 problems.append("a process outlived the call")
-            report[name] = {"contained": not problems, "why": problems,
-                            "stdout": result.stdout[-300:], "error": result.error[-300:]}
+            report[name] = {
+                "contained": not problems,
+                "why": problems,
+                "stdout": result.stdout[-300:],
+                "error": result.error[-300:],
+            }
     finally:
         sandbox_supervisor._USE_PIVOT_ROOT = True
         _remove_bait_key(bait_key)

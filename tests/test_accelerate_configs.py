@@ -29,9 +29,17 @@ def _dry_launch(name: str, monkeypatch) -> tuple[str, dict[str, str]]:
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     started = {}
-    monkeypatch.setattr(launch, "deepspeed_launcher", lambda args: started.update(kind="deepspeed", env=prepare_deepspeed_cmd_env(args)[1]))
-    monkeypatch.setattr(launch, "multi_gpu_launcher", lambda args: started.update(kind="multi_gpu", env=prepare_multi_gpu_env(args)))
-    args = launch.launch_command_parser().parse_args(["--config_file", str(CONFIGS / name), "--main_process_port", "0", "x.py"])
+    monkeypatch.setattr(
+        launch,
+        "deepspeed_launcher",
+        lambda args: started.update(kind="deepspeed", env=prepare_deepspeed_cmd_env(args)[1]),
+    )
+    monkeypatch.setattr(
+        launch, "multi_gpu_launcher", lambda args: started.update(kind="multi_gpu", env=prepare_multi_gpu_env(args))
+    )
+    args = launch.launch_command_parser().parse_args(
+        ["--config_file", str(CONFIGS / name), "--main_process_port", "0", "x.py"]
+    )
     launch.launch_command(args)
     return started["kind"], started["env"]
 
@@ -45,14 +53,21 @@ def test_deepspeed_configs_launch_zero_with_the_loop_owning_clipping_and_accumul
 
     kind, env = _dry_launch(name, monkeypatch)
     assert kind == "deepspeed"
-    assert (env["ACCELERATE_USE_DEEPSPEED"], env["ACCELERATE_DEEPSPEED_ZERO_STAGE"], env["ACCELERATE_MIXED_PRECISION"]) == ("true", str(stage), "bf16")
+    assert (
+        env["ACCELERATE_USE_DEEPSPEED"],
+        env["ACCELERATE_DEEPSPEED_ZERO_STAGE"],
+        env["ACCELERATE_MIXED_PRECISION"],
+    ) == ("true", str(stage), "bf16")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     plugin = DeepSpeedPlugin()
     assert plugin.zero_stage == stage and plugin.zero3_save_16bit_model == (stage == 3)
     assert plugin.deepspeed_config["zero_optimization"]["offload_optimizer"]["device"] == "none"
-    accelerator = types.SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, num_processes=2,
-                                        state=types.SimpleNamespace(deepspeed_plugin=plugin))
+    accelerator = types.SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        state=types.SimpleNamespace(deepspeed_plugin=plugin),
+    )
     fit_deepspeed_to_loop(accelerator, OptimConfig(max_grad_norm=0.5))
     config = plugin.deepspeed_config
     assert (config["gradient_accumulation_steps"], config["gradient_clipping"]) == (1, 0.5)
@@ -66,9 +81,14 @@ def test_a_deepspeed_setting_the_loop_owns_is_refused_not_ignored():
     from accelerate.utils import DistributedType
 
     plugin = types.SimpleNamespace(deepspeed_config={"gradient_clipping": 1.0, "gradient_accumulation_steps": "auto"})
-    accelerator = types.SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, num_processes=2,
-                                        state=types.SimpleNamespace(deepspeed_plugin=plugin))
-    with pytest.raises(ValueError, match=r"sets gradient_clipping: 1.0, but the loop needs 0.3 \(set optim.max_grad_norm instead\)"):
+    accelerator = types.SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED,
+        num_processes=2,
+        state=types.SimpleNamespace(deepspeed_plugin=plugin),
+    )
+    with pytest.raises(
+        ValueError, match=r"sets gradient_clipping: 1.0, but the loop needs 0.3 \(set optim.max_grad_norm instead\)"
+    ):
         fit_deepspeed_to_loop(accelerator, OptimConfig(max_grad_norm=0.3))
 
 
@@ -77,7 +97,11 @@ def test_fsdp_config_launches_fsdp2_with_per_layer_wrapping(monkeypatch):
     use_orig_params for LoRA) or wraps only the root."""
     kind, env = _dry_launch("fsdp.yaml", monkeypatch)
     assert kind == "multi_gpu"
-    assert (env["ACCELERATE_USE_FSDP"], env["FSDP_VERSION"], env["FSDP_AUTO_WRAP_POLICY"]) == ("true", "2", "TRANSFORMER_BASED_WRAP")
+    assert (env["ACCELERATE_USE_FSDP"], env["FSDP_VERSION"], env["FSDP_AUTO_WRAP_POLICY"]) == (
+        "true",
+        "2",
+        "TRANSFORMER_BASED_WRAP",
+    )
     assert "FSDP_TRANSFORMER_CLS_TO_WRAP" not in env  # taken from the model (TokenScorer._no_split_modules)
 
 
@@ -87,7 +111,9 @@ def test_commands_that_need_whole_weights_refuse_a_sharded_launch(command):
     from accelerate.utils import DistributedType
 
     fsdp = types.SimpleNamespace(distributed_type=DistributedType.FSDP)
-    with pytest.raises(ValueError, match=rf"`agentic-rl {command}` needs whole weights on every rank.*deepspeed_zero2.yaml"):
+    with pytest.raises(
+        ValueError, match=rf"`agentic-rl {command}` needs whole weights on every rank.*deepspeed_zero2.yaml"
+    ):
         require_replicated_weights(fsdp, command)
     require_replicated_weights(types.SimpleNamespace(distributed_type=DistributedType.MULTI_GPU), command)
 
@@ -115,6 +141,8 @@ def test_only_the_last_micro_batch_is_an_accumulation_boundary(tmp_path):
     assert accelerator.distributed_type == DistributedType.NO
     objective = ThreeMicroBatches()
     loop = LoopConfig(steps=2, output_dir=str(tmp_path), progress=False)
-    run_training(objective, torch.nn.Linear(2, 1), loop, OptimConfig(), accelerator, RunDir(tmp_path, loop, tensorboard=False))
+    run_training(
+        objective, torch.nn.Linear(2, 1), loop, OptimConfig(), accelerator, RunDir(tmp_path, loop, tensorboard=False)
+    )
     assert objective.seen == [False, False, True] * 2
     assert accelerator.sync_gradients

@@ -93,8 +93,8 @@ def test_math_verify_path_works_off_the_main_thread() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.fractions(min_value=-10**7, max_value=10**7, max_denominator=1).map(int)
-    | st.decimals(min_value=-10**6, max_value=10**6, places=2, allow_nan=False, allow_infinity=False),
+    st.fractions(min_value=-(10**7), max_value=10**7, max_denominator=1).map(int)
+    | st.decimals(min_value=-(10**6), max_value=10**6, places=2, allow_nan=False, allow_infinity=False),
     st.sampled_from(["{}", "${}", "{} dollars", "\\boxed{{{}}}", "{}.", "**{}**"]),
     st.booleans(),
 )

@@ -24,7 +24,12 @@ def test_every_check_passes_on_tiny_qwen3(tiny_qwen3):
     weight checks all pass on tiny-qwen3."""
     model, tokenizer = tiny_qwen3
     results = run_audit(model, tokenizer, _cfg("tiny-qwen3", "dtypes=[float32, bfloat16]"))
-    assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
+    assert [(r.name, r.passed) for r in results] == [
+        ("template", True),
+        ("mask", True),
+        ("logprobs", True),
+        ("weights", True),
+    ]
     assert "float32 decode: max" in results[2].summary and "bfloat16 decode" in results[2].summary
 
 
@@ -80,7 +85,9 @@ def test_a_mask_shifted_by_one_fails_at_the_first_bad_token(qwen3_tokenizer, shi
     mask = [0] + demo.loss_mask[:-1] if shift > 0 else demo.loss_mask[1:] + [0]
     shifted = dataclasses.replace(demo, loss_mask=mask)
     sequence, position, message = mask_problem(chat_format, shifted)
-    assert sequence == 0 and position == first + shift  # right: the turn's first token lost its 1 / left: one token early
+    assert (
+        sequence == 0 and position == first + shift
+    )  # right: the turn's first token lost its 1 / left: one token early
     assert "has mask 1 but is not the model's text" in message or "stops before the turn does" in message
     result = check_masks(chat_format, [demo, shifted])
     assert not result.passed and any("<-- first bad token" in line for line in result.detail)
@@ -111,7 +118,9 @@ def test_the_mask_check_reads_every_token_sequence_of_a_non_prefix_episode(qwen3
     assert not result.passed and "token sequence 1" in result.summary
     turns = sum(1 for m in demo.messages if m["role"] == "assistant")
     lost_turns = len(demo.previous[0].policy_spans)
-    lost = dataclasses.replace(demo, previous=demo.previous[1:], turn_rewards=demo.turn_rewards[lost_turns:])  # its rewards go too
+    lost = dataclasses.replace(
+        demo, previous=demo.previous[1:], turn_rewards=demo.turn_rewards[lost_turns:]
+    )  # its rewards go too
     assert mask_problem(chat_format, lost)[2] == f"{turns - lost_turns} masked runs for {turns} assistant turns"
 
 
@@ -121,16 +130,39 @@ def test_every_check_passes_on_the_memory_env_and_counts_every_sequence(tiny_qwe
     model, tokenizer = tiny_qwen3
     cfg = load_config(AuditConfig, None, ["model=tiny-qwen3", "n=2", "env.name=memory", "dtypes=[float32]"])
     results = run_audit(model, tokenizer, cfg)
-    assert [(r.name, r.passed) for r in results] == [("template", True), ("mask", True), ("logprobs", True), ("weights", True)]
+    assert [(r.name, r.passed) for r in results] == [
+        ("template", True),
+        ("mask", True),
+        ("logprobs", True),
+        ("weights", True),
+    ]
     assert "token sequences" in results[1].summary
 
 
 def test_the_cli_exits_1_on_a_failure_and_prints_the_report(tmp_path):
     """Guards against a failing audit that exits 0: `agentic-rl audit` with an impossible tolerance exits 1,
     prints PASS/FAIL lines and a JSON verdict."""
-    done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "audit", "--model", "tiny-qwen3", "--n", "2",
-                           "--option", "difficulty=1", "--set", "dtypes=[float32]", "--tolerance", "1e-12"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentic_rl.cli",
+            "audit",
+            "--model",
+            "tiny-qwen3",
+            "--n",
+            "2",
+            "--option",
+            "difficulty=1",
+            "--set",
+            "dtypes=[float32]",
+            "--tolerance",
+            "1e-12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "FAIL  logprobs" in done.stdout and "PASS  template" in done.stdout
     assert '"passed": false' in done.stdout.splitlines()[-1]

@@ -20,16 +20,24 @@ from agentic_rl.rollout.hf_runner import HFRunner
 
 
 class _OldNames(nn.Module):
-
     def __init__(self, decoder: nn.Module):
         super().__init__()
         self.decoder = decoder
         self.config = decoder.config
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **ignored):
-        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=use_cache, **{cache_name(self.decoder): past_key_values})
-        return types.SimpleNamespace(last_hidden_state=out.last_hidden_state, past_key_values=getattr(out, cache_name(self.decoder)))
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **ignored
+    ):
+        out = self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **{cache_name(self.decoder): past_key_values},
+        )
+        return types.SimpleNamespace(
+            last_hidden_state=out.last_hidden_state, past_key_values=getattr(out, cache_name(self.decoder))
+        )
 
 
 def test_the_cache_name_is_the_one_the_forward_takes(tiny_qwen3):

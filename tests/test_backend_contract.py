@@ -16,7 +16,9 @@ from agentic_rl.rollout.sampling import SamplingParams
 
 BACKENDS = {
     "hf": lambda model, chat_format, slots: RunnerBackend(HFRunner(model, max_slots=slots, max_len=256), chat_format),
-    "fast": lambda model, chat_format, slots: RunnerBackend(FastRunner(model, max_slots=slots, max_len=256), chat_format),
+    "fast": lambda model, chat_format, slots: RunnerBackend(
+        FastRunner(model, max_slots=slots, max_len=256), chat_format
+    ),
 }
 
 PROMPTS = [list(range(100, 130)), list(range(200, 221)), list(range(300, 341)), list(range(400, 417))]
@@ -52,7 +54,9 @@ def _plain_logprobs(model, context, turn_ids, temperature):
     """float64 log-probs of each turn token under one plain forward over context + turn."""
     ids = torch.tensor([context + turn_ids])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(context) - 1 : -1].double()  # (n, V): position i predicts turn_ids[i]
+        logits = (
+            model(input_ids=ids).logits[0, len(context) - 1 : -1].double()
+        )  # (n, V): position i predicts turn_ids[i]
     return torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(turn_ids)[:, None]).squeeze(1)
 
 
@@ -95,8 +99,12 @@ def test_finish_reasons_follow_the_tokens(make_backend, tiny):
     """Guards against turns that run past a stop, or stop reasons that disagree with the tokens."""
     _, chat_format = tiny
     backend = make_backend()
-    outputs = _generate(backend, [TurnRequest(key, prompt, 3 + key) for key, prompt in enumerate(PROMPTS)], seed=11,
-                        sampling=SamplingParams(temperature=1.5))
+    outputs = _generate(
+        backend,
+        [TurnRequest(key, prompt, 3 + key) for key, prompt in enumerate(PROMPTS)],
+        seed=11,
+        sampling=SamplingParams(temperature=1.5),
+    )
     for key, turn in outputs.items():
         assert not any(chat_format.ends_turn(turn.token_ids[:i]) for i in range(1, len(turn.token_ids)))
         if turn.stop == "length":
@@ -115,7 +123,9 @@ def test_an_episode_samples_the_same_turn_alone_or_in_a_batch(make_backend):
     assert alone[2].token_ids == together[2].token_ids
     again = _generate(make_backend(), [TurnRequest(key, prompt, 6) for key, prompt in enumerate(PROMPTS)], seed=5)
     assert {k: t.token_ids for k, t in again.items()} == {k: t.token_ids for k, t in together.items()}
-    group = _generate(make_backend(), [TurnRequest(key, PROMPTS[0], 6) for key in range(4)], seed=5)  # one prompt, G = 4
+    group = _generate(
+        make_backend(), [TurnRequest(key, PROMPTS[0], 6) for key in range(4)], seed=5
+    )  # one prompt, G = 4
     assert len({tuple(turn.token_ids) for turn in group.values()}) > 1, "a group's episodes must draw their own samples"
 
 
@@ -167,10 +177,12 @@ def test_an_episode_with_its_own_sampling_samples_the_same_turn_whatever_shares_
     model, _ = tiny
     own = SamplingParams(temperature=0.8, seed=123)
     alone = _generate(make_backend(), [TurnRequest(0, PROMPTS[2], 6, sampling=own)], seed=1)
-    mixed = [TurnRequest(0, PROMPTS[0], 6, sampling=SamplingParams(temperature=0.0, seed=9)),
-             TurnRequest(1, PROMPTS[1], 6),  # the run's sampling
-             TurnRequest(2, PROMPTS[2], 6, sampling=own),
-             TurnRequest(3, PROMPTS[3], 6, sampling=SamplingParams(temperature=1.3, seed=123))]
+    mixed = [
+        TurnRequest(0, PROMPTS[0], 6, sampling=SamplingParams(temperature=0.0, seed=9)),
+        TurnRequest(1, PROMPTS[1], 6),  # the run's sampling
+        TurnRequest(2, PROMPTS[2], 6, sampling=own),
+        TurnRequest(3, PROMPTS[3], 6, sampling=SamplingParams(temperature=1.3, seed=123)),
+    ]
     together = _generate(make_backend(), mixed, seed=77, sampling=SamplingParams(temperature=0.9))
     assert together[2].token_ids == alone[0].token_ids, "the seed alone decides, not the run seed or the key"
     expected = _plain_logprobs(model, PROMPTS[2], together[2].token_ids, 0.8)
@@ -180,7 +192,9 @@ def test_an_episode_with_its_own_sampling_samples_the_same_turn_whatever_shares_
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([context])).logits[0, len(PROMPTS[0]) - 1 : -1]
     assert logits.argmax(-1).tolist() == greedy.token_ids
-    run_default = _generate(make_backend(), [TurnRequest(1, PROMPTS[1], 6)], seed=77, sampling=SamplingParams(temperature=0.9))
+    run_default = _generate(
+        make_backend(), [TurnRequest(1, PROMPTS[1], 6)], seed=77, sampling=SamplingParams(temperature=0.9)
+    )
     assert together[1].token_ids == run_default[1].token_ids
 
 
@@ -189,8 +203,12 @@ def test_a_turn_stops_at_the_first_stop_string(make_backend, tiny):
     _, chat_format = tiny
     free = _generate(make_backend(), [TurnRequest(0, PROMPTS[1], 10)], seed=4)[0]
     texts = [chat_format.decode_turn(free.token_ids[: i + 1]) for i in range(len(free.token_ids))]
-    stop_text = next(chat_format.decode_turn([token]) for token in free.token_ids[2:] if chat_format.decode_turn([token]).strip())
+    stop_text = next(
+        chat_format.decode_turn([token]) for token in free.token_ids[2:] if chat_format.decode_turn([token]).strip()
+    )
     first = next(i for i, text in enumerate(texts) if stop_text in text)
-    stopped = _generate(make_backend(), [TurnRequest(0, PROMPTS[1], 10, stop_strings=("never appears \u2983", stop_text))], seed=4)[0]
+    stopped = _generate(
+        make_backend(), [TurnRequest(0, PROMPTS[1], 10, stop_strings=("never appears \u2983", stop_text))], seed=4
+    )[0]
     assert stopped.stop == "stop_string" and stopped.token_ids == free.token_ids[: first + 1]
     assert stop_text in chat_format.decode_turn(stopped.token_ids)

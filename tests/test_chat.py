@@ -23,7 +23,11 @@ def test_a_turn_with_a_call_shows_the_words_the_call_and_its_result_then_the_rep
     second = env.step("<tool_call>{not json</tool_call>")
     final = env.step("Step 2: 24 + 3 = 27\nFinal Answer: 27")
     assert not second.done and final.done
-    assert events[:3] == [("assistant", "Step 1: halve 48."), ("call", 'calculator {"expression": "48/2"}'), ("result", "24")]
+    assert events[:3] == [
+        ("assistant", "Step 1: halve 48."),
+        ("call", 'calculator {"expression": "48/2"}'),
+        ("result", "24"),
+    ]
     assert events[3][0] == "call" and events[3][1].startswith("(malformed") and events[4][0] == "result"
     assert events[5] == ("assistant", "Step 2: 24 + 3 = 27\nFinal Answer: 27")
 
@@ -34,8 +38,14 @@ def test_the_conversation_carries_over_from_one_reply_to_the_next(tiny_qwen3):
     model, tokenizer = tiny_qwen3
     inputs = iter(["first question", "", "second question", None])
     shown = []
-    history = chat_loop(model, tokenizer, ["calculator"], RolloutConfig(max_turn_tokens=6, max_turns=1, sampling=Sampling(temperature=0.0)),
-                        read=lambda: next(inputs), show=shown.append)
+    history = chat_loop(
+        model,
+        tokenizer,
+        ["calculator"],
+        RolloutConfig(max_turn_tokens=6, max_turns=1, sampling=Sampling(temperature=0.0)),
+        read=lambda: next(inputs),
+        show=shown.append,
+    )
     users = [m["content"] for m in history if m["role"] == "user"]
     assert users == ["first question", "second question"]  # the empty line is skipped
     assert [m["role"] for m in history][:2] == ["user", "assistant"] and history[-1]["role"] == "assistant"
@@ -45,7 +55,23 @@ def test_the_conversation_carries_over_from_one_reply_to_the_next(tiny_qwen3):
 def test_the_cli_reads_stdin_until_exit():
     """Guards against `agentic-rl chat` reading past `exit` or failing without a terminal: it prompts twice on
     piped stdin and exits 0."""
-    done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "chat", "--model", "tiny-qwen3", "--max-turn-tokens", "4",
-                           "--max-turns", "1"], input="hello\nexit\nnever read\n", capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentic_rl.cli",
+            "chat",
+            "--model",
+            "tiny-qwen3",
+            "--max-turn-tokens",
+            "4",
+            "--max-turns",
+            "1",
+        ],
+        input="hello\nexit\nnever read\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("you> ") == 2 and "tools: calculator" in done.stdout

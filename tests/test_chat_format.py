@@ -19,7 +19,11 @@ TOOLS = [
         "function": {
             "name": "calculator",
             "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
         },
     }
 ]
@@ -41,7 +45,9 @@ def test_prompt_ids_equal_the_template_with_generation_prompt(chat):
     ids = chat_format.prompt_ids(START, TOOLS)
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
     if name == "tiny-qwen3":
-        expected = tokenizer.apply_chat_template(START, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        expected = tokenizer.apply_chat_template(
+            START, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         assert ids == list(expected)
     assert "<tools>" in tokenizer.decode(ids) and '"name": "calculator"' in tokenizer.decode(ids)
 
@@ -51,27 +57,39 @@ def test_observation_after_a_tool_call_starts_with_the_end_of_turn_marker(chat):
     _, tokenizer, chat_format = chat
     observation = [{"role": "tool", "name": "calculator", "content": "24"}]
     ids = chat_format.observation_ids(START, CALL, observation, TOOLS)
-    assert tokenizer.decode(ids) == "<|im_end|>\n<|im_start|>user\n<tool_response>\n24\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(ids)
+        == "<|im_end|>\n<|im_start|>user\n<tool_response>\n24\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert ids[0] == chat_format.end_of_turn_id
 
 
 def test_observation_after_a_generated_end_of_turn_starts_after_it(chat):
     """Guards against a duplicated <|im_end|> when the policy generated it itself (mask 1)."""
     _, tokenizer, chat_format = chat
-    ids = chat_format.observation_ids(START, "24+1 = 25<|im_end|>", [{"role": "user", "content": "Show the steps."}], TOOLS)
+    ids = chat_format.observation_ids(
+        START, "24+1 = 25<|im_end|>", [{"role": "user", "content": "Show the steps."}], TOOLS
+    )
     assert tokenizer.decode(ids) == "\n<|im_start|>user\nShow the steps.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_incremental_tokens_equal_the_full_render_tokens(chat):
     """Guards against tokenizer merges across the observation boundary (delta tokenized alone vs. in context)."""
     _, tokenizer, chat_format = chat
-    observation = [{"role": "tool", "name": "calculator", "content": "24"}, {"role": "tool", "name": "calculator", "content": "25"}]
+    observation = [
+        {"role": "tool", "name": "calculator", "content": "24"},
+        {"role": "tool", "name": "calculator", "content": "25"},
+    ]
     incremental = (
         chat_format.prompt_ids(START, TOOLS)
         + chat_format.encode(CALL)
         + chat_format.observation_ids(START, CALL, observation, TOOLS)
     )
-    full = chat_format.encode(chat_format.render([*START, {"role": "assistant", "content": CALL}, *observation], TOOLS, add_generation_prompt=True))
+    full = chat_format.encode(
+        chat_format.render(
+            [*START, {"role": "assistant", "content": CALL}, *observation], TOOLS, add_generation_prompt=True
+        )
+    )
     assert incremental == full
 
 
@@ -81,10 +99,19 @@ def test_chatml_template_without_tools_gets_hermes_tools_and_tool_responses_as_o
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     assert not chat_format.supports_tools
     text = chat_format.render(
-        [*START, {"role": "assistant", "content": CALL}, {"role": "tool", "content": "24"}, {"role": "tool", "content": "1"}], TOOLS
+        [
+            *START,
+            {"role": "assistant", "content": CALL},
+            {"role": "tool", "content": "24"},
+            {"role": "tool", "content": "1"},
+        ],
+        TOOLS,
     )
     assert text.startswith("<|im_start|>system\nYou solve problems.\n\n# Tools\n")
-    assert "<|im_start|>user\n<tool_response>\n24\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\n24\n</tool_response>\n<tool_response>\n1\n</tool_response><|im_end|>"
+        in text
+    )
     qwen = ChatFormat.for_tokenizer(shared_tokenizer("tiny-qwen3"))
     assert qwen.supports_tools
     # Same text as Qwen3's own template renders, so one SFT format serves both families.

@@ -25,8 +25,9 @@ TINY = {
 def test_a_finished_run_names_its_folder_and_a_next_command_that_loads(command, tmp_path):
     """Guards against a run that ends with `{"final": ...}` and nothing about where its results are or
     what to run next, and against advice naming a key or command that no longer exists."""
-    cfg = load_config(config_class(command), None, overrides=["model.name=tiny-qwen3", f"train.output_dir={tmp_path}",
-                                                               *TINY[command]])
+    cfg = load_config(
+        config_class(command), None, overrides=["model.name=tiny-qwen3", f"train.output_dir={tmp_path}", *TINY[command]]
+    )
     final = tmp_path / "final"
     final.mkdir()
     message = next_step(command, cfg, {"final": str(final)})
@@ -74,19 +75,29 @@ def _register_no_oracle_env() -> str:
     return "no_oracle"
 
 
-@pytest.mark.parametrize("command, overrides, where", [
-    ("sft", ["sources=[{kind: oracle, env: {name: no_oracle}, n: 4}]"], "sft.sources[].kind: oracle"),
-    ("grpo", ["env.name=no_oracle", "guidance.enabled=true"], "guidance.enabled"),
-    ("audit", ["model=tiny-qwen3", "env.name=no_oracle"], "audit"),
-])
+@pytest.mark.parametrize(
+    "command, overrides, where",
+    [
+        ("sft", ["sources=[{kind: oracle, env: {name: no_oracle}, n: 4}]"], "sft.sources[].kind: oracle"),
+        ("grpo", ["env.name=no_oracle", "guidance.enabled=true"], "guidance.enabled"),
+        ("audit", ["model=tiny-qwen3", "env.name=no_oracle"], "audit"),
+    ],
+)
 def test_a_setting_that_needs_an_oracle_names_the_env_without_one_when_the_config_is_read(command, overrides, where):
     """Guards against an env without an oracle reaching a raw NotImplementedError after the model loaded
     (sft with kind: oracle, guidance.enabled) or in `envs oracle`: each is refused by name first."""
     from agentic_rl.config import ConfigError
 
     _register_no_oracle_env()
-    with pytest.raises(ConfigError, match=rf"{re.escape(where)}: env 'no_oracle' has no oracle \(its class does not define oracle_actions"):
-        load_config(config_class(command), None, overrides=[*(["model.name=tiny-qwen3"] if command != "audit" else []), *overrides])
+    with pytest.raises(
+        ConfigError,
+        match=rf"{re.escape(where)}: env 'no_oracle' has no oracle \(its class does not define oracle_actions",
+    ):
+        load_config(
+            config_class(command),
+            None,
+            overrides=[*(["model.name=tiny-qwen3"] if command != "audit" else []), *overrides],
+        )
 
 
 def test_envs_oracle_on_an_env_without_one_is_an_error_naming_it(capsys):

@@ -69,7 +69,11 @@ def test_literal_value_error_lists_allowed_values():
 
 @pytest.mark.parametrize(
     "override, fragment",
-    [("steps=ten", "'steps' must be an integer"), ("lora=maybe", "'lora' must be true or false"), ("steps=1.5", "'steps' must be an integer")],
+    [
+        ("steps=ten", "'steps' must be an integer"),
+        ("lora=maybe", "'lora' must be true or false"),
+        ("steps=1.5", "'steps' must be an integer"),
+    ],
 )
 def test_wrong_types_are_rejected_with_the_key(override, fragment):
     """Guards against a value of the wrong type coerced silently (1.5 steps, 'maybe' as a bool): the error names
@@ -94,7 +98,9 @@ def test_the_reference_shows_choices_optionals_and_list_defaults_as_a_config_wri
     lines = {line.split(" (", 1)[0]: line for line in describe(GRPOConfig)}
     assert lines["model.dtype"].startswith("model.dtype (one of float32, bfloat16, float16, default 'float32'): ")
     assert lines["rollout.enable_thinking"].startswith("rollout.enable_thinking (bool or null, default None): ")
-    assert lines["rewards"].startswith("rewards (list of RewardSpec, default [{name: env_steps, weight: 1.0, params: {}}]): ")
+    assert lines["rewards"].startswith(
+        "rewards (list of RewardSpec, default [{name: env_steps, weight: 1.0, params: {}}]): "
+    )
 
 
 def test_the_reference_lists_the_fields_of_list_items_and_only_user_facing_text():
@@ -106,9 +112,16 @@ def test_the_reference_lists_the_fields_of_list_items_and_only_user_facing_text(
     from agentic_rl.train_commands import CONFIGURED_COMMANDS, config_class
 
     sft = [line.split(" (", 1)[0] for line in describe(config_class("sft"))]
-    assert sft[sft.index("sources"):sft.index("sources") + 8] == [
-        "sources", "sources[].kind", "sources[].env.name", "sources[].env.options", "sources[].split", "sources[].n",
-        "sources[].path", "sources[].max_repeats"]
+    assert sft[sft.index("sources") : sft.index("sources") + 8] == [
+        "sources",
+        "sources[].kind",
+        "sources[].env.name",
+        "sources[].env.options",
+        "sources[].split",
+        "sources[].n",
+        "sources[].path",
+        "sources[].max_repeats",
+    ]
     pipeline = {line.split(" (", 1)[0] for line in describe(config_class("pipeline"))}
     assert {"evals[].label", "evals[].rollout.max_turns", "grpo.rewards[].params", "sft.sources[].path"} <= pipeline
     for command in CONFIGURED_COMMANDS:
@@ -172,7 +185,10 @@ def test_sampling_logprobs_are_pi_old_only_when_rollout_decodes_in_the_models_dt
     assert cfg.old_logprobs == "sampling"
     with pytest.raises(ValueError, match=r"rollout\.dtype=float32.*bfloat16 model"):
         load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16"])
-    assert load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16", "old_logprobs=recompute"]).rollout.dtype == "float32"
+    assert (
+        load_config(GRPOConfig, None, overrides=["model.dtype=bfloat16", "old_logprobs=recompute"]).rollout.dtype
+        == "float32"
+    )
 
 
 def test_every_command_prints_its_help_without_loading_torch():
@@ -184,11 +200,13 @@ def test_every_command_prints_its_help_without_loading_torch():
     from agentic_rl.cli import build_parser
 
     commands = [[]] + [[name] for name in build_parser()._subparsers._group_actions[0].choices]
-    script = ("import sys; from agentic_rl.cli import build_parser; p = build_parser()\n"
-              "for argv in %r:\n"
-              "    try: p.parse_args(argv + ['--help'])\n"
-              "    except SystemExit as e: assert e.code == 0, argv\n"
-              "assert 'torch' not in sys.modules, 'help imported torch'\n" % commands)
+    script = (
+        "import sys; from agentic_rl.cli import build_parser; p = build_parser()\n"
+        "for argv in %r:\n"
+        "    try: p.parse_args(argv + ['--help'])\n"
+        "    except SystemExit as e: assert e.code == 0, argv\n"
+        "assert 'torch' not in sys.modules, 'help imported torch'\n" % commands
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -242,7 +260,9 @@ def test_agentic_rl_config_lists_every_key_once_with_the_default_a_run_gets(comm
 
     assert main(["config", command]) == 0
     lines = capsys.readouterr().out.splitlines()
-    lines = [line for line in lines if "[]." not in line.split(" ", 1)[0]]  # a list item's fields: not keys of their own
+    lines = [
+        line for line in lines if "[]." not in line.split(" ", 1)[0]
+    ]  # a list item's fields: not keys of their own
     keys = [line.split(" ", 1)[0] for line in lines]
     assert len(keys) == len(set(keys)), [key for key in keys if keys.count(key) > 1]
     required = ["model=tiny-qwen3"] if command in ("audit", "chat") else []
@@ -318,7 +338,9 @@ def test_every_config_section_of_every_command_checks_its_fields_at_construction
         if cls in seen:
             continue
         seen.add(cls)
-        assert issubclass(cls, Config), f"{cls.__module__}.{cls.__qualname__} does not derive from agentic_rl.config.Config"
+        assert issubclass(cls, Config), (
+            f"{cls.__module__}.{cls.__qualname__} does not derive from agentic_rl.config.Config"
+        )
         for hint in get_type_hints(cls).values():
             todo.extend(h for h in (hint, *get_args(hint)) if dataclasses.is_dataclass(h))
     assert len(seen) > 30
@@ -343,21 +365,48 @@ def test_construction_checks_run_before_the_classs_own_checks_and_once():
 # ------------------------------------------------------------------ keys another setting makes unused
 
 _UNUSED = [  # (command, overrides, the start of the error after "invalid value in <section>: ")
-    ("ppo", ["value.model=tiny-qwen3"],
-     "value.model='tiny-qwen3' is only used with value.critic: separate (value.critic is 'shared')"),
+    (
+        "ppo",
+        ["value.model=tiny-qwen3"],
+        "value.model='tiny-qwen3' is only used with value.critic: separate (value.critic is 'shared')",
+    ),
     ("ppo", ["loss.kl_mode=loss"], "loss.kl_mode='loss' is only used with loss.beta > 0 (loss.beta is 0: no KL term)"),
     ("rm", ["pairs.policy=runs/sft/final"], "pairs.policy='runs/sft/final' is only used with pairs.source: sampled"),
     ("rm", ["pairs.samples_per_task=8"], "pairs.samples_per_task=8 is only used with pairs.source: sampled"),
     ("rm", ["pairs.max_pairs_per_task=2"], "pairs.max_pairs_per_task=2 is only used with pairs.source: sampled"),
     ("rm", ["pairs.max_concurrent=8"], "pairs.max_concurrent=8 is only used with pairs.source: sampled"),
-    ("rm", ["pairs.rollout.sampling.temperature=0.5"], "pairs.rollout.sampling.temperature=0.5 is only used with pairs.source: sampled"),
+    (
+        "rm",
+        ["pairs.rollout.sampling.temperature=0.5"],
+        "pairs.rollout.sampling.temperature=0.5 is only used with pairs.source: sampled",
+    ),
     ("grpo", ["selection.max_rounds=3"], "selection.max_rounds=3 is only used with selection.dynamic_sampling: true"),
     ("pipeline", ["control.steps=10"], "control.steps=10 is only used with control.enabled: true"),
-    ("eval", ["model=tiny-qwen3", "rollout.sampling.top_p=0.9"], "rollout.sampling.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)"),
-    ("chat", ["model=tiny-qwen3", "seed=3"], "seed=3 is only used with rollout.sampling.temperature > 0 (temperature is 0: greedy replies)"),
-    ("chat", ["model=tiny-qwen3", "rollout.sampling.top_k=5"], "rollout.sampling.top_k=5 is only used with rollout.sampling.temperature > 0"),
-    ("sft", ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"], "sft.sources[].n=5 is only used with sft.sources[].kind: oracle"),
-    ("sft", ["sources=[{kind: oracle, path: demos.jsonl}]"], "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl"),
+    (
+        "eval",
+        ["model=tiny-qwen3", "rollout.sampling.top_p=0.9"],
+        "rollout.sampling.top_p=0.9 is only used with k > 1 (k is 1: pass@1 decodes greedily)",
+    ),
+    (
+        "chat",
+        ["model=tiny-qwen3", "seed=3"],
+        "seed=3 is only used with rollout.sampling.temperature > 0 (temperature is 0: greedy replies)",
+    ),
+    (
+        "chat",
+        ["model=tiny-qwen3", "rollout.sampling.top_k=5"],
+        "rollout.sampling.top_k=5 is only used with rollout.sampling.temperature > 0",
+    ),
+    (
+        "sft",
+        ["sources=[{kind: jsonl, path: demos.jsonl, n: 5}]"],
+        "sft.sources[].n=5 is only used with sft.sources[].kind: oracle",
+    ),
+    (
+        "sft",
+        ["sources=[{kind: oracle, path: demos.jsonl}]"],
+        "sft.sources[].path='demos.jsonl' is only used with sft.sources[].kind: jsonl",
+    ),
 ]
 
 
@@ -371,20 +420,33 @@ def test_a_key_another_setting_makes_unused_is_refused_naming_that_setting(comma
         load_config(config_class(command), None, overrides)
     problem, given = str(refused.value).split("\n", 1)  # the problem first, then the overrides
     assert message in problem and given == f"  (--set {' '.join(overrides)})"
-    assert problem.endswith("so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0])
+    assert problem.endswith(
+        "so the run would ignore it; remove it, or set " + message.split(" is only used with ")[1].split(" (")[0]
+    )
 
 
-@pytest.mark.parametrize("command, overrides", [
-    ("ppo", ["value.critic=separate", "value.model=tiny-qwen3"]),
-    ("ppo", ["value.model="]),  # the default, spelled out: no setting
-    ("ppo", ["loss.beta=0.04", "loss.kl_mode=loss"]),
-    ("rm", ["pairs.source=sampled", "pairs.policy=runs/sft/final", "pairs.samples_per_task=8", "pairs.rollout.sampling.temperature=0.5"]),
-    ("rm", ["pairs.rollout.enable_thinking=false"]),  # renders corrupted pairs too
-    ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
-    ("pipeline", ["control.enabled=true", "control.steps=10"]),
-    ("eval", ["model=tiny-qwen3", "k=4", "rollout.sampling.top_p=0.9"]),
-    ("chat", ["model=tiny-qwen3", "rollout.sampling.temperature=0.7", "rollout.sampling.top_k=5", "seed=3"]),
-])
+@pytest.mark.parametrize(
+    "command, overrides",
+    [
+        ("ppo", ["value.critic=separate", "value.model=tiny-qwen3"]),
+        ("ppo", ["value.model="]),  # the default, spelled out: no setting
+        ("ppo", ["loss.beta=0.04", "loss.kl_mode=loss"]),
+        (
+            "rm",
+            [
+                "pairs.source=sampled",
+                "pairs.policy=runs/sft/final",
+                "pairs.samples_per_task=8",
+                "pairs.rollout.sampling.temperature=0.5",
+            ],
+        ),
+        ("rm", ["pairs.rollout.enable_thinking=false"]),  # renders corrupted pairs too
+        ("grpo", ["selection.dynamic_sampling=true", "selection.max_rounds=3"]),
+        ("pipeline", ["control.enabled=true", "control.steps=10"]),
+        ("eval", ["model=tiny-qwen3", "k=4", "rollout.sampling.top_p=0.9"]),
+        ("chat", ["model=tiny-qwen3", "rollout.sampling.temperature=0.7", "rollout.sampling.top_k=5", "seed=3"]),
+    ],
+)
 def test_the_same_keys_load_where_their_setting_uses_them(command, overrides):
     """Guards against refusing a key that is used (or one left at its default)."""
     from agentic_rl.train_commands import config_class
@@ -397,13 +459,26 @@ def test_loss_max_completion_length_is_derived_from_the_rollout_not_a_key():
     policy tokens an episode can hold under the rollout limits, so a second copy could only disagree."""
     from agentic_rl.training.grpo_config import GRPOConfig
 
-    with pytest.raises(ConfigError, match=r"'loss.max_completion_length' is not a setting: it is derived \(for loss_type dr_grpo, "
-                                          r"the most policy tokens an episode can hold: min\(rollout.max_turns × rollout.max_turn_tokens, "
-                                          r"rollout.max_episode_tokens\)\); remove it"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'loss.max_completion_length' is not a setting: it is derived \(for loss_type dr_grpo, "
+        r"the most policy tokens an episode can hold: min\(rollout.max_turns × rollout.max_turn_tokens, "
+        r"rollout.max_episode_tokens\)\); remove it",
+    ):
         load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", "loss.max_completion_length=64"])
     limits = ["rollout.max_turns=3", "rollout.max_turn_tokens=100"]
-    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=1024"]).loss.max_completion_length == 300
-    assert load_config(GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=256"]).loss.max_completion_length == 256
+    assert (
+        load_config(
+            GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=1024"]
+        ).loss.max_completion_length
+        == 300
+    )
+    assert (
+        load_config(
+            GRPOConfig, None, ["loss.loss_type=dr_grpo", *limits, "rollout.max_episode_tokens=256"]
+        ).loss.max_completion_length
+        == 256
+    )
     assert load_config(GRPOConfig, None, []).loss.max_completion_length is None
     assert not any(line.startswith("loss.max_completion_length") for line in describe(GRPOConfig))
 
@@ -430,7 +505,7 @@ def test_a_runs_config_yaml_loads_back_without_its_derived_values(tmp_path):
 
 _SIZE_NAMES = {  # the last part of every key that names a size of a batch, in every command
     "batch_size": "examples per optimizer step (SFT demonstrations, RM pairs); in GRPO/PPO, rollout.batch_size: "
-                  "episodes per rollout batch, which feeds updates_per_batch optimizer steps",
+    "episodes per rollout batch, which feeds updates_per_batch optimizer steps",
     "micro_batch_size": "examples per forward/backward on each process (SFT, GRPO, PPO)",
     "max_concurrent": "episodes decoded at once (eval, serve)",
     "updates_per_batch": "μ, optimizer steps per rollout batch",
@@ -453,19 +528,51 @@ def test_every_command_names_each_batch_size_with_one_of_the_same_few_names(comm
         if "batch" in leaf or "concurrent" in leaf:
             assert leaf in _SIZE_NAMES, key
         if leaf == "micro_batch_size":  # next to the step's own size: no nested section of its own
-            assert key in ("micro_batch_size", "sft.micro_batch_size", "grpo.micro_batch_size", "ppo.micro_batch_size"), key
+            assert key in (
+                "micro_batch_size",
+                "sft.micro_batch_size",
+                "grpo.micro_batch_size",
+                "ppo.micro_batch_size",
+            ), key
 
 
-@pytest.mark.parametrize("command, override, message", [
-    ("eval", "batch_size=8", "unknown key 'batch_size' ('batch_size' is now max_concurrent (episodes decoded at once))"),
-    ("serve", "max_batch=8", "unknown key 'max_batch' ('max_batch' is now max_concurrent (requests decoded at once))"),
-    ("sft", "batch.batch_size=8", "unknown key 'batch' ('batch' is now the top-level keys batch_size, micro_batch_size and normaliser)"),
-    ("pipeline", "evals=[{batch_size: 8}]", "unknown key 'evals[0].batch_size' ('batch_size' is now max_concurrent"),
-    ("pipeline", "sft.batch={batch_size: 8}", "unknown key 'sft.batch' ('batch' is now the top-level keys"),
-    ("grpo", "rollout.temperature=0.7", "unknown key 'rollout.temperature' ('temperature' is now sampling.temperature)"),
-    ("eval", "rollout.top_p=0.9", "unknown key 'rollout.top_p' ('top_p' is now sampling.top_p)"),
-    ("pipeline", "evals=[{rollout: {top_k: 5}}]", "unknown key 'evals[0].rollout.top_k' ('top_k' is now sampling.top_k)"),
-])
+@pytest.mark.parametrize(
+    "command, override, message",
+    [
+        (
+            "eval",
+            "batch_size=8",
+            "unknown key 'batch_size' ('batch_size' is now max_concurrent (episodes decoded at once))",
+        ),
+        (
+            "serve",
+            "max_batch=8",
+            "unknown key 'max_batch' ('max_batch' is now max_concurrent (requests decoded at once))",
+        ),
+        (
+            "sft",
+            "batch.batch_size=8",
+            "unknown key 'batch' ('batch' is now the top-level keys batch_size, micro_batch_size and normaliser)",
+        ),
+        (
+            "pipeline",
+            "evals=[{batch_size: 8}]",
+            "unknown key 'evals[0].batch_size' ('batch_size' is now max_concurrent",
+        ),
+        ("pipeline", "sft.batch={batch_size: 8}", "unknown key 'sft.batch' ('batch' is now the top-level keys"),
+        (
+            "grpo",
+            "rollout.temperature=0.7",
+            "unknown key 'rollout.temperature' ('temperature' is now sampling.temperature)",
+        ),
+        ("eval", "rollout.top_p=0.9", "unknown key 'rollout.top_p' ('top_p' is now sampling.top_p)"),
+        (
+            "pipeline",
+            "evals=[{rollout: {top_k: 5}}]",
+            "unknown key 'evals[0].rollout.top_k' ('top_k' is now sampling.top_k)",
+        ),
+    ],
+)
 def test_an_old_name_is_refused_with_the_new_one(command, override, message):
     """Guards against a config written before a rename failing with a bare "unknown key", or, worse,
     the old name still read: the message names where the key went."""
@@ -476,10 +583,13 @@ def test_an_old_name_is_refused_with_the_new_one(command, override, message):
         load_config(config_class(command), None, required + [override])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["eval", "--model", "tiny-qwen3", "--batch-size", "8"], "--batch-size is now --max-concurrent"),
-    (["serve", "--model", "tiny-qwen3", "--max-batch", "8"], "--max-batch is now --max-concurrent"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "--model", "tiny-qwen3", "--batch-size", "8"], "--batch-size is now --max-concurrent"),
+        (["serve", "--model", "tiny-qwen3", "--max-batch", "8"], "--max-batch is now --max-concurrent"),
+    ],
+)
 def test_an_old_flag_is_refused_with_the_new_one(argv, message, capsys):
     """Guards against argparse's bare "unrecognized arguments" for a flag that was renamed."""
     from agentic_rl.cli import main

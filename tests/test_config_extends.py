@@ -49,22 +49,31 @@ def test_a_file_extends_another_mappings_merge_and_other_values_replace(tmp_path
     """Guards against an `extends` that replaces a whole section where one key was given (the extended file's
     other sft.optim keys lost), that merges lists element-wise, or that resolves the path from the working
     directory instead of the file that names it."""
-    write(tmp_path / "base" / "base.yaml", "name: base\ntags: [a, b]\nsft:\n  steps: 152\n  optim: {lr: 5.0e-4, betas: [0.8, 0.9]}\n"
-                                           "grpo: {steps: 16}\n")
+    write(
+        tmp_path / "base" / "base.yaml",
+        "name: base\ntags: [a, b]\nsft:\n  steps: 152\n  optim: {lr: 5.0e-4, betas: [0.8, 0.9]}\ngrpo: {steps: 16}\n",
+    )
     child = write(tmp_path / "base" / "child.yaml", "extends: base.yaml\ntags: [c]\nsft:\n  optim: {lr: 1.0e-3}\n")
     monkeypatch.chdir(tmp_path)  # child.yaml's `base.yaml` is next to it, not here
     cfg = load_config(Example, child)
-    assert cfg == Example(name="base", tags=["c"], sft=Stage(steps=152, optim=Optim(lr=1e-3, betas=[0.8, 0.9])),
-                          grpo=Stage(steps=16))
+    assert cfg == Example(
+        name="base", tags=["c"], sft=Stage(steps=152, optim=Optim(lr=1e-3, betas=[0.8, 0.9])), grpo=Stage(steps=16)
+    )
 
 
 def test_a_mapping_tagged_replace_drops_the_base_keys_instead_of_merging(tmp_path):
     """Guards against a section that cannot leave its base behind: switching a stage's optimizer (or a
     pipeline's env) inherited every key of the base's mapping. `!replace` keeps only what it writes, at
     any depth, through chained files, and is refused on anything but a mapping."""
-    write(tmp_path / "base.yaml", "sft:\n  steps: 152\n  optim: {lr: 5.0e-4, betas: [0.8, 0.9]}\ngrpo: {steps: 16, optim: {lr: 0.5}}\n")
+    write(
+        tmp_path / "base.yaml",
+        "sft:\n  steps: 152\n  optim: {lr: 5.0e-4, betas: [0.8, 0.9]}\ngrpo: {steps: 16, optim: {lr: 0.5}}\n",
+    )
     write(tmp_path / "middle.yaml", "extends: base.yaml\nname: middle\n")
-    child = write(tmp_path / "child.yaml", "extends: middle.yaml\nsft:\n  optim: !replace {lr: 1.0e-3}\ngrpo: !replace {steps: 2}\n")
+    child = write(
+        tmp_path / "child.yaml",
+        "extends: middle.yaml\nsft:\n  optim: !replace {lr: 1.0e-3}\ngrpo: !replace {steps: 2}\n",
+    )
     cfg = load_config(Example, child)
     assert cfg.sft == Stage(steps=152, optim=Optim(lr=1e-3))  # betas back to the default, steps still merged
     assert cfg.grpo == Stage(steps=2) and cfg.name == "middle"
@@ -108,9 +117,14 @@ def test_the_same_file_extended_twice_is_not_a_cycle(tmp_path):
     assert cfg.sft.steps == cfg.grpo.steps == 4
 
 
-@pytest.mark.parametrize("value, fragment", [("missing.yaml", r"cannot read config file .*missing.yaml"),
-                                             ("[1]", r"must be the path of a YAML file, got \[1\]"),
-                                             ("list.yaml", r"the top level must be a mapping")])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("missing.yaml", r"cannot read config file .*missing.yaml"),
+        ("[1]", r"must be the path of a YAML file, got \[1\]"),
+        ("list.yaml", r"the top level must be a mapping"),
+    ],
+)
 def test_a_bad_extends_names_the_file_the_key_and_the_problem(tmp_path, value, fragment):
     """Guards against a missing or malformed extended file reported without the file and key that named it."""
     write(tmp_path / "list.yaml", "- 1\n")
@@ -133,22 +147,39 @@ def test_the_short_plan_pipeline_is_the_plan_pipeline_with_its_stated_changes():
     plan-wide-grpo.yaml (8 houses an update, once each, 8 steps)."""
     pipeline = config_class("pipeline")
     short = load_config(pipeline, CONFIGS / "plan-short-pipeline.yaml")
-    assert short == load_config(pipeline, CONFIGS / "plan-pipeline.yaml", overrides=[
-        "output_dir=runs/plan-short", "sft.optim.lr=1e-3", "sft.train.steps=80",
-        "grpo.rollout.batch_size=32", "grpo.updates_per_batch=1", "grpo.train.steps=8"])
+    assert short == load_config(
+        pipeline,
+        CONFIGS / "plan-pipeline.yaml",
+        overrides=[
+            "output_dir=runs/plan-short",
+            "sft.optim.lr=1e-3",
+            "sft.train.steps=80",
+            "grpo.rollout.batch_size=32",
+            "grpo.updates_per_batch=1",
+            "grpo.train.steps=8",
+        ],
+    )
     wide = load_config(config_class("grpo"), CONFIGS / "plan-wide-grpo.yaml")
     stage_keys = {"model", "train"}  # set by the pipeline in its stages
-    assert {f.name: getattr(short.grpo, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys} == \
-           {f.name: getattr(wide, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys}
+    assert {f.name: getattr(short.grpo, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys} == {
+        f.name: getattr(wide, f.name) for f in dataclasses.fields(wide) if f.name not in stage_keys
+    }
     assert (short.grpo.train.steps, short.grpo.train.seed) == (wide.train.steps, wide.train.seed) == (8, 0)
     assert (short.sft.optim.lr, short.sft.optim.schedule, short.sft.train.steps) == (1e-3, "constant", 80)
     # what the recorded runs used from the extended files (EXPERIMENTS.md, "plan, session 35"): a change to
     # plan-pipeline.yaml or plan-progress-grpo.yaml would change them too
     assert [(source.env.options, source.n) for source in short.sft.sources] == [
-        ({"difficulty": 1, "branching": 1}, 80), ({"difficulty": 2, "branching": 1}, 80)]
+        ({"difficulty": 1, "branching": 1}, 80),
+        ({"difficulty": 2, "branching": 1}, 80),
+    ]
     assert (short.sft.batch_size, short.sft.micro_batch_size) == (8, 4)
-    assert (short.grpo.rollout.group_size, short.grpo.rollout.sampling.temperature, short.grpo.optim.lr,
-            short.grpo.advantage.mode, short.grpo.env.options["progress_reward"]) == (4, 0.5, 3e-4, "turn_position", 0.1)
+    assert (
+        short.grpo.rollout.group_size,
+        short.grpo.rollout.sampling.temperature,
+        short.grpo.optim.lr,
+        short.grpo.advantage.mode,
+        short.grpo.env.options["progress_reward"],
+    ) == (4, 0.5, 3e-4, "turn_position", 0.1)
 
 
 # ---------------------------------------------------------------------- bounded parsing (issue 65)
@@ -178,7 +209,9 @@ def test_a_yaml_alias_bomb_stops_at_the_value_bound(tmp_path):
     with pytest.raises(ConfigError, match=r"bomb.yaml: holds more than 100000 values once its aliases"):
         load_config(Example, bomb)
     flow = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
-    with pytest.raises(ConfigError, match=r"override 'tags=\[&a0 .*: holds more than 100000 values"):  # --set: the same bound
+    with pytest.raises(
+        ConfigError, match=r"override 'tags=\[&a0 .*: holds more than 100000 values"
+    ):  # --set: the same bound
         load_config(Example, None, overrides=[f"tags=[{', '.join(flow)}]"])
 
 
@@ -194,7 +227,10 @@ def test_files_whose_sections_extend_the_next_twice_over_stop_at_the_bound(tmp_p
     import time
 
     for i in range(25):
-        write(tmp_path / f"f{i}.yaml", "steps: 1\n" if i == 24 else f"sft: {{extends: f{i + 1}.yaml}}\ngrpo: {{extends: f{i + 1}.yaml}}\n")
+        write(
+            tmp_path / f"f{i}.yaml",
+            "steps: 1\n" if i == 24 else f"sft: {{extends: f{i + 1}.yaml}}\ngrpo: {{extends: f{i + 1}.yaml}}\n",
+        )
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=r"more than 100000 values once its `extends` are expanded"):
         load_config(Example, tmp_path / "f0.yaml")
@@ -206,6 +242,10 @@ def test_a_flag_value_that_is_not_yaml_names_the_flag(flag, pair, capsys):
     """Guards against `--option 'difficulty=[1,'` and `--arg 'expression=[1,'` ending in a raw YAML traceback."""
     from agentic_rl import cli
 
-    argv = ["envs", "oracle", "arith", "--n", "1", "--option", pair] if flag == "--option" else ["tools", "run", "calculator", "--arg", pair]
+    argv = (
+        ["envs", "oracle", "arith", "--n", "1", "--option", pair]
+        if flag == "--option"
+        else ["tools", "run", "calculator", "--arg", pair]
+    )
     assert cli.main(argv) == 2
     assert f"error: {flag} '{pair}': its value is not YAML" in capsys.readouterr().err

@@ -44,6 +44,7 @@ def _cli(*argv: str):
         if rc == 2:
             raise ValueError("the command stopped with exit code 2 (message on stderr)")
         raise AssertionError(f"the command returned {rc} without loading a model")
+
     return run
 
 
@@ -70,8 +71,15 @@ def _trl_backend(device, tmp_path) -> None:
     from agentic_rl.training.loop import LoopConfig
 
     rollout = GRPORolloutConfig(batch_size=2, group_size=2, **({"device": device} if device else {}))
-    build_trl_trainer(GRPOConfig(backend="trl", model=ModelConfig(name="tiny-qwen3"), rollout=rollout,
-                                 micro_batch_size=2, train=LoopConfig(steps=1, output_dir=str(tmp_path / "trl"))))
+    build_trl_trainer(
+        GRPOConfig(
+            backend="trl",
+            model=ModelConfig(name="tiny-qwen3"),
+            rollout=rollout,
+            micro_batch_size=2,
+            train=LoopConfig(steps=1, output_dir=str(tmp_path / "trl")),
+        )
+    )
 
 
 COMMANDS = {
@@ -105,8 +113,10 @@ def test_an_explicit_cuda_without_a_gpu_stops_before_any_model_loads(command, lo
     message = capsys.readouterr().err if command in ("eval", "chat", "audit", "serve") else None
     assert loads == []
     if message is not None:
-        assert "rollout.device: device 'cuda' but torch sees no CUDA device (torch.cuda.is_available() is False); " \
-               "set device: cpu or auto" in message
+        assert (
+            "rollout.device: device 'cuda' but torch sees no CUDA device (torch.cuda.is_available() is False); "
+            "set device: cpu or auto" in message
+        )
 
 
 def test_the_cuda_message_names_the_setting_and_the_fix(monkeypatch):
@@ -117,8 +127,10 @@ def test_the_cuda_message_names_the_setting_and_the_fix(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError) as caught:
         resolve_device("cuda", "evals[0].rollout.device")
-    assert str(caught.value) == ("evals[0].rollout.device: device 'cuda' but torch sees no CUDA device "
-                                 "(torch.cuda.is_available() is False); set device: cpu or auto")
+    assert str(caught.value) == (
+        "evals[0].rollout.device: device 'cuda' but torch sees no CUDA device "
+        "(torch.cuda.is_available() is False); set device: cpu or auto"
+    )
 
 
 def test_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
@@ -145,7 +157,10 @@ def test_a_malformed_device_is_rejected_naming_the_key(value, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"evals\[0\]\.rollout: rollout\.device must be"):
         load_config(PipelineConfig, config)
     assert main(["eval", "--model", "tiny-qwen3", "--device", value]) == 2
-    assert f"rollout.device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}" in capsys.readouterr().err
+    assert (
+        f"rollout.device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}"
+        in capsys.readouterr().err
+    )
 
 
 def test_settings_that_would_be_ignored_are_rejected():

@@ -28,7 +28,13 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 def ddp_records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     # No ACCELERATE_USE_CPU here on purpose: a plain torchrun launch must give real gloo DDP.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     env.pop("ACCELERATE_USE_CPU", None)
     command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(REPO / "tests" / "ddp_worker.py"), str(out)]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -82,7 +88,9 @@ def test_logged_rollout_metrics_cover_the_whole_batch_on_every_rank(ddp_records)
         rewards = step0["global_rewards"]
         parity = torch.tensor(rewards)  # total = token_parity + 0.5 * format, and format is 0 here
         assert step0["metrics"]["reward/format/mean"] == 0.0
-        assert step0["metrics"]["reward/token_parity/mean"] == pytest.approx(float(parity.mean()), abs=1e-6)  # total is float32
+        assert step0["metrics"]["reward/token_parity/mean"] == pytest.approx(
+            float(parity.mean()), abs=1e-6
+        )  # total is float32
         assert step0["metrics"]["reward/token_parity/std"] == pytest.approx(float(parity.std()), abs=1e-6)
         tokens = step0["policy_tokens"] + step1["policy_tokens"]
         assert step0["metrics"]["rollout/completion_tokens/mean"] == pytest.approx(sum(tokens) / 8)

@@ -12,21 +12,30 @@ from agentic_rl.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("page, argv", [("config.md", ["config", "--markdown"]), ("metrics.md", ["metrics", "--markdown"])])
+@pytest.mark.parametrize(
+    "page, argv", [("config.md", ["config", "--markdown"]), ("metrics.md", ["metrics", "--markdown"])]
+)
 def test_the_reference_pages_are_what_the_code_generates(page, argv, capsys):
     """Guards against a reference page that drifts from the code (a key added, a default changed, a
     metric renamed): regenerate with `agentic-rl config --markdown > docs/config.md` (or `metrics`)."""
     assert main(argv) == 0
     generated = capsys.readouterr().out
-    assert (REPO / "docs" / page).read_text() == generated, f"docs/{page} is stale: agentic-rl {' '.join(argv)} > docs/{page}"
+    assert (REPO / "docs" / page).read_text() == generated, (
+        f"docs/{page} is stale: agentic-rl {' '.join(argv)} > docs/{page}"
+    )
     assert generated.count("\n- **`") + generated.count("\n| `") >= 60  # every key, not a header alone
 
 
 def test_the_site_builds_strictly_with_every_page_in_its_nav(tmp_path):
     """Guards against a broken link between pages, a link to a missing anchor, or a page left out of
     the nav (mkdocs.yml is strict: each is an error), which a reader would meet as a dead end."""
-    completed = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     built = {path.relative_to(tmp_path / "site").parent.as_posix() for path in (tmp_path / "site").rglob("index.html")}
     pages = {path.stem for path in (REPO / "docs").glob("*.md")} - {"index"}
@@ -139,7 +148,9 @@ except ToolError as exc:
 print(json.dumps(out))
 """
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["splits"] == [8, 8, 0] and out["scrambled"] and out["oracle"] == 1.0
@@ -150,11 +161,15 @@ print(json.dumps(out))
     assert out["few_hints"] == [1.0, 0.0, 0.0]
     assert out["tool"] == ["yes", "no"] and out["tool_error"] == "word must be letters only"
 
-    assert out["config"] == ["unscramble", [["env_steps", 1.0, {}], ["length_penalty", 0.5, {"alpha": 0.002, "target": 64}]]]
+    assert out["config"] == [
+        "unscramble",
+        [["env_steps", 1.0, {}], ["length_penalty", 0.5, {"alpha": 0.002, "target": 64}]],
+    ]
     from agentic_rl.envs.base import EPISODE_INFO
 
     page = (REPO / "docs" / "extending.md").read_text()
     table = dict(re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", page, re.M))
+
     def shown(default):  # as the page writes a default: Python's None and False, JSON's 0, "" and {}
         return repr(default) if default is None or default is False else json.dumps(default)
 

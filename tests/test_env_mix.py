@@ -12,14 +12,20 @@ from agentic_rl.envs.base import make_env
 from agentic_rl.training.episode_config import EnvConfig, EnvMixPart
 from agentic_rl.training.grpo_config import GRPOConfig
 
-HOUSES = [EnvMixPart({"difficulty": 1, "max_turns": 12}, share=1.0), EnvMixPart({"difficulty": 2, "max_turns": 16}, share=1.0)]
+HOUSES = [
+    EnvMixPart({"difficulty": 1, "max_turns": 12}, share=1.0),
+    EnvMixPart({"difficulty": 2, "max_turns": 16}, share=1.0),
+]
 
 
 def test_the_pool_is_split_by_share_with_the_remainders_to_the_largest_fractions():
     """Guards against a split that drops or adds tasks (10 · 1/3 = 3.33 and 10 · 2/3 = 6.67 must
     give 3 + 7, not 3 + 6) or hands the remainder to the wrong part."""
+
     def sizes(pool, shares):
-        return EnvConfig("arith", task_pool=pool, mix=[EnvMixPart({"difficulty": 1}, share=s) for s in shares]).part_sizes()
+        return EnvConfig(
+            "arith", task_pool=pool, mix=[EnvMixPart({"difficulty": 1}, share=s) for s in shares]
+        ).part_sizes()
 
     assert sizes(10, [1, 2]) == [3, 7]
     assert sizes(10, [1, 1, 1]) == [4, 3, 3]  # equal fractions: the first part takes the one left over
@@ -37,7 +43,7 @@ def test_each_part_draws_its_own_tasks_and_runs_them_in_its_own_env():
     assert len({t.id for t in tasks}) == 6
     for part, difficulty in [(0, 1), (1, 2)]:
         alone = make_env("plan", branching=1, progress_reward=0.1, difficulty=difficulty).tasks("train", n=3, seed=3)
-        mine = tasks[3 * part: 3 * part + 3]
+        mine = tasks[3 * part : 3 * part + 3]
         assert [t.question for t in mine] == [t.question for t in alone]
         assert [t.id for t in mine] == [f"mix{part}:{t.id}" for t in alone]
         assert all(t.meta == {**a.meta, "mix_part": part} for t, a in zip(mine, alone))
@@ -53,13 +59,25 @@ def test_without_a_mix_the_pool_and_env_are_env_options():
     assert cfg.env_for(cfg.train_tasks(seed=1)[0]).options.difficulty == (2,)
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (dict(name="arith", mix=[EnvMixPart(share=0.0)]), r"shares must be > 0, got \[0\.0\]"),
-    (dict(name="arith", mix=[EnvMixPart(), EnvMixPart({"doors": 2})]), r"env\.mix\[1\]: unknown option\(s\) \['doors'\]"),
-    (dict(name="arith", mix=[EnvMixPart({"difficulty": 9})]), r"env\.mix\[0\]: .*difficulty"),
-    (dict(name="gsm8k", mix=[EnvMixPart(), EnvMixPart({"tools": ["calculator", "python"]})]), r"env\.mix\[1\] offers other tools"),
-    (dict(name="arith", task_pool=2, mix=[EnvMixPart(), EnvMixPart(), EnvMixPart()]), r"parts of \[1, 1, 0\] tasks"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (dict(name="arith", mix=[EnvMixPart(share=0.0)]), r"shares must be > 0, got \[0\.0\]"),
+        (
+            dict(name="arith", mix=[EnvMixPart(), EnvMixPart({"doors": 2})]),
+            r"env\.mix\[1\]: unknown option\(s\) \['doors'\]",
+        ),
+        (dict(name="arith", mix=[EnvMixPart({"difficulty": 9})]), r"env\.mix\[0\]: .*difficulty"),
+        (
+            dict(name="gsm8k", mix=[EnvMixPart(), EnvMixPart({"tools": ["calculator", "python"]})]),
+            r"env\.mix\[1\] offers other tools",
+        ),
+        (
+            dict(name="arith", task_pool=2, mix=[EnvMixPart(), EnvMixPart(), EnvMixPart()]),
+            r"parts of \[1, 1, 0\] tasks",
+        ),
+    ],
+)
 def test_a_mix_that_cannot_work_is_refused_naming_its_part(cfg, message):
     """Guards against a bad part failing mid-run (or never, if no prompt of it is drawn), and
     against a mix of envs with different tools, whose episodes would see another system prompt."""
@@ -70,10 +88,14 @@ def test_a_mix_that_cannot_work_is_refused_naming_its_part(cfg, message):
 def test_a_config_file_mix_is_checked_key_by_key(tmp_path):
     """Guards against a misspelt key inside a part being ignored (a silently uniform mix)."""
     path = tmp_path / "grpo.yaml"
-    path.write_text("env:\n  name: arith\n  mix:\n    - {options: {difficulty: 1}, share: 1}\n    - {option: {difficulty: 3}}\n")
+    path.write_text(
+        "env:\n  name: arith\n  mix:\n    - {options: {difficulty: 1}, share: 1}\n    - {option: {difficulty: 3}}\n"
+    )
     with pytest.raises(ValueError, match=r"option"):
         load_config(GRPOConfig, path)
-    path.write_text("env:\n  name: arith\n  task_pool: 8\n  mix:\n    - {options: {difficulty: 1}, share: 3}\n    - {options: {difficulty: 3}}\n")
+    path.write_text(
+        "env:\n  name: arith\n  task_pool: 8\n  mix:\n    - {options: {difficulty: 1}, share: 3}\n    - {options: {difficulty: 3}}\n"
+    )
     cfg = load_config(GRPOConfig, path)
     assert cfg.env.part_sizes() == [6, 2]
 
@@ -90,8 +112,13 @@ def test_grpo_rolls_out_each_task_in_its_parts_env_and_logs_each_parts_accuracy(
         return env
 
     monkeypatch.setattr(EnvConfig, "env_for", recording)
-    cfg = grpo_cfg(tmp_path, "env.task_pool=8", "rollout.batch_size=8", "rollout.group_size=2",
-                   "env.mix=[{options: {difficulty: 1}}, {options: {difficulty: 3}}]")
+    cfg = grpo_cfg(
+        tmp_path,
+        "env.task_pool=8",
+        "rollout.batch_size=8",
+        "rollout.group_size=2",
+        "env.mix=[{options: {difficulty: 1}}, {options: {difficulty: 3}}]",
+    )
     _, objective, batch = first_batch(cfg)
     rolled = [(task, difficulty) for task, difficulty in made if task in objective.episodes.task_pool]
     assert len(rolled) >= 8  # the batch's episodes, each through env_for (the start audit may add one)

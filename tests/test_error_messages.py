@@ -41,7 +41,9 @@ def test_a_model_folder_with_a_corrupt_config_names_the_file_and_line(saved_tiny
     line and the fix."""
     folder = _copy(saved_tiny, tmp_path / "m")
     (folder / "config.json").write_text('{\n  "model_type": "qwen3",\n  "hidden_size": 64,,\n}')
-    with pytest.raises(ValueError, match=r"m/config.json: not valid JSON \(line 3 column 21: .*restore it or save the model again"):
+    with pytest.raises(
+        ValueError, match=r"m/config.json: not valid JSON \(line 3 column 21: .*restore it or save the model again"
+    ):
         load_model(str(folder))
 
 
@@ -71,7 +73,9 @@ def test_a_stage_record_naming_itself_as_its_base_is_a_loop_not_a_recursion_erro
     stage = tmp_path / "final"
     stage.mkdir()
     (stage / STAGE_RECORD).write_text(json.dumps({"kind": "lora", "base": str(stage)}))
-    with pytest.raises(ValueError, match=r"final/agentic_rl_model.json: the stage records' bases form a loop \(.*final -> .*final\)"):
+    with pytest.raises(
+        ValueError, match=r"final/agentic_rl_model.json: the stage records' bases form a loop \(.*final -> .*final\)"
+    ):
         load_base_and_tokenizer(str(stage), "float32")
 
 
@@ -86,10 +90,16 @@ def test_a_loop_through_two_stage_records_names_both(tmp_path):
         load_base_and_tokenizer(str(a), "float32")
 
 
-@pytest.mark.parametrize(("record", "match"), [
-    ("{not json", r"agentic_rl_model.json: not valid JSON \(line 1 column 2: .*delete it if"),
-    (json.dumps({"kind": "lora"}), r'a stage record is \{"kind": "lora" \| "full", "base": "<model>"\}, got \{\'kind\': \'lora\'\}'),
-])
+@pytest.mark.parametrize(
+    ("record", "match"),
+    [
+        ("{not json", r"agentic_rl_model.json: not valid JSON \(line 1 column 2: .*delete it if"),
+        (
+            json.dumps({"kind": "lora"}),
+            r'a stage record is \{"kind": "lora" \| "full", "base": "<model>"\}, got \{\'kind\': \'lora\'\}',
+        ),
+    ],
+)
 def test_a_damaged_stage_record_names_its_file(tmp_path, record, match):
     """Guards against invalid JSON or a stage record missing `base` failing without naming agentic_rl_model.json
     and its expected form."""
@@ -101,11 +111,26 @@ def test_a_damaged_stage_record_names_its_file(tmp_path, record, match):
 def test_a_lora_stage_without_its_adapter_files_says_so(tmp_path):
     """Guards against a LoRA stage folder without its adapter files loading the bare base model silently."""
     (tmp_path / STAGE_RECORD).write_text(json.dumps({"kind": "lora", "base": "tiny-qwen3"}))
-    with pytest.raises(ValueError, match=r"says LoRA adapters, but adapter_config.json and adapter_model.safetensors is missing"):
+    with pytest.raises(
+        ValueError, match=r"says LoRA adapters, but adapter_config.json and adapter_model.safetensors is missing"
+    ):
         load_base_and_tokenizer(str(tmp_path), "float32")
 
 
-_TINY_EVAL = ["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "2", "--max-turns", "1", "--max-turn-tokens", "4", "--json"]
+_TINY_EVAL = [
+    "eval",
+    "--model",
+    "tiny-qwen3",
+    "--env",
+    "arith",
+    "--n",
+    "2",
+    "--max-turns",
+    "1",
+    "--max-turn-tokens",
+    "4",
+    "--json",
+]
 
 
 def test_eval_out_into_a_missing_folder_creates_it(tmp_path, capsys):
@@ -122,7 +147,10 @@ def test_eval_out_that_is_a_folder_is_refused_before_the_evaluation(tmp_path, ca
 
     monkeypatch.setattr(evaluate_module, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking --out"))
     assert main([*_TINY_EVAL, "--out", str(tmp_path)]) == 2
-    assert f"--out '{tmp_path}' is a folder; give a file name, e.g. --out {tmp_path / 'eval.json'}" in capsys.readouterr().err
+    assert (
+        f"--out '{tmp_path}' is a folder; give a file name, e.g. --out {tmp_path / 'eval.json'}"
+        in capsys.readouterr().err
+    )
 
 
 def test_eval_out_under_a_file_is_refused(tmp_path, capsys):
@@ -150,11 +178,17 @@ def test_quoted_cuts_long_values_and_counts_the_rest():
     assert quoted(list(range(100)), limit=10) == "[0, 1, 2, … (+380 characters)"
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"tools": "none"}, r"environment 'gsm8k': 'options.tools' got 'none', which fits none of list\[str\]"),  # was: unknown tool 'n'
-    ({"tools": 1.5}, r"'options.tools' got 1.5"),  # was: 'float' object is not iterable
-    ({"n": "ten"}, r"'options.n' must be an integer, got 'ten'"),
-])
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (
+            {"tools": "none"},
+            r"environment 'gsm8k': 'options.tools' got 'none', which fits none of list\[str\]",
+        ),  # was: unknown tool 'n'
+        ({"tools": 1.5}, r"'options.tools' got 1.5"),  # was: 'float' object is not iterable
+        ({"n": "ten"}, r"'options.n' must be an integer, got 'ten'"),
+    ],
+)
 def test_env_options_of_the_wrong_type_name_the_option_and_value(options, match):
     """Guards against env options of the wrong type failing with a confusing error (a string iterated as a tool
     list, a float not iterable)."""
@@ -186,6 +220,8 @@ def test_a_batch_of_broken_groups_is_told_the_nearest_whole_group_sizes(batch_si
     """A batch smaller than one group once read "Use batch_size=4 or 4"."""
     from agentic_rl.training.episode_config import BatchRolloutConfig
 
-    with pytest.raises(ValueError, match=f"rollout.batch_size={batch_size} is not a multiple of rollout.group_size=4") as raised:
+    with pytest.raises(
+        ValueError, match=f"rollout.batch_size={batch_size} is not a multiple of rollout.group_size=4"
+    ) as raised:
         BatchRolloutConfig(batch_size=batch_size, group_size=4)
     assert str(raised.value).endswith(advice)

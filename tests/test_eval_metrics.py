@@ -77,8 +77,14 @@ def test_maj_at_k_groups_equivalent_spellings():
 def _episode(correct: bool, calls: int, errors: int, info: dict | None = None) -> Trajectory:
     ids = list(range(7))
     spans = [Span("prompt", 0, 3), Span("policy", 3, 7)]
-    return Trajectory(ids, [0, 0, 0, 1, 1, 1, 1], [0.0] * 7, spans, finish_reason="answered",
-                      info={"correct": correct, "format_ok": True, "tool_calls": calls, "tool_errors": errors, **(info or {})})
+    return Trajectory(
+        ids,
+        [0, 0, 0, 1, 1, 1, 1],
+        [0.0] * 7,
+        spans,
+        finish_reason="answered",
+        info={"correct": correct, "format_ok": True, "tool_calls": calls, "tool_errors": errors, **(info or {})},
+    )
 
 
 def test_episode_statistics_hand_values():
@@ -163,15 +169,23 @@ def test_maj_at_k_is_left_out_where_episodes_have_no_final_answer(monkeypatch, e
 
     greedy = [_episode(True, 5, 0), _episode(False, 12, 0), _episode(False, 7, 0)]
     sampled = [_episode(c, 5, 0) for c in (True, True, True, False, False, False)]
-    monkeypatch.setattr(runner, "_run", lambda model, tokenizer, cfg, tasks, temperature, **kw:
-                        (greedy if temperature == 0.0 else sampled)[: len(tasks)])
+    monkeypatch.setattr(
+        runner,
+        "_run",
+        lambda model, tokenizer, cfg, tasks, temperature, **kw: (greedy if temperature == 0.0 else sampled)[
+            : len(tasks)
+        ],
+    )
     cfg = EvalConfig(env=EnvSpec(name=env, options={}), n=3, k=2)
     result = runner.evaluate(torch.nn.Linear(1, 1), None, cfg, progress=False)
     assert result["pass@2"] == pytest.approx(2 / 3) and result["sampled_accuracy@T"] == pytest.approx(0.5)
     assert ("maj@2" in result) is votes and ("maj" in result["per_task"]) is votes
     assert ("maj@2" in result["ci95"]) is votes
-    assert [row["metric"] for row in compare_evaluations(result, result, "x")][:4] == \
-        ["pass@1", "sampled_accuracy@T", "pass@2"] + (["maj@2"] if votes else ["tool calls, both solved"])
+    assert [row["metric"] for row in compare_evaluations(result, result, "x")][:4] == [
+        "pass@1",
+        "sampled_accuracy@T",
+        "pass@2",
+    ] + (["maj@2"] if votes else ["tool calls, both solved"])
     assert (_with_ci(result, "maj@2") == "n/a") is not votes
     with pytest.raises(ValueError, match="use pass@1, sampled_accuracy@T, pass@2" + ("" if votes else "$")):
         runner.per_problem_scores(result, "maj@3")
@@ -193,7 +207,10 @@ def test_an_episode_the_env_broke_shows_its_exception_in_evals_failures(capsys):
             def step(self, action_text):
                 raise RuntimeError("tool server exploded")
 
-    assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "exploding_arith", "--n", "2", "--max-turn-tokens", "4"]) == 0
+    assert (
+        cli.main(["eval", "--model", "tiny-qwen3", "--env", "exploding_arith", "--n", "2", "--max-turn-tokens", "4"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "): error: env.step raised RuntimeError: tool server exploded" in out
     assert out.count("--- failure ") == 2 and "answered None" not in out

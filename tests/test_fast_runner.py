@@ -25,7 +25,8 @@ MKLDNN = pytest.param(
     "mkldnn", marks=pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 )
 MKLDNN_BF16 = pytest.param(  # oneDNN runs bf16 linears only on some CPUs (AVX512, AMX, ARM bf16), not on AVX2-only ones
-    "mkldnn", marks=pytest.mark.skipif(not mkldnn_linear_works(torch.bfloat16), reason="this CPU's oneDNN has no bf16 linear")
+    "mkldnn",
+    marks=pytest.mark.skipif(not mkldnn_linear_works(torch.bfloat16), reason="this CPU's oneDNN has no bf16 linear"),
 )
 
 
@@ -350,10 +351,16 @@ def test_a_cache_bigger_than_the_machine_is_refused_naming_its_size_and_the_sett
     allocations = []
     monkeypatch.setattr("agentic_rl.rollout.fast_kv_cache.torch.empty", lambda *a, **k: allocations.append(a))
     with pytest.raises(CacheMemoryError) as caught:
-        build_engine(qwen3, load_tokenizer(TINY_QWEN3), RolloutConfig(max_episode_tokens=1024), seed=0, max_concurrent=slots)
+        build_engine(
+            qwen3, load_tokenizer(TINY_QWEN3), RolloutConfig(max_episode_tokens=1024), seed=0, max_concurrent=slots
+        )
     need = per_position * slots * 1024 / 2**30
-    assert str(caught.value).startswith(f"the KV cache of {slots:,} sequences × 1,024 positions needs {need:,.1f} GiB "
-                                        f"({per_position / 1024:,.1f} KiB a position), more than all of cpu's memory (1.0 GiB): "
-                                        f"it holds the {slots:,} episodes that decode at once (rollout.batch_size in training")
+    assert str(caught.value).startswith(
+        f"the KV cache of {slots:,} sequences × 1,024 positions needs {need:,.1f} GiB "
+        f"({per_position / 1024:,.1f} KiB a position), more than all of cpu's memory (1.0 GiB): "
+        f"it holds the {slots:,} episodes that decode at once (rollout.batch_size in training"
+    )
     assert "rollout.max_episode_tokens=1,024 tokens each. Lower either" in str(caught.value)
-    assert not any(isinstance(shape, tuple) and len(shape) == 6 for (shape, *_) in allocations)  # no cache was asked for
+    assert not any(
+        isinstance(shape, tuple) and len(shape) == 6 for (shape, *_) in allocations
+    )  # no cache was asked for

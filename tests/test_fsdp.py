@@ -35,10 +35,25 @@ MODES = ("lora", "full")
 
 def _launch(out: Path, mode: str) -> list[dict]:
     # No ACCELERATE_USE_CPU: the config file alone must give FSDP on a machine without a GPU.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     env.pop("ACCELERATE_USE_CPU", None)
-    command = [str(ACCELERATE), "launch", "--config_file", str(REPO / "configs" / "accelerate" / "fsdp.yaml"),
-               "--main_process_port", "0", str(REPO / "tests" / "fsdp_worker.py"), str(out), mode]
+    command = [
+        str(ACCELERATE),
+        "launch",
+        "--config_file",
+        str(REPO / "configs" / "accelerate" / "fsdp.yaml"),
+        "--main_process_port",
+        "0",
+        str(REPO / "tests" / "fsdp_worker.py"),
+        str(out),
+        mode,
+    ]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -89,7 +104,9 @@ def test_loss_and_gradient_norm_equal_one_process_on_the_same_global_batch(runs,
     ranks, _, single, _ = runs[mode]
     global_loss = sum(r["row"]["loss/total"] for r in ranks) / 2  # each rank's share is scaled by world / total tokens
     assert global_loss == pytest.approx(single["loss/total"], rel=1e-6)
-    assert ranks[0]["row"]["loss/total"] != pytest.approx(ranks[1]["row"]["loss/total"], rel=1e-3), "the ranks must see different demonstrations"
+    assert ranks[0]["row"]["loss/total"] != pytest.approx(ranks[1]["row"]["loss/total"], rel=1e-3), (
+        "the ranks must see different demonstrations"
+    )
     for record in ranks:
         assert record["row"]["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-5)
 
@@ -103,7 +120,9 @@ def test_weights_after_one_step_equal_one_process(runs, mode):
     initial = build_tiny_qwen3().state_dict()
     moved = 0.0
     for name, tensor in single.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=2e-6, msg=f"{mode}: {name} differs from one process")
+        torch.testing.assert_close(
+            weights[name], tensor, rtol=0, atol=2e-6, msg=f"{mode}: {name} differs from one process"
+        )
         if name in initial:
             moved = max(moved, float((tensor - initial[name]).abs().max()))
         else:  # LoRA: B starts at 0, so any change is the step's

@@ -23,8 +23,24 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check") / "check.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny", "--grpo-backends", "ours", "--out", str(out)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "gpu_check.py"),
+        "--device",
+        "cpu",
+        "--tiny",
+        "--grpo-backends",
+        "ours",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     line = proc.stdout.strip().splitlines()[-1]
@@ -56,7 +72,9 @@ def test_throughput_grpo_and_memory_report_positive_figures(report):
     for batch in (4, 8):
         assert t[f"engine_b{batch}_tok_s"] > 0 and t[f"generate_b{batch}_tok_s"] > 0
     for setting in ("lora", "full"):
-        assert g[f"ours_{setting}_s"] > 0 and 0 < g[f"ours_{setting}_tokens"] <= 8  # at most max_turn_tokens per episode
+        assert (
+            g[f"ours_{setting}_s"] > 0 and 0 < g[f"ours_{setting}_tokens"] <= 8
+        )  # at most max_turn_tokens per episode
     assert m["train_loss"] > 0 and m["kv_cache_gb"] is None and m["train_peak_gb"] is None  # CUDA-only figures
 
 

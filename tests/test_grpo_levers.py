@@ -32,7 +32,12 @@ def _task_index(traj) -> int:
 def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_path):
     """Guards against dynamic sampling that trains on zero-variance groups anyway (no gradient) or logs the
     share after replacing instead of before."""
-    common = ["rewards=[{name: parity_on_even_tasks}]", "rollout.batch_size=8", "rollout.group_size=2", "env.task_pool=16"]
+    common = [
+        "rewards=[{name: parity_on_even_tasks}]",
+        "rollout.batch_size=8",
+        "rollout.group_size=2",
+        "env.task_pool=16",
+    ]
     _, plain, batch = first_batch(grpo_cfg(tmp_path / "plain", *common))
     odd = {_task_index(t) % 2 for t in batch.trajectories}
     assert odd == {0, 1}, "the test needs a first draw with odd (zero-variance) tasks"
@@ -40,7 +45,9 @@ def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_p
     first_share = batch.metrics["rollout/groups_with_variance"]
     assert first_share < 1.0 and batch.metrics["train/groups_with_variance"] == first_share
 
-    _, dynamic, batch = first_batch(grpo_cfg(tmp_path / "dynamic", *common, "selection.dynamic_sampling=true", "selection.max_rounds=4"))
+    _, dynamic, batch = first_batch(
+        grpo_cfg(tmp_path / "dynamic", *common, "selection.dynamic_sampling=true", "selection.max_rounds=4")
+    )
     metrics = batch.metrics
     assert metrics["rollout/groups_with_variance"] < 1.0  # the same first draw (odd tasks), measured before replacing
     assert metrics["rollout/rounds"] > 1.0
@@ -49,7 +56,9 @@ def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_prompts(tmp_p
     assert len(trajs) == 8 and all(_task_index(t) % 2 == 0 for t in trajs)
     tasks = [t.task_id for t in trajs[::2]]
     assert len(set(tasks)) == 4 and all(trajs[2 * g].task_id == trajs[2 * g + 1].task_id for g in range(4))
-    assert torch.equal(batch.advantages, batch.advantages[:, :1].expand_as(batch.advantages))  # episode credit: one value per row
+    assert torch.equal(
+        batch.advantages, batch.advantages[:, :1].expand_as(batch.advantages)
+    )  # episode credit: one value per row
     assert all(float(a) != 0.0 for a in batch.advantages[:, 0])  # every episode now carries a gradient
 
 
@@ -85,7 +94,9 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import oracle_demos
 
-    model, objective, batch = first_batch(grpo_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true"))
+    model, objective, batch = first_batch(
+        grpo_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true")
+    )
     G = objective.cfg.rollout.group_size
     trajs = batch.trajectories
     assert not any(t.info.get("correct") for i, t in enumerate(trajs) if i % G != G - 1)  # the sampled members all fail
@@ -143,7 +154,9 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     model, objective, batch = first_batch(cfg)
     assert batch.old_logprobs is batch.tensors.logprobs  # the engine's, recorded while sampling
     grads, micros = accumulated_gradient(model, objective, batch)
-    assert micros and all(objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros)
+    assert micros and all(
+        objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros
+    )
     _step_in_place(model, grads, lr=1.0)
     objective.episodes.after_update(objective.batch)  # the engine syncs the new weights (version 1)
 
@@ -155,11 +168,24 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         index = torch.tensor(micro.rows)
         t = again.tensors
         length = int(t.attention_mask[index].sum(-1).max())
-        ids, attention, mask = t.input_ids[index, :length], t.attention_mask[index, :length], t.loss_mask[index, :length]
+        ids, attention, mask = (
+            t.input_ids[index, :length],
+            t.attention_mask[index, :length],
+            t.loss_mask[index, :length],
+        )
         with torch.no_grad():
             logps, _ = model(ids, attention, mask, cfg.rollout.sampling.temperature)  # π_θ after the update
-        expected = reference_loss(logps.double(), t.logprobs[index, :length].double(), again.advantages[index, 0].double(),
-                                  mask, cfg.loss, None) * micro.share
+        expected = (
+            reference_loss(
+                logps.double(),
+                t.logprobs[index, :length].double(),
+                again.advantages[index, 0].double(),
+                mask,
+                cfg.loss,
+                None,
+            )
+            * micro.share
+        )
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
         moved |= abs(metrics["loss/ratio_mean"] - 1.0) > 1e-3 and metrics["loss/clip_ratio_region"] > 0
     assert moved, "after one update the ratio against the sampler's log-probs must leave 1 and be clipped"
@@ -170,7 +196,9 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
     assert {t.weights_version for t in fresh.trajectories} == {objective.episodes.engine.weights_version}
 
 
-def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_precision(tmp_path, fresh_accelerator_state, monkeypatch):
+def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_precision(
+    tmp_path, fresh_accelerator_state, monkeypatch
+):
     """old_logprobs: recompute under bf16 autocast: π_old is the first update's own forward (the
     weights that sampled the batch, in the precision the loss runs in), so that update's ratio is
     exactly 1, and the rows it trained keep those log-probs for the next update, whose ratio then
@@ -235,7 +263,9 @@ def test_a_run_resumed_between_the_updates_of_one_batch_keeps_its_recorded_pi_ol
     keys = ("updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "train.steps=4", "train.checkpoint_every=1")
     train_grpo(grpo_cfg(tmp_path / "straight", *keys))
     resumed = interrupt_then_resume(monkeypatch, GRPO, train_grpo, grpo_cfg(tmp_path / "split", *keys), step=1)
-    assert resumed["history"][0]["rollout/staleness"] == 1.0  # the first step after the resume is a batch's second update
+    assert (
+        resumed["history"][0]["rollout/staleness"] == 1.0
+    )  # the first step after the resume is a batch's second update
     expected, got = adapters(tmp_path / "straight"), adapters(tmp_path / "split")
     assert expected.keys() == got.keys()
     for key in expected:

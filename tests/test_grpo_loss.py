@@ -13,7 +13,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers_references import assert_same_sum, float64_model, reference_advantages, reference_loss, reference_turn_advantages
+from helpers_references import (
+    assert_same_sum,
+    float64_model,
+    reference_advantages,
+    reference_loss,
+    reference_turn_advantages,
+)
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig, group_advantages, grpo_loss
 from agentic_rl.algorithms.turn_credit import discounted_turn_returns, token_advantages_from_turns, turn_advantages
@@ -42,16 +48,26 @@ def ragged_batch(batch: int, length: int, seed: int):
 
 def config_for(loss_type, scale, level, beta, epsilon_high, kl_correction=False) -> GRPOLossConfig:
     return GRPOLossConfig(
-        loss_type=loss_type, scale_rewards=scale, importance_sampling_level=level, beta=beta,
+        loss_type=loss_type,
+        scale_rewards=scale,
+        importance_sampling_level=level,
+        beta=beta,
         kl_importance_correction=kl_correction,
-        epsilon=0.2, epsilon_high=epsilon_high, max_completion_length=9 if loss_type == "dr_grpo" else None,
+        epsilon=0.2,
+        epsilon_high=epsilon_high,
+        max_completion_length=9 if loss_type == "dr_grpo" else None,
     )
 
 
 VARIANTS = [
-    variant for variant in itertools.product(
-        ["grpo", "dapo", "token", "dr_grpo", "bnpo"], ["group", "batch", "none"], ["token", "sequence"],
-        [0.0, 0.04], [None, 0.28], [False, True],
+    variant
+    for variant in itertools.product(
+        ["grpo", "dapo", "token", "dr_grpo", "bnpo"],
+        ["group", "batch", "none"],
+        ["token", "sequence"],
+        [0.0, 0.04],
+        [None, 0.28],
+        [False, True],
     )
     if variant[3] or not variant[5]  # the KL importance correction needs beta > 0
 ]
@@ -128,17 +144,17 @@ def test_per_token_advantages_match_float64_loop(level, loss_type, kl_correction
 def test_hand_computed_two_sequence_example():
     """Numbers worked by hand (epsilon 0.2, beta 0, old_logps 0, advantages A = [0.5, -0.5]):
 
-        seq 0, two tokens, ratios 1.5, 0.9, A = +0.5:
-            token 0: min(1.5*0.5, clip(1.5)=1.2 *0.5) = min(0.75, 0.60) = 0.60 -> loss -0.60 (clipped high)
-            token 1: min(0.9*0.5, 0.9*0.5) = 0.45                              -> loss -0.45
-        seq 1, one token (second is padding), ratio 0.5, A = -0.5:
-            token 0: min(0.5*-0.5, clip(0.5)=0.8 *-0.5) = min(-0.25, -0.40)    -> loss +0.40 (clipped low)
-        grpo:    mean(mean(-0.60, -0.45), 0.40) = mean(-0.525, 0.40) = -0.0625
-        dapo:    (-0.60 - 0.45 + 0.40) / 3 tokens = -0.216666...
-        dr_grpo: (-0.65) / (B=2 * max_completion_length=4) = -0.08125
-        gradient (grpo) w.r.t. logps: only the unclipped token moves: -ratio*A/(2 tokens * 2 seqs)
-            = -0.45 / 4 = -0.1125 at [0, 1]; 0 at the clipped tokens.
-        clip fractions: low 1/3 tokens, high 1/3 tokens, region 2/3.
+    seq 0, two tokens, ratios 1.5, 0.9, A = +0.5:
+        token 0: min(1.5*0.5, clip(1.5)=1.2 *0.5) = min(0.75, 0.60) = 0.60 -> loss -0.60 (clipped high)
+        token 1: min(0.9*0.5, 0.9*0.5) = 0.45                              -> loss -0.45
+    seq 1, one token (second is padding), ratio 0.5, A = -0.5:
+        token 0: min(0.5*-0.5, clip(0.5)=0.8 *-0.5) = min(-0.25, -0.40)    -> loss +0.40 (clipped low)
+    grpo:    mean(mean(-0.60, -0.45), 0.40) = mean(-0.525, 0.40) = -0.0625
+    dapo:    (-0.60 - 0.45 + 0.40) / 3 tokens = -0.216666...
+    dr_grpo: (-0.65) / (B=2 * max_completion_length=4) = -0.08125
+    gradient (grpo) w.r.t. logps: only the unclipped token moves: -ratio*A/(2 tokens * 2 seqs)
+        = -0.45 / 4 = -0.1125 at [0, 1]; 0 at the clipped tokens.
+    clip fractions: low 1/3 tokens, high 1/3 tokens, region 2/3.
     """
     logps = torch.tensor([[math.log(1.5), math.log(0.9)], [math.log(0.5), 123.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
@@ -171,8 +187,9 @@ def test_detached_old_logps_equal_sampling_logps_when_on_policy():
         second = logps.clone().requires_grad_(True)
         loss_sampled, metrics = grpo_loss(second, logps.clone(), advantages, mask, cfg, ref_logps)
         assert float(loss_detached) == float(loss_sampled)
-        torch.testing.assert_close(torch.autograd.grad(loss_detached, first)[0],
-                                   torch.autograd.grad(loss_sampled, second)[0], atol=0, rtol=0)
+        torch.testing.assert_close(
+            torch.autograd.grad(loss_detached, first)[0], torch.autograd.grad(loss_sampled, second)[0], atol=0, rtol=0
+        )
         assert float(metrics["loss/ratio_mean"]) == 1.0 and float(metrics["loss/clip_ratio_region"]) == 0.0
 
 
@@ -208,8 +225,10 @@ def test_dapo_window_count_makes_micro_batches_sum_to_the_full_batch():
     cfg = GRPOLossConfig(loss_type="dapo")
     full, _ = grpo_loss(logps, old_logps, advantages, mask, cfg, ref_logps)
     halves = [slice(0, 3), slice(3, 6)]
-    summed = sum(grpo_loss(logps[h], old_logps[h], advantages[h], mask[h], cfg, ref_logps[h],
-                           num_items_in_batch=mask.sum())[0] for h in halves)
+    summed = sum(
+        grpo_loss(logps[h], old_logps[h], advantages[h], mask[h], cfg, ref_logps[h], num_items_in_batch=mask.sum())[0]
+        for h in halves
+    )
     assert float(summed) == pytest.approx(float(full), abs=1e-12)
 
 
@@ -249,8 +268,13 @@ def test_batch_not_divisible_by_group_size_explains_the_rule():
 
 @settings(max_examples=50, deadline=None)
 @given(
-    st.integers(1, 4).flatmap(lambda prompts: st.integers(2, 5).flatmap(lambda group: st.tuples(
-        st.just(group), st.lists(st.floats(-10, 10), min_size=prompts * group, max_size=prompts * group)))),
+    st.integers(1, 4).flatmap(
+        lambda prompts: st.integers(2, 5).flatmap(
+            lambda group: st.tuples(
+                st.just(group), st.lists(st.floats(-10, 10), min_size=prompts * group, max_size=prompts * group)
+            )
+        )
+    ),
     st.sampled_from(["group", "batch", "none"]),
 )
 def test_advantages_sum_to_zero_in_every_group(group_and_rewards, scale):
@@ -299,8 +323,16 @@ def test_turn_advantages_on_a_ragged_group_match_the_hand_computed_float64_value
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.integers(2, 4).flatmap(lambda group: st.tuples(st.just(group), st.lists(
-        st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=6), min_size=2 * group, max_size=2 * group))),
+    st.integers(2, 4).flatmap(
+        lambda group: st.tuples(
+            st.just(group),
+            st.lists(
+                st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=6),
+                min_size=2 * group,
+                max_size=2 * group,
+            ),
+        )
+    ),
     st.sampled_from([1.0, 0.95, 0.5]),
     st.sampled_from(["start", "position"]),
 )
@@ -340,7 +372,9 @@ def test_turn_mode_credits_late_turns_of_a_failure_and_turn_position_does_not():
     assert start[1][0] == pytest.approx(-0.353, abs=1e-3) and start[1][-1] == pytest.approx(1.529, abs=1e-3)
     s = float(torch.tensor([r[0] for r in returns], dtype=torch.float64).std()) + 1e-4
     assert position[1][0] == start[1][0]
-    assert position[1][-1] == pytest.approx(failure[-1] / 8 / s, abs=1e-12) and position[1][-1] == pytest.approx(-0.007, abs=1e-3)
+    assert position[1][-1] == pytest.approx(failure[-1] / 8 / s, abs=1e-12) and position[1][-1] == pytest.approx(
+        -0.007, abs=1e-3
+    )
     assert all(v < 0 for v in position[1]) and all(v > 0 for v in position[0])
 
 
@@ -353,17 +387,20 @@ def test_token_advantages_land_on_policy_spans_only():
         token_advantages_from_turns([[1.0]], [[(5, 9)]], num_tokens=8)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"loss_type": "ppo"}, "loss_type"),
-    ({"scale_rewards": "std"}, "scale_rewards"),
-    ({"importance_sampling_level": "turn"}, "importance_sampling_level"),
-    ({"epsilon": 1.0}, "epsilon"),
-    ({"epsilon_high": 0.0}, "epsilon_high"),
-    ({"beta": -0.1}, "beta"),
-    ({"loss_type": "dr_grpo", "max_completion_length": 0}, "max_completion_length"),
-    ({"beta": 0.0, "kl_importance_correction": True}, "beta=0 has no KL term"),
-    ({"max_completion_length": 64}, "only used by loss_type='dr_grpo'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"scale_rewards": "std"}, "scale_rewards"),
+        ({"importance_sampling_level": "turn"}, "importance_sampling_level"),
+        ({"epsilon": 1.0}, "epsilon"),
+        ({"epsilon_high": 0.0}, "epsilon_high"),
+        ({"beta": -0.1}, "beta"),
+        ({"loss_type": "dr_grpo", "max_completion_length": 0}, "max_completion_length"),
+        ({"beta": 0.0, "kl_importance_correction": True}, "beta=0 has no KL term"),
+        ({"max_completion_length": 64}, "only used by loss_type='dr_grpo'"),
+    ],
+)
 def test_config_rejects_bad_settings_with_a_reason(kwargs, message):
     """Every setting is used or rejected (docs/design.md invariant 6)."""
     with pytest.raises(ValueError, match=message):
@@ -383,8 +420,10 @@ def test_token_logprobs_and_entropy_match_log_softmax():
     reference = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(ours, reference)
     weights = torch.randn(3, 5, dtype=torch.float64)
-    torch.testing.assert_close(torch.autograd.grad((ours * weights).sum(), logits)[0],
-                               torch.autograd.grad((reference * weights).sum(), logits)[0])
+    torch.testing.assert_close(
+        torch.autograd.grad((ours * weights).sum(), logits)[0],
+        torch.autograd.grad((reference * weights).sum(), logits)[0],
+    )
     probs = torch.softmax(logits / 0.7, dim=-1)
     torch.testing.assert_close(token_entropy(logits, 0.7, rows_per_chunk=2), -(probs * probs.log()).sum(-1))
 
@@ -439,7 +478,11 @@ def shared_prefix_batch(pad_id: int, vocab_size: int, prefix: int = 20):
     own tokens; each row's loss mask starts at a different place after the shared part."""
     generator = torch.Generator().manual_seed(2)
     shared = torch.randint(0, vocab_size, (prefix,), generator=generator)
-    lengths, first_trained, width = [prefix + 9, prefix + 4, prefix + 12, prefix + 2], [prefix + 3, prefix + 1, prefix + 6, prefix + 1], prefix + 12
+    lengths, first_trained, width = (
+        [prefix + 9, prefix + 4, prefix + 12, prefix + 2],
+        [prefix + 3, prefix + 1, prefix + 6, prefix + 1],
+        prefix + 12,
+    )
     input_ids = torch.full((4, width), pad_id)  # (B, T)
     attention_mask = torch.zeros(4, width, dtype=torch.long)  # (B, T)
     loss_mask = torch.zeros(4, width)  # (B, T)
@@ -461,7 +504,10 @@ def test_shared_prefix_runs_once_with_the_same_values_and_gradients(tiny_model_f
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny_model_float64
-    peft_model = get_peft_model(float64_model(copy.deepcopy(model)), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False))
+    peft_model = get_peft_model(
+        float64_model(copy.deepcopy(model)),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False),
+    )
     batch = shared_prefix_batch(tokenizer.pad_token_id, model.config.vocab_size)
     assert shared_prefix_length(*batch) == 20  # first trained token at 21 in rows 1 and 3: P = 21 - 1
     weights = torch.randn(batch[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))

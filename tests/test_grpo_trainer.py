@@ -52,7 +52,9 @@ def test_grpo_end_to_end_trains_adapters_and_logs_every_reward_component(straigh
         assert row["rollout/weights_version"] == float(step)
         assert row["rollout/failed"] == 0.0
         # old_logprobs: sampling: π_old IS the sampler's record, so there is no mismatch at all
-        assert row["rollout/mismatch_kl"] == 0.0 and row["rollout/is_weight_mean"] == row["rollout/is_weight_max"] == 1.0
+        assert (
+            row["rollout/mismatch_kl"] == 0.0 and row["rollout/is_weight_mean"] == row["rollout/is_weight_max"] == 1.0
+        )
     assert any(row["reward/token_parity/std"] > 0 for row in history), "the test reward must vary"
     # the audit on start: logged once, at the first step; float32 on both sides agrees to rounding
     assert history[0]["rollout/logprob_drift_max"] < 1e-3 and history[0]["time/audit"] > 0
@@ -69,8 +71,9 @@ def test_grpo_resume_after_in_process_interruption_matches_the_uninterrupted_run
     FastRunner on stale weights after loading, or loses optimizer/scheduler state (invariant 7)."""
 
     out = tmp_path / "split"
-    resumed = interrupt_then_resume(monkeypatch, GRPO, train_grpo,
-                                    grpo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    resumed = interrupt_then_resume(
+        monkeypatch, GRPO, train_grpo, grpo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
+    )
     assert len(resumed["history"]) == 2
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run
@@ -132,7 +135,9 @@ def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypa
         return original(self, tensors, reference)
 
     monkeypatch.setattr(Episodes, "score", recording)
-    result = train_grpo(grpo_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3"))
+    result = train_grpo(
+        grpo_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3")
+    )
     refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
     initial = tiny_qwen3[0].state_dict()
@@ -157,16 +162,20 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_
     assert objective.episodes.reference is None
     t = batch.tensors
     with torch.no_grad():
-        base, _ = sequence_logprobs(tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask,
-                                    temperature=cfg.rollout.sampling.temperature)
+        base, _ = sequence_logprobs(
+            tiny_qwen3[0], t.input_ids, t.attention_mask, t.loss_mask, temperature=cfg.rollout.sampling.temperature
+        )
     torch.testing.assert_close(batch.ref_logprobs, base, atol=1e-5, rtol=0)
     assert float((t.logprobs - base).abs().max()) > 1e-4, "the sampler ran with the adapters on"
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("rollout.batch_size=6", "batch_size = prompts × G"),
-    ("rewards=[{name: no_such_reward}]", "unknown reward 'no_such_reward'"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("rollout.batch_size=6", "batch_size = prompts × G"),
+        ("rewards=[{name: no_such_reward}]", "unknown reward 'no_such_reward'"),
+    ],
+)
 def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
     """Guards against the peers' silent failures: a batch that is not whole groups, a typo'd reward."""
     with pytest.raises(ConfigError, match="") as info:
@@ -184,7 +193,9 @@ def test_missing_lora_target_module_fails_fast_naming_the_real_modules(tmp_path)
 def test_an_exception_inside_one_episode_fails_that_episode_and_training_goes_on(tmp_path):
     """Guards against one bad tool call killing a long run, and against training on a failed
     episode's tokens."""
-    cfg = grpo_cfg(tmp_path / "flaky", "env.name=flaky_arith", "env.options={}", "env.task_pool=2", "train.steps=2", "loss.beta=0")
+    cfg = grpo_cfg(
+        tmp_path / "flaky", "env.name=flaky_arith", "env.options={}", "env.task_pool=2", "train.steps=2", "loss.beta=0"
+    )
     result = train_grpo(cfg)
     assert len(result["history"]) == 2
     for row in result["history"]:
@@ -197,9 +208,17 @@ def test_a_grpo_run_whose_every_episode_failed_stops_with_an_error_naming_why(tm
     """Guards against `grpo` finishing with every episode failed and exit code 0."""
     from agentic_rl.errors import RunStopped
 
-    cfg = grpo_cfg(tmp_path / "all-failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1", "rollout.group_size=4",
-                   "train.steps=2")
-    with pytest.raises(RunStopped, match=r"every episode of this batch failed \(4 of 4.*agentic-rl envs oracle flaky_arith"):
+    cfg = grpo_cfg(
+        tmp_path / "all-failed",
+        "env.name=flaky_arith",
+        "env.options={}",
+        "env.task_pool=1",
+        "rollout.group_size=4",
+        "train.steps=2",
+    )
+    with pytest.raises(
+        RunStopped, match=r"every episode of this batch failed \(4 of 4.*agentic-rl envs oracle flaky_arith"
+    ):
         train_grpo(cfg)
 
 
@@ -210,7 +229,10 @@ def test_a_batch_that_never_succeeds_warns_that_its_gradient_is_zero_and_what_to
     result = train_grpo(cfg)
     assert result["history"][0]["train/groups_with_variance"] == 0 and result["history"][0]["rollout/accuracy"] == 0
     out = capsys.readouterr().out
-    assert "WARNING: no episode of this batch succeeded and every group's rewards are equal, so this update's gradient is zero" in out
+    assert (
+        "WARNING: no episode of this batch succeeded and every group's rewards are equal, so this update's gradient is zero"
+        in out
+    )
     assert "guidance.enabled: true" in out
 
 
@@ -223,21 +245,32 @@ def test_episodes_cut_off_by_max_episode_tokens_are_reported_loudly(tmp_path, ca
 
     env = make_env("arith", difficulty=1)
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
-    prompt = min(len(chat_format.prompt_ids(env.reset(task), env.tool_schemas))
-                 for task in env.tasks("train", n=50, seed=0))  # room for at most 3 tokens in any episode
+    prompt = min(
+        len(chat_format.prompt_ids(env.reset(task), env.tool_schemas)) for task in env.tasks("train", n=50, seed=0)
+    )  # room for at most 3 tokens in any episode
     cfg = grpo_cfg(tmp_path, f"rollout.max_episode_tokens={prompt + 3}", "rollout.max_turn_tokens=8")
     _, objective, batch = first_batch(cfg)
     assert batch.metrics["rollout/finish/max_episode_tokens"] == 1.0
     out = capsys.readouterr().out
-    assert "WARNING: 100% of this batch's episodes ended at rollout.max_episode_tokens" in out and f"({prompt + 3} tokens" in out
+    assert (
+        "WARNING: 100% of this batch's episodes ended at rollout.max_episode_tokens" in out
+        and f"({prompt + 3} tokens" in out
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_gradient_is_the_same_for_any_micro_batch_size(tmp_path, loss_type):
     """Guards against micro-batch losses scaled by the wrong share (e.g. per-micro-batch means
     that over-weight short micro-batches): accumulated gradients must equal the full-batch one."""
-    cfg = grpo_cfg(tmp_path, f"loss.loss_type={loss_type}", "loss.beta=0.04", "rollout.batch_size=8", "rollout.group_size=4",
-               "rollout.max_turn_tokens=6", "micro_batch_size=8")
+    cfg = grpo_cfg(
+        tmp_path,
+        f"loss.loss_type={loss_type}",
+        "loss.beta=0.04",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "micro_batch_size=8",
+    )
     model, objective, batch = first_batch(cfg)
     assert float(batch.advantages.abs().sum()) > 0
     assert len({len(t) for t in batch.trajectories}) >= 1
@@ -258,8 +291,14 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
     """With beta = 0 an episode whose advantage is 0 (a group with equal rewards) has exactly zero
     loss and gradient. Guards against skipping that changes the update: the normaliser must still
     count the skipped episodes."""
-    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
-               "micro_batch_size=2")
+    cfg = grpo_cfg(
+        tmp_path,
+        "loss.beta=0",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "micro_batch_size=2",
+    )
     model, objective, batch = first_batch(cfg)
     batch.advantages[:4] = 0.0  # the first group earned equal rewards
     assert float(batch.advantages[4:].abs().min()) > 0
@@ -271,7 +310,9 @@ def test_zero_advantage_episodes_are_skipped_and_the_gradient_is_unchanged(tmp_p
 
     (skipped, trained), (full, everything) = gradient(True), gradient(False)
     assert trained == [4, 5, 6, 7] and everything == list(range(8))
-    for name in full:  # bit for bit: the live micro-batches [4, 5], [6, 7] are the same ops, and a dead row adds exactly 0
+    for (
+        name
+    ) in full:  # bit for bit: the live micro-batches [4, 5], [6, 7] are the same ops, and a dead row adds exactly 0
         torch.testing.assert_close(skipped[name], full[name], atol=0, rtol=0, msg=name)
 
     objective.cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, beta=0.04))
@@ -290,8 +331,14 @@ def test_one_process_trains_only_the_live_rows_whatever_the_micro_batch_size(tmp
     order moves a gradient by ~3e-15 of its scale on any CPU, so the 1e-9 bound is the arithmetic's,
     not a kernel's (float32 differed by 3.8e-7 on an AVX512 EPYC and 6.9e-6 of the scale on an
     AVX2 one, and passed 1e-7 on an AMX Xeon)."""
-    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
-               "micro_batch_size=4")
+    cfg = grpo_cfg(
+        tmp_path,
+        "loss.beta=0",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "micro_batch_size=4",
+    )
     model, objective, batch = first_batch(cfg)
     batch.advantages[:3] = 0.0
     assert float(batch.advantages[3:].abs().min()) > 0
@@ -314,8 +361,15 @@ def test_a_rank_with_fewer_live_rows_runs_dummy_micro_batches_that_add_no_gradie
     is live or not. Guards against a dummy that adds gradient (row 0 live), or records π_old
     (old_logprobs: recompute) for a row it did not train (row 0 dead), and against padding with
     zero-advantage rows, which cost a whole micro-batch each."""
-    cfg = grpo_cfg(tmp_path, "loss.beta=0", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_turn_tokens=6",
-                   "micro_batch_size=4", "old_logprobs=recompute")
+    cfg = grpo_cfg(
+        tmp_path,
+        "loss.beta=0",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_turn_tokens=6",
+        "micro_batch_size=4",
+        "old_logprobs=recompute",
+    )
     model, objective, batch = first_batch(cfg)
     advantages, one_process = batch.advantages.clone(), objective.accelerator
 
@@ -382,8 +436,15 @@ def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_epis
     today's GRPO loss and gradient exactly: same rollouts, same loss, same gradient."""
     results = []
     for mode in ("episode", "turn"):
-        cfg = grpo_cfg(tmp_path, f"advantage.mode={mode}", "advantage.gamma=1.0", f"loss.scale_rewards={scale}", "loss.beta=0",
-                   "rollout.max_turns=2", "env.options={difficulty: 1, tool_success_reward: 0.3}")
+        cfg = grpo_cfg(
+            tmp_path,
+            f"advantage.mode={mode}",
+            "advantage.gamma=1.0",
+            f"loss.scale_rewards={scale}",
+            "loss.beta=0",
+            "rollout.max_turns=2",
+            "env.options={difficulty: 1, tool_success_reward: 0.3}",
+        )
         model, objective, batch = first_batch(cfg)
         grads, micros = accumulated_gradient(model, objective, batch)
         loss = sum(float(objective.loss(model, micro)[0]) for micro in micros)
@@ -405,9 +466,17 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
     from agentic_rl.training.episodes import rewards_per_turn
     from helpers_references import reference_turn_advantages
 
-    cfg = grpo_cfg(tmp_path, "advantage.mode=turn_position", "loss.beta=0", "rollout.max_turns=2",
-               "rollout.batch_size=8", "rollout.group_size=4", "env.name=ragged_arith", "env.options={}",
-               "rewards=[{name: token_parity}, {name: env_steps, weight: 1.0, params: {gamma: 0.5}}]")
+    cfg = grpo_cfg(
+        tmp_path,
+        "advantage.mode=turn_position",
+        "loss.beta=0",
+        "rollout.max_turns=2",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "env.name=ragged_arith",
+        "env.options={}",
+        "rewards=[{name: token_parity}, {name: env_steps, weight: 1.0, params: {gamma: 0.5}}]",
+    )
     _, _, batch = first_batch(cfg)
     trajs = batch.trajectories
     placed = rewards_per_turn(trajs, [t.reward for t in trajs], cfg.rewards)
@@ -422,11 +491,17 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
         torch.testing.assert_close(batch.advantages[row].double(), tokens, rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("advantage.gamma=0.9", "only used by the turn modes"),
-    ("advantage.gamma=1.5", "must be in [0, 1]"),
-    ("advantage.mode=turn|advantage.gamma=0.95|rewards=[{name: env_steps, params: {gamma: 0.95}}]", "discount it twice"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("advantage.gamma=0.9", "only used by the turn modes"),
+        ("advantage.gamma=1.5", "must be in [0, 1]"),
+        (
+            "advantage.mode=turn|advantage.gamma=0.95|rewards=[{name: env_steps, params: {gamma: 0.95}}]",
+            "discount it twice",
+        ),
+    ],
+)
 def test_an_advantage_gamma_that_would_be_ignored_is_refused(tmp_path, override, fragment):
     """Invariant 6: episode mode never reads advantage.gamma, so setting it is an error; nor may a
     turn mode discount the env_steps term's already discounted step rewards a second time."""

@@ -32,14 +32,20 @@ TEMPERATURE = 0.7
 # `use_bias_correction_kl` is TRL's name for our `kl_importance_correction` (TRL's default: True).
 CASES = {
     "grpo": dict(loss_type="grpo", importance_sampling_level="token", beta=0.04, epsilon_high=0.28),
-    "grpo_kl_corrected": dict(loss_type="grpo", importance_sampling_level="token", beta=0.04, epsilon_high=None,
-                              use_bias_correction_kl=True),
+    "grpo_kl_corrected": dict(
+        loss_type="grpo", importance_sampling_level="token", beta=0.04, epsilon_high=None, use_bias_correction_kl=True
+    ),
     "dapo": dict(loss_type="dapo", importance_sampling_level="token", beta=0.0, epsilon_high=0.28),
     "dr_grpo": dict(loss_type="dr_grpo", importance_sampling_level="token", beta=0.04, epsilon_high=None),
     "bnpo": dict(loss_type="bnpo", importance_sampling_level="token", beta=0.04, epsilon_high=None),
     "gspo": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04, epsilon_high=None),
-    "gspo_kl_corrected": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.04, epsilon_high=0.28,
-                              use_bias_correction_kl=True),
+    "gspo_kl_corrected": dict(
+        loss_type="grpo",
+        importance_sampling_level="sequence",
+        beta=0.04,
+        epsilon_high=0.28,
+        use_bias_correction_kl=True,
+    ),
 }
 
 
@@ -55,8 +61,14 @@ def model_dir(tmp_path_factory, tiny_qwen3):
 # What each GRPOConfig field becomes on the trainer, read by `_compute_loss`. One trainer is built
 # (from the "grpo" case, so that case is fully config-driven); the others set these attributes,
 # which saves ~4 s of model loading per case. A TRL rename fails the hasattr check loudly.
-TRAINER_ATTRIBUTES = ("loss_type", "beta", "importance_sampling_level", "epsilon_low", "epsilon_high",
-                      "max_completion_length")
+TRAINER_ATTRIBUTES = (
+    "loss_type",
+    "beta",
+    "importance_sampling_level",
+    "epsilon_low",
+    "epsilon_high",
+    "max_completion_length",
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +77,23 @@ def trainer(model_dir, tmp_path_factory):
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("trl-out")), report_to=[], use_cpu=True, save_strategy="no",
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=COMPLETION_LENGTH,
-        temperature=TEMPERATURE, epsilon=0.2, use_bias_correction_kl=False, **CASES["grpo"],
+        output_dir=str(tmp_path_factory.mktemp("trl-out")),
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=COMPLETION_LENGTH,
+        temperature=TEMPERATURE,
+        epsilon=0.2,
+        use_bias_correction_kl=False,
+        **CASES["grpo"],
         bf16=False,  # GRPOConfig defaults to bf16=True (autocast, even on CPU); compare at equal precision
     )
     trainer = GRPOTrainer(
-        model=str(model_dir), reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
+        model=str(model_dir),
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=args,
         train_dataset=Dataset.from_dict({"prompt": ["2 + 2 ="] * 4}),
     )
     assert all(hasattr(trainer, name) for name in TRAINER_ATTRIBUTES), "TRL renamed a loss attribute"
@@ -112,14 +134,19 @@ def generation_batch(model, pad_id: int) -> dict[str, torch.Tensor]:
         completion_ids[row, length:] = pad_id
     with torch.no_grad():
         current, _ = sequence_logprobs(
-            model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
-            torch.cat([torch.zeros_like(prompt_mask), completion_mask], 1), TEMPERATURE,
+            model,
+            torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([prompt_mask, completion_mask], 1),
+            torch.cat([torch.zeros_like(prompt_mask), completion_mask], 1),
+            TEMPERATURE,
         )
     current = current[:, -COMPLETION_LENGTH:]  # (B, C)
     noise = lambda scale: scale * torch.randn(current.shape, generator=generator)  # noqa: E731
     return {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
         "advantages": group_advantages(torch.tensor([1.0, 0.0, 0.5, 2.0]), 2),  # (B,)
         "old_per_token_logps": (current + noise(0.3)) * completion_mask,  # (B, C)
         "ref_per_token_logps": (current + noise(0.5)) * completion_mask,  # (B, C)
@@ -155,7 +182,9 @@ def test_loss_and_gradients_equal_trl_grpo_trainer(name, trainer, batch):
     model, inputs = trainer.model, batch
     settings = {key: value for key, value in case.items() if key != "use_bias_correction_kl"}
     cfg = GRPOLossConfig(
-        epsilon=0.2, scale_rewards="group", **settings,
+        epsilon=0.2,
+        scale_rewards="group",
+        **settings,
         kl_importance_correction=case.get("use_bias_correction_kl", False),
         max_completion_length=COMPLETION_LENGTH if case["loss_type"] == "dr_grpo" else None,
     )

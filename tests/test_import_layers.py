@@ -16,22 +16,46 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
 
 # (importing part, parts it must never import, why, in docs/design.md's words)
 RULES = [
-    ("training", {"integrations", "cli", "pipeline", "serving", "evaluation"},
-     "the caller (cli/pipeline) picks the backend; training/ never imports integrations/"),
-    ("models", {"training", "integrations", "cli", "pipeline"},
-     "anything that needs a model loaded imports models/, never training/"),
-    ("algorithms", {"training", "rollout", "envs", "rewards", "tools", "evaluation", "serving", "integrations", "cli", "pipeline"},
-     "algorithms/ is losses and advantages: pure tensor code, no I/O"),
-    ("rollout", {"algorithms", "training", "integrations", "evaluation", "serving", "cli", "pipeline"},
-     "the engine serves training, evaluation and serving alike"),
-    ("evaluation", {"integrations", "serving", "cli", "pipeline"},
-     "envs → rollout → algorithms → training → evaluation: evaluation is the last layer below the commands"),
-    ("integrations", {"evaluation", "serving", "cli", "pipeline"},
-     "integrations/trl adapts our envs and rewards to TRL; the caller picks the backend"),
-    ("envs", {"rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
-     "envs are the first layer: tasks, tools and grading, no model"),
-    ("tools", {"envs", "rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
-     "a tool is a typed function an env calls"),
+    (
+        "training",
+        {"integrations", "cli", "pipeline", "serving", "evaluation"},
+        "the caller (cli/pipeline) picks the backend; training/ never imports integrations/",
+    ),
+    (
+        "models",
+        {"training", "integrations", "cli", "pipeline"},
+        "anything that needs a model loaded imports models/, never training/",
+    ),
+    (
+        "algorithms",
+        {"training", "rollout", "envs", "rewards", "tools", "evaluation", "serving", "integrations", "cli", "pipeline"},
+        "algorithms/ is losses and advantages: pure tensor code, no I/O",
+    ),
+    (
+        "rollout",
+        {"algorithms", "training", "integrations", "evaluation", "serving", "cli", "pipeline"},
+        "the engine serves training, evaluation and serving alike",
+    ),
+    (
+        "evaluation",
+        {"integrations", "serving", "cli", "pipeline"},
+        "envs → rollout → algorithms → training → evaluation: evaluation is the last layer below the commands",
+    ),
+    (
+        "integrations",
+        {"evaluation", "serving", "cli", "pipeline"},
+        "integrations/trl adapts our envs and rewards to TRL; the caller picks the backend",
+    ),
+    (
+        "envs",
+        {"rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
+        "envs are the first layer: tasks, tools and grading, no model",
+    ),
+    (
+        "tools",
+        {"envs", "rollout", "algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
+        "a tool is a typed function an env calls",
+    ),
 ]
 TOP = {"cli", "pipeline", "train_commands"}  # the commands: nothing below them imports them
 

@@ -75,6 +75,7 @@ def test_write_costs_are_paid_by_a_right_answer_only():
     def episode(steps):
         env.reset(task)
         return [env.step(action).reward for action in steps]
+
     right = episode(actions)
     assert right[:-1] == [0.0] * (len(actions) - 1) and right[-1] == pytest.approx(1.0 - 0.3)
     wrong = episode(actions[:-1] + ["Final Answer: nobody, nothing"])
@@ -188,7 +189,7 @@ def test_oracle_demonstrations_have_one_sequence_per_context(qwen3_tokenizer):
         for seq, messages, prompt in zip(demo.sequences(), episode.sequences, episode.sequence_prompts):
             seq.check()
             assert seq.input_ids[: seq.prompt_length] == chat_format.prompt_ids(messages[:prompt], env.tool_schemas)
-            decoded += [qwen3_tokenizer.decode(seq.input_ids[s.start:s.end]) for s in seq.policy_spans]
+            decoded += [qwen3_tokenizer.decode(seq.input_ids[s.start : s.end]) for s in seq.policy_spans]
         assert decoded == [a if a.endswith("</tool_call>") else a + "<|im_end|>" for a in actions]
         assert demo.info["correct"] and demo.messages == episode.conversation
     rows = demo_sequences(demos)
@@ -220,7 +221,7 @@ def test_the_oracle_through_the_rollout_engine_is_answered_and_correct(qwen3_tok
     sequences = trajectory.sequences()
     assert len(sequences) == len(scripts) == len(contexts) + 1 > 3 and trajectory.num_turns == len(actions)
     for seq, script in zip(sequences, scripts):
-        assert [qwen3_tokenizer.decode(seq.input_ids[s.start:s.end]) for s in seq.policy_spans] == script
+        assert [qwen3_tokenizer.decode(seq.input_ids[s.start : s.end]) for s in seq.policy_spans] == script
     for seq, context in zip(sequences[1:], contexts):
         assert seq.input_ids[: seq.prompt_length] == chat_format.prompt_ids(context, env.tool_schemas)
 
@@ -238,20 +239,31 @@ def test_the_memory_config_stages_run(tmp_path):
     cfg = load_config(PipelineConfig, "configs/memory.yaml")
     for source in cfg.sft.sources:
         env = source.env.make()
-        assert run_oracle("memory", n=10, split=source.split, **source.env.options)["accuracy"] == 1.0 and env.name == "memory"
-    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
-                              sources=[dataclasses.replace(s, n=4) for s in cfg.sft.sources],
-                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False))
+        assert (
+            run_oracle("memory", n=10, split=source.split, **source.env.options)["accuracy"] == 1.0
+            and env.name == "memory"
+        )
+    sft = dataclasses.replace(
+        cfg.sft,
+        model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
+        sources=[dataclasses.replace(s, n=4) for s in cfg.sft.sources],
+        train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False),
+    )
     from agentic_rl.models.loader import load_tokenizer
 
     assert len(build_demos(sft.sources, load_tokenizer("tiny-qwen3"), 0)) > 8  # one example per token sequence
     out = train_sft(sft)
-    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
-                               rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=4),
-                               env=dataclasses.replace(cfg.grpo.env, task_pool=8),
-                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
+    grpo = dataclasses.replace(
+        cfg.grpo,
+        model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
+        rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=4),
+        env=dataclasses.replace(cfg.grpo.env, task_pool=8),
+        train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False),
+    )
     history = train_grpo(grpo)["history"]
-    assert len(history) == 1 and history[0]["rollout/sequences_per_episode"] > 1 and "reward/env_steps/mean" in history[0]
+    assert (
+        len(history) == 1 and history[0]["rollout/sequences_per_episode"] > 1 and "reward/env_steps/mean" in history[0]
+    )
 
 
 def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_one(qwen3_tokenizer):
@@ -264,7 +276,9 @@ def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_on
 
     options = {"facts": 1, "distractors": 4, "gap": 2, "window": 2}
     env = make_env("memory", **options)
-    everything = demo_sequences(oracle_demos(env, env.tasks("train", n=6, seed=0), ChatFormat.for_tokenizer(qwen3_tokenizer)))
+    everything = demo_sequences(
+        oracle_demos(env, env.tasks("train", n=6, seed=0), ChatFormat.for_tokenizer(qwen3_tokenizer))
+    )
 
     def trained(seq):
         return qwen3_tokenizer.decode([t for t, m in zip(seq.input_ids, seq.loss_mask) if m])
@@ -273,16 +287,21 @@ def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_on
     assert len(next_only) >= 12 and len(everything) - len(next_only) >= 12  # both kinds are many
 
     logged = []
-    kept = build_demos([DemoSource(env=EnvSpec("memory", options), n=6, max_repeats=3)], qwen3_tokenizer, 0, log=logged.append)
+    kept = build_demos(
+        [DemoSource(env=EnvSpec("memory", options), n=6, max_repeats=3)], qwen3_tokenizer, 0, log=logged.append
+    )
     assert [trained(seq) for seq in kept].count("Next.<|im_end|>") == 3
     others = [seq for i, seq in enumerate(everything) if i not in next_only]
     assert [s.input_ids for s in kept if trained(s) != "Next.<|im_end|>"] == [s.input_ids for s in others]
-    assert logged == [f"sft.sources[0]: dropped {len(next_only) - 3} of {len(next_only)} demonstrations training exactly "
-                      f"'Next.<|im_end|>' (max_repeats=3)"]
+    assert logged == [
+        f"sft.sources[0]: dropped {len(next_only) - 3} of {len(next_only)} demonstrations training exactly "
+        f"'Next.<|im_end|>' (max_repeats=3)"
+    ]
 
     # the kept copies are drawn by the seed, the same for the same seed
     def chosen(seed):
         return [everything.index(s) for s in cap_repeats(everything, 3, seed)[0] if trained(s) == "Next.<|im_end|>"]
+
     assert chosen(0) == chosen(0) and len({tuple(chosen(seed)) for seed in range(5)}) > 1
     assert cap_repeats(everything, len(everything), 0) == (everything, {})  # a cap nothing reaches drops nothing
     with pytest.raises(ValueError, match=r"max_repeats must be >= 1 or null \(keep all\), got 0"):

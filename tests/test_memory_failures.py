@@ -44,8 +44,9 @@ def test_each_failure_is_sorted_by_the_first_thing_it_got_wrong():
     assert memory_failures.classify(task, unstored) == {"category": "not stored", "recalls": 2}
 
     twice = [dict(m) for m in right]
-    twice[_assistant(twice, lambda c: "recall" in c and f'"{keys[1]}"' in c)]["content"] = \
-        twice[_assistant(twice, lambda c: "recall" in c and f'"{keys[0]}"' in c)]["content"]
+    twice[_assistant(twice, lambda c: "recall" in c and f'"{keys[1]}"' in c)]["content"] = twice[
+        _assistant(twice, lambda c: "recall" in c and f'"{keys[0]}"' in c)
+    ]["content"]
     assert memory_failures.classify(task, twice) == {"category": "wrong recall", "recalls": 2}
 
     misread = [dict(m) for m in right]
@@ -61,8 +62,17 @@ def test_each_failure_is_sorted_by_the_first_thing_it_got_wrong():
 def test_a_file_without_every_failure_is_refused(tmp_path, capsys, monkeypatch):
     """Guards against a table computed from the 3 transcripts an evaluation keeps by default."""
     path = tmp_path / "eval.json"
-    path.write_text(json.dumps({"env": "memory", "per_task": {"id": ["memory/test/0/0", "memory/test/0/1"], "greedy": [0, 0]},
-                                "failures": []}))
-    monkeypatch.setattr("sys.argv", ["memory_failures.py", str(path), *[f"--option={k}={v}" for k, v in OPTIONS.items()]])
+    path.write_text(
+        json.dumps(
+            {
+                "env": "memory",
+                "per_task": {"id": ["memory/test/0/0", "memory/test/0/1"], "greedy": [0, 0]},
+                "failures": [],
+            }
+        )
+    )
+    monkeypatch.setattr(
+        "sys.argv", ["memory_failures.py", str(path), *[f"--option={k}={v}" for k, v in OPTIONS.items()]]
+    )
     with pytest.raises(SystemExit, match="0 transcripts kept of 2 failures"):
         memory_failures.main()

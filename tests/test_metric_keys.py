@@ -22,7 +22,18 @@ def test_every_key_is_namespaced_and_defined():
     """Guards against metric names outside the documented namespaces (STYLE 8) and against glossary entries
     without a real definition."""
     for key, meaning in GLOSSARY.items():
-        assert "/" in key and key.split("/")[0] in {"loss", "optim", "time", "memory", "reward", "rollout", "train", "value", "sft", "rm"}, key
+        assert "/" in key and key.split("/")[0] in {
+            "loss",
+            "optim",
+            "time",
+            "memory",
+            "reward",
+            "rollout",
+            "train",
+            "value",
+            "sft",
+            "rm",
+        }, key
         assert meaning.endswith(".") and len(meaning) > 20, key
 
 

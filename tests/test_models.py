@@ -10,9 +10,11 @@ from agentic_rl.models import loader
 
 
 def _greedy(model, tokenizer, n=5):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, ids["input_ids"].shape[1]:]
+    return out[0, ids["input_ids"].shape[1] :]
 
 
 def test_tiny_qwen3_loads_with_real_tokenizer_and_generates():
@@ -117,5 +119,8 @@ def test_smollm2_builds_cache_rebuilds_after_corruption_and_generates(tmp_path, 
     assert not loader._cache_is_valid(weights.parent)
     again, tok_again = load_model("smollm2-135m-instruct")
     assert loader._cache_is_valid(weights.parent)
-    assert json.loads((weights.parent / loader._MANIFEST).read_text())["model.safetensors"] == manifest["model.safetensors"]
+    assert (
+        json.loads((weights.parent / loader._MANIFEST).read_text())["model.safetensors"]
+        == manifest["model.safetensors"]
+    )
     assert torch.equal(first, _greedy(again, tok_again, n=8))

@@ -33,7 +33,9 @@ def test_a_context_change_starts_a_new_sequence_whose_mask_decodes_to_exactly_it
     sequences = episode.sequences()
     # turn 1 -> observation appended (window 1 holds it); turns 2, 3 each overflow: new sequences
     assert len(sequences) == 3 and episode.finish_reason == "answered"
-    turns_per_sequence = [[qwen3_tokenizer.decode(seq.input_ids[s.start:s.end]) for s in seq.policy_spans] for seq in sequences]
+    turns_per_sequence = [
+        [qwen3_tokenizer.decode(seq.input_ids[s.start : s.end]) for s in seq.policy_spans] for seq in sequences
+    ]
     assert turns_per_sequence == [TURNS[:2], TURNS[2:3], TURNS[3:]]
     for seq, turns in zip(sequences, turns_per_sequence):
         seq.check()
@@ -43,7 +45,9 @@ def test_a_context_change_starts_a_new_sequence_whose_mask_decodes_to_exactly_it
     # each later sequence starts with exactly the env's context rendered as a prompt (mask 0)
     for seq, context in zip(sequences[1:], env.contexts):
         prompt = chat_format.prompt_ids(context, env.tool_schemas)
-        assert seq.input_ids[: len(prompt)] == prompt and seq.spans[0].kind == "prompt" and seq.spans[0].end == len(prompt)
+        assert (
+            seq.input_ids[: len(prompt)] == prompt and seq.spans[0].kind == "prompt" and seq.spans[0].end == len(prompt)
+        )
     assert episode.turn_rewards == [0.125, 0.25, 0.375, 1.0]
     assert episode.turn_rewards_by_sequence() == [[0.125, 0.25], [0.375], [1.0]]
     assert [seq.turn_rewards for seq in episode.previous] == [[0.125, 0.25], [0.375]]
@@ -64,7 +68,7 @@ def test_each_sequence_equals_the_template_render_of_its_own_conversation(qwen3_
     assert len(episode.previous) == 2
     for seq in episode.previous:  # messages of a previous sequence: its context, then its turns and observations
         head = chat_format.encode(chat_format.render(seq.messages[:-1], env.tool_schemas, add_generation_prompt=True))
-        assert seq.input_ids == head + seq.input_ids[seq.policy_spans[-1].start:]
+        assert seq.input_ids == head + seq.input_ids[seq.policy_spans[-1].start :]
 
 
 def test_the_runner_gets_a_fresh_slot_per_sequence_fed_exactly_that_sequence(qwen3_tokenizer):
@@ -102,8 +106,13 @@ def test_sampling_logprobs_of_every_sequence_match_a_plain_forward(tiny_qwen3):
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     temperature = 0.8
     runner = HFRunner(model, max_slots=3, max_len=1024)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(4, 1024, 8),
-                           SamplingParams(temperature=temperature, top_p=0.9, seed=5))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format),
+        chat_format,
+        tokenizer,
+        RolloutConfig(4, 1024, 8),
+        SamplingParams(temperature=temperature, top_p=0.9, seed=5),
+    )
     questions = ["What is 6*7?", "Add 2 and 3.", "Hi", "Compute 1+1 please."]
     envs = [WindowEnv(tool_turns=3, window=1, question=q) for q in questions]
     episodes = engine.run(envs, [task(i, q) for i, q in enumerate(questions)])
@@ -114,7 +123,9 @@ def test_sampling_logprobs_of_every_sequence_match_a_plain_forward(tiny_qwen3):
         hidden = model.model(batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # (R, T, H)
         mask = batch.loss_mask[:, 1:].bool()  # (R, T-1): position t predicts token t+1
         logits = model.lm_head(hidden[:, :-1][mask]).float()  # (N, V)
-    recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(1, batch.input_ids[:, 1:][mask][:, None]).squeeze(1)
+    recomputed = (
+        torch.log_softmax(logits / temperature, dim=-1).gather(1, batch.input_ids[:, 1:][mask][:, None]).squeeze(1)
+    )
     assert mask.sum() > 0 and (recomputed - batch.logprobs[:, 1:][mask]).abs().max() < 1e-4
     assert all(seq.weights_version == 0 for seq in rows)
 
@@ -127,8 +138,13 @@ def test_same_seed_gives_the_same_non_prefix_episodes(tiny_qwen3):
     chat_format = ChatFormat.for_tokenizer(tokenizer)
 
     def run(slots: int):
-        engine = RolloutEngine(RunnerBackend(HFRunner(model, max_slots=slots, max_len=1024), chat_format), chat_format,
-                               tokenizer, RolloutConfig(4, 1024, 8), SamplingParams(temperature=1.0, seed=9))
+        engine = RolloutEngine(
+            RunnerBackend(HFRunner(model, max_slots=slots, max_len=1024), chat_format),
+            chat_format,
+            tokenizer,
+            RolloutConfig(4, 1024, 8),
+            SamplingParams(temperature=1.0, seed=9),
+        )
         episodes = engine.run([WindowEnv(3, 1) for _ in range(3)], [task(i) for i in range(3)])
         return [[seq.input_ids for seq in episode.sequences()] for episode in episodes]
 

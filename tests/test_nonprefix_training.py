@@ -41,13 +41,20 @@ def test_grpo_loss_counts_an_episode_of_two_sequences_as_one_episode():
     rows_loss, _ = grpo_loss(log_ratio, old, torch.ones(2, dtype=torch.float64), mask, cfg, sequence_weights=weights)
     assert float(rows_loss * 2 / 1) == pytest.approx(-3.05 / 3, abs=1e-7)  # × share = 2 rows / 1 episode
     concatenated = torch.log(torch.tensor([[1.1, 0.9, 1.05]], dtype=torch.float64))
-    one_row, _ = grpo_loss(concatenated, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, dtype=torch.float64),
-                           torch.ones(1, 3, dtype=torch.float64), cfg)
+    one_row, _ = grpo_loss(
+        concatenated,
+        torch.zeros(1, 3, dtype=torch.float64),
+        torch.ones(1, dtype=torch.float64),
+        torch.ones(1, 3, dtype=torch.float64),
+        cfg,
+    )
     assert float(one_row) == pytest.approx(-3.05 / 3, abs=1e-12)
     unweighted, _ = grpo_loss(log_ratio, old, torch.ones(2, dtype=torch.float64), mask, cfg)
     assert float(unweighted) * 2 != pytest.approx(-3.05 / 3)  # rows as sequences: (-1.0 - 1.05) = -2.05
     with pytest.raises(ValueError, match="only with loss_type 'grpo'"):
-        grpo_loss(log_ratio, old, torch.ones(2), mask, GRPOLossConfig(beta=0.0, loss_type="dapo"), sequence_weights=weights)
+        grpo_loss(
+            log_ratio, old, torch.ones(2), mask, GRPOLossConfig(beta=0.0, loss_type="dapo"), sequence_weights=weights
+        )
 
 
 def test_gae_across_sequences_equals_gae_over_the_concatenated_episode():
@@ -63,8 +70,13 @@ def test_gae_across_sequences_equals_gae_over_the_concatenated_episode():
     rewards = torch.randn(3, 5, generator=generator, dtype=torch.float64) * masks
     values = torch.randn(3, 5, generator=generator, dtype=torch.float64)
     advantages, returns = sequence_gae(rewards, values, masks, 0.9, 0.8, [0, 0, 1])
-    whole_adv, whole_ret = gae(torch.cat([rewards[0], rewards[1]])[None], torch.cat([values[0], values[1]])[None],
-                               torch.cat([mask0, mask1])[None], 0.9, 0.8)  # (1, 10)
+    whole_adv, whole_ret = gae(
+        torch.cat([rewards[0], rewards[1]])[None],
+        torch.cat([values[0], values[1]])[None],
+        torch.cat([mask0, mask1])[None],
+        0.9,
+        0.8,
+    )  # (1, 10)
     assert torch.allclose(torch.cat([advantages[0], advantages[1]]), whole_adv[0], atol=1e-12)
     assert torch.allclose(torch.cat([returns[0], returns[1]]), whole_ret[0], atol=1e-12)
     alone, _ = gae(rewards[2:], values[2:], masks[2:], 0.9, 0.8)
@@ -79,7 +91,11 @@ def test_grpo_trains_each_sequence_of_a_memory_episode_with_its_episodes_advanta
     cfg = grpo_cfg(tmp_path, *MEMORY, "old_logprobs=sampling", "loss.beta=0.0", "micro_batch_size=8")
     model, objective, batch = first_batch(cfg)
     sequences_per_episode = batch.metrics["rollout/sequences_per_episode"]
-    assert sequences_per_episode == 2 and batch.episodes == 4 and len(batch.trajectories) == 8 == batch.tensors.input_ids.shape[0]
+    assert (
+        sequences_per_episode == 2
+        and batch.episodes == 4
+        and len(batch.trajectories) == 8 == batch.tensors.input_ids.shape[0]
+    )
     for seq in batch.trajectories:  # the window dropped turn 1: every later sequence starts with a re-rendered context
         seq.check()
         assert seq.num_policy_tokens == int(batch.tensors.loss_mask[batch.trajectories.index(seq)].sum())
@@ -107,7 +123,9 @@ def test_ppo_runs_gae_across_the_sequences_of_a_memory_episode(tmp_path):
     # last sequence's last turn here; without the bootstrap the first sequence's targets would be 0
     assert objective.cfg.loss.gamma == objective.cfg.loss.lam == 1.0 and objective.cfg.loss.beta == 0.0
     for episode in range(4):
-        targets = torch.cat([batch.returns[2 * episode][mask[2 * episode]], batch.returns[2 * episode + 1][mask[2 * episode + 1]]])
+        targets = torch.cat(
+            [batch.returns[2 * episode][mask[2 * episode]], batch.returns[2 * episode + 1][mask[2 * episode + 1]]]
+        )
         assert torch.allclose(targets, targets[-1].expand_as(targets), atol=1e-5) and targets[-1] != 0
     for micro in objective.micro_batches(batch):
         loss, metrics = objective.loss(model, micro)

@@ -15,7 +15,16 @@ CONFIG = Path(__file__).parent / "data" / "pipeline-tiny.yaml"
 
 
 def _launch(out: Path, log: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={out}"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentic_rl.cli",
+        "pipeline",
+        "--config",
+        str(CONFIG),
+        "--set",
+        f"output_dir={out}",
+    ]
     return subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -32,8 +41,11 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     os.killpg(first.pid, signal.SIGKILL)  # dies somewhere in eval_sft / rm
     first.wait()
     assert not (out / "report.md").exists()
-    finished_before = {stage: (out / stage / "DONE.json").stat().st_mtime_ns
-                       for stage in ("eval_base", "sft") if (out / stage / "DONE.json").exists()}
+    finished_before = {
+        stage: (out / stage / "DONE.json").stat().st_mtime_ns
+        for stage in ("eval_base", "sft")
+        if (out / stage / "DONE.json").exists()
+    }
     assert set(finished_before) == {"eval_base", "sft"}
 
     second = _launch(out, tmp_path / "second.log")
@@ -61,12 +73,25 @@ def test_killed_pipeline_resumes_without_redoing_finished_stages(tmp_path):
     assert len(pairs) == 4 * 4
     entry = summary["stages"]["eval_grpo"]["arith-d1"]
     assert entry["n"] == 4 and len(entry["pass@1"]["ci95"]) == 2 and "solved/sometimes" in entry
-    assert all((out / "plots" / name).exists() for name in ("accuracy_by_stage.png", "reward_components.png", "length_and_variance.png"))
+    assert all(
+        (out / "plots" / name).exists()
+        for name in ("accuracy_by_stage.png", "reward_components.png", "length_and_variance.png")
+    )
     assert not (out / "plots" / "kl.png").exists()  # grpo.loss.beta is 0: no reference pass, no KL logged
 
     # A rerun with another SFT config must not pass off these results as its own.
-    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={out}",
-               "--set", "sft.optim.lr=0.123"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentic_rl.cli",
+        "pipeline",
+        "--config",
+        str(CONFIG),
+        "--set",
+        f"output_dir={out}",
+        "--set",
+        "sft.optim.lr=0.123",
+    ]
     changed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert changed.returncode != 0
     assert "stage 'sft' finished with a different config: sft changed" in changed.stderr + changed.stdout
@@ -91,18 +116,32 @@ def test_stage_inputs_follow_what_each_stage_reads():
 
     assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control"]
     assert changed("rm.optim.lr=0.123") == ["rm"]
-    assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == ["rm", "grpo", "eval_grpo"]  # the RM is a reward term
-    assert changed("grpo.optim.lr=0.123") == ["grpo", "eval_grpo", "control", "eval_control"]  # the control matches GRPO's time
+    assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == [
+        "rm",
+        "grpo",
+        "eval_grpo",
+    ]  # the RM is a reward term
+    assert changed("grpo.optim.lr=0.123") == [
+        "grpo",
+        "eval_grpo",
+        "control",
+        "eval_control",
+    ]  # the control matches GRPO's time
     assert changed("control.steps=3") == ["control", "eval_control"]
     assert changed("control.seed=7") == ["control", "eval_control"]  # another control seed from the same SFT model
     assert changed("evals=[{env: {name: arith}, n: 3}]") == ["eval_base", "eval_sft", "eval_grpo", "eval_control"]
     same = "{label: arith-d1, env: {name: arith, options: {difficulty: 1}}, n: 4, k: 2, max_concurrent: 8, rollout: {max_turn_tokens: 12, max_turns: 2}}"
     assert changed(f"evals=[{same}, {{label: room, n: 2, stages: [sft]}}]") == ["eval_sft"]  # only the stage it runs at
     assert changed(f"evals=[{same}]") == []
-    assert all("stages" not in entry for entry in stage_inputs(base, "eval_sft")["evals"])  # runs recorded before `stages` resume
+    assert all(
+        "stages" not in entry for entry in stage_inputs(base, "eval_sft")["evals"]
+    )  # runs recorded before `stages` resume
     assert changed("sft.train.progress=true", "grpo.train.log_every=5", "rm.train.checkpoint_every=1") == []
     assert changed("ppo.optim.lr=0.123") == []  # PPO is not this config's RL stage
-    assert changed("rl.algorithm=ppo") == ["control", "eval_control"]  # grpo's stages do not run; the control matches PPO
+    assert changed("rl.algorithm=ppo") == [
+        "control",
+        "eval_control",
+    ]  # grpo's stages do not run; the control matches PPO
 
 
 @pytest.mark.e2e
@@ -112,8 +151,11 @@ def test_with_rl_algorithm_ppo_the_ppo_stages_replace_grpo_and_the_control_match
     from agentic_rl.config import load_config
     from agentic_rl.pipeline import PipelineConfig, run_pipeline, stage_inputs
 
-    cfg = load_config(PipelineConfig, CONFIG, overrides=[f"output_dir={tmp_path}", "rl.algorithm=ppo", "skip=[eval_base, rm]",
-                                                         "control.steps=1"])
+    cfg = load_config(
+        PipelineConfig,
+        CONFIG,
+        overrides=[f"output_dir={tmp_path}", "rl.algorithm=ppo", "skip=[eval_base, rm]", "control.steps=1"],
+    )
     assert "ppo" in stage_inputs(cfg, "control") and "grpo" not in stage_inputs(cfg, "control")
     logs: list[str] = []
     results = run_pipeline(cfg, log=logs.append)
@@ -161,8 +203,12 @@ def test_every_experiment_config_names_its_command_and_loads_under_it(path):
     from agentic_rl.config import load_config
 
     text = path.read_text()
-    commands = set(re.findall(rf"^#\s+agentic-rl (\w+) --config configs/experiments/{re.escape(path.name)}\b", text, re.M))
-    assert len(commands) == 1, f"{path.name}: its header names {sorted(commands) or 'no'} command(s) that run it; name one"
+    commands = set(
+        re.findall(rf"^#\s+agentic-rl (\w+) --config configs/experiments/{re.escape(path.name)}\b", text, re.M)
+    )
+    assert len(commands) == 1, (
+        f"{path.name}: its header names {sorted(commands) or 'no'} command(s) that run it; name one"
+    )
     load_config(config_class(commands.pop()), str(path))
 
 
@@ -203,12 +249,17 @@ def test_an_eval_cut_off_by_its_limits_warns_naming_each_limit():
     from agentic_rl.evaluation.config import EvalConfig
     from agentic_rl.pipeline import _evaluate
 
-    cfg = load_config(EvalConfig, None, ["env.options={difficulty: 1}", "n=3", "max_concurrent=3", "rollout.max_turn_tokens=4"])
+    cfg = load_config(
+        EvalConfig, None, ["env.options={difficulty: 1}", "n=3", "max_concurrent=3", "rollout.max_turn_tokens=4"]
+    )
     lines: list[str] = []
     result = _evaluate("tiny-qwen3", [cfg], lines.append)
     assert result["evals"][cfg.name]["finish_reasons"] == {"max_turn_tokens": 1.0}
     assert result["evals"][cfg.name]["decoded_in"] == "float32"  # the report says which precision decoded what
-    assert any("WARNING 100% of the episodes were cut off by a rollout limit (100% at max_turn_tokens 4)" in line for line in lines), lines
+    assert any(
+        "WARNING 100% of the episodes were cut off by a rollout limit (100% at max_turn_tokens 4)" in line
+        for line in lines
+    ), lines
 
 
 def test_the_control_seed_defaults_to_a_batch_order_the_sft_stage_did_not_use():
@@ -245,7 +296,7 @@ def test_the_stage_fork_server_preloads_modules_that_exist():
     assert stage_context(multiprocessing).get_start_method() == "forkserver"
 
 
-_STAGE_SCRIPT = '''
+_STAGE_SCRIPT = """
 import multiprocessing, os, sys, time
 from agentic_rl.pipeline_process import end_with_the_pipeline
 
@@ -259,7 +310,7 @@ if __name__ == "__main__":
     worker = multiprocessing.get_context(sys.argv[2]).Process(target=stage, args=(os.getpid(), sys.argv[1]))
     worker.start()
     worker.join()
-'''
+"""
 
 
 def _running(pid: int) -> bool:
@@ -308,8 +359,11 @@ def test_a_skipped_stage_whose_model_would_be_evaluated_is_refused_at_load():
     from agentic_rl.config import ConfigError, load_config
     from agentic_rl.pipeline import PipelineConfig
 
-    with pytest.raises(ConfigError, match=r"skip: 'sft' is skipped, so eval_sft would evaluate a model nothing trains "
-                                          r"\(sft/final\); skip eval_sft too"):
+    with pytest.raises(
+        ConfigError,
+        match=r"skip: 'sft' is skipped, so eval_sft would evaluate a model nothing trains "
+        r"\(sft/final\); skip eval_sft too",
+    ):
         load_config(PipelineConfig, CONFIG, ["skip=[eval_base, sft]", "control.enabled=false"])
     load_config(PipelineConfig, CONFIG, ["skip=[eval_base, sft, eval_sft]", "control.enabled=false"])
 
@@ -319,9 +373,22 @@ def test_a_stage_that_fails_prints_one_error_naming_the_stage_and_its_remedy(tmp
     """Guards against a failed stage printing advice for the wrong source and two tracebacks (the
     stage's and the pipeline's RuntimeError): the RM stage with too few corrupted pairs stops before
     its model loads, with one error that names the stage, the count and why corrupted pairs run out."""
-    command = [sys.executable, "-m", "agentic_rl.cli", "pipeline", "--config", str(CONFIG), "--set", f"output_dir={tmp_path / 'run'}",
-               "--set", "skip=[eval_base, sft, eval_sft, grpo, eval_grpo]", "--set", "control.enabled=false",
-               "--set", "rm.pairs.tasks=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentic_rl.cli",
+        "pipeline",
+        "--config",
+        str(CONFIG),
+        "--set",
+        f"output_dir={tmp_path / 'run'}",
+        "--set",
+        "skip=[eval_base, sft, eval_sft, grpo, eval_grpo]",
+        "--set",
+        "control.enabled=false",
+        "--set",
+        "rm.pairs.tasks=2",
+    ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 3, completed.stderr[-3000:]
     errors = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
@@ -329,5 +396,6 @@ def test_a_stage_that_fails_prints_one_error_naming_the_stage_and_its_remedy(tmp
         "error: pipeline stage 'rm' (keys are those of the `rm:` section): only 2 training and 4 held-out pairs "
         "(batch_size 4); raise pairs.tasks / pairs.heldout_tasks (corrupted pairs: one per oracle demonstration that ends "
         "in a numeric `Final Answer:`; an env whose answers are not numbers gives none, and needs pairs.source=sampled)",
-        "error: pipeline stage 'rm' failed (exit code 2); its error is above. Rerun the same command to resume from this stage."]
+        "error: pipeline stage 'rm' failed (exit code 2); its error is above. Rerun the same command to resume from this stage.",
+    ]
     assert "Traceback" not in completed.stderr and "trainable parameters" not in completed.stdout + completed.stderr

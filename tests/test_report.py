@@ -12,18 +12,31 @@ class _Cfg:
 
 def _evaluation(greedy: list[int]) -> dict:
     n = len(greedy)
-    return {"n": n, "k": 1, "pass@1": sum(greedy) / n, "ci95": {"pass@1": [0.0, 1.0]},
-            "per_task": {"id": [f"t{i}" for i in range(n)], "greedy": greedy},
-            "format_error_rate": 0.0, "truncated_rate": 0.0, "mean_tokens": 10.0, "tool_calls_per_episode": 2.0,
-            "tool_success_rate": 1.0}
+    return {
+        "n": n,
+        "k": 1,
+        "pass@1": sum(greedy) / n,
+        "ci95": {"pass@1": [0.0, 1.0]},
+        "per_task": {"id": [f"t{i}" for i in range(n)], "greedy": greedy},
+        "format_error_rate": 0.0,
+        "truncated_rate": 0.0,
+        "mean_tokens": 10.0,
+        "tool_calls_per_episode": 2.0,
+        "tool_success_rate": 1.0,
+    }
 
 
 def _results() -> dict:
     # 40 problems: SFT solves the first 10; GRPO 30 (gains 20, loses none); the control 12.
     sft, grpo, control = [1] * 10 + [0] * 30, [1] * 30 + [0] * 10, [1] * 12 + [0] * 28
-    return {"sft": {"seconds": 1.0}, "eval_sft": {"evals": {"new": _evaluation(sft)}},
-            "grpo": {"seconds": 2.0}, "eval_grpo": {"evals": {"new": _evaluation(grpo)}},
-            "control": {"seconds": 2.0}, "eval_control": {"evals": {"new": _evaluation(control)}}}
+    return {
+        "sft": {"seconds": 1.0},
+        "eval_sft": {"evals": {"new": _evaluation(sft)}},
+        "grpo": {"seconds": 2.0},
+        "eval_grpo": {"evals": {"new": _evaluation(grpo)}},
+        "control": {"seconds": 2.0},
+        "eval_control": {"evals": {"new": _evaluation(control)}},
+    }
 
 
 def _rl_metrics(root, rows):
@@ -53,8 +66,10 @@ def _four_stages() -> dict:
     new-stories (10): base 0/10, SFT 3/10, GRPO 8/10, control 4/10 (each a superset of the one before)."""
     seen = {"base": [0] * 8, "sft": [1] * 6 + [0] * 2, "grpo": [1] + [0] * 7, "control": [1] * 6 + [0] * 2}
     new = {"base": [0] * 10, "sft": [1] * 3 + [0] * 7, "grpo": [1] * 8 + [0] * 2, "control": [1] * 4 + [0] * 6}
-    return {f"eval_{stage}": {"evals": {"seen-stories": _evaluation(seen[stage]), "new-stories": _evaluation(new[stage])}}
-            for stage in ("base", "sft", "grpo", "control")}
+    return {
+        f"eval_{stage}": {"evals": {"seen-stories": _evaluation(seen[stage]), "new-stories": _evaluation(new[stage])}}
+        for stage in ("base", "sft", "grpo", "control")
+    }
 
 
 def _interval(results: dict, a: str, b: str, label: str) -> str:
@@ -111,14 +126,24 @@ def test_a_run_without_a_control_compares_each_stage_with_the_one_before_only(tm
     report = write_report(tmp_path, results, _Cfg()).read_text()
     body = report.split("## Verdict", 1)[1].split("## Evaluation", 1)[0]
     lines = [line for line in body.splitlines() if line.startswith("- ")]
-    assert [line.split(":", 1)[0] for line in lines] == ["- **after PPO** against **after SFT**, seen-stories",
-                                                        "- **after PPO** against **after SFT**, new-stories"]
+    assert [line.split(":", 1)[0] for line in lines] == [
+        "- **after PPO** against **after SFT**, seen-stories",
+        "- **after PPO** against **after SFT**, new-stories",
+    ]
     assert "control" not in body
 
 
 def _rl_rows(**extra) -> list[dict]:
-    return [{"step": s, "reward/accuracy/mean": 0.1 * s, "rollout/completion_tokens/mean": 50.0,
-             "rollout/groups_with_variance": 0.5, **extra} for s in range(1, 4)]
+    return [
+        {
+            "step": s,
+            "reward/accuracy/mean": 0.1 * s,
+            "rollout/completion_tokens/mean": 50.0,
+            "rollout/groups_with_variance": 0.5,
+            **extra,
+        }
+        for s in range(1, 4)
+    ]
 
 
 def test_a_beta_zero_run_gets_no_kl_chart(tmp_path):
@@ -163,10 +188,22 @@ def test_a_mismatch_above_rounding_gets_its_chart_and_definition(tmp_path):
 
 def _sampled(greedy: list[int], correct_of_k: list[int], k: int) -> dict:
     n = len(greedy)
-    return {**_evaluation(greedy), "k": k, "sampled_accuracy@T": sum(correct_of_k) / (n * k), f"pass@{k}": sum(c > 0 for c in correct_of_k) / n,
-            f"maj@{k}": 0.5, "solved/never": sum(c == 0 for c in correct_of_k), "solved/sometimes": sum(0 < c < k for c in correct_of_k),
-            "solved/always": sum(c == k for c in correct_of_k),
-            "per_task": {"id": [f"t{i}" for i in range(n)], "greedy": greedy, "correct_of_k": correct_of_k, "maj": [1, 1, 0, 0]}}
+    return {
+        **_evaluation(greedy),
+        "k": k,
+        "sampled_accuracy@T": sum(correct_of_k) / (n * k),
+        f"pass@{k}": sum(c > 0 for c in correct_of_k) / n,
+        f"maj@{k}": 0.5,
+        "solved/never": sum(c == 0 for c in correct_of_k),
+        "solved/sometimes": sum(0 < c < k for c in correct_of_k),
+        "solved/always": sum(c == k for c in correct_of_k),
+        "per_task": {
+            "id": [f"t{i}" for i in range(n)],
+            "greedy": greedy,
+            "correct_of_k": correct_of_k,
+            "maj": [1, 1, 0, 0],
+        },
+    }
 
 
 def test_the_sampled_columns_appear_exactly_when_an_evaluation_sampled(tmp_path):
@@ -185,8 +222,10 @@ def test_the_sampled_columns_appear_exactly_when_an_evaluation_sampled(tmp_path)
     assert {row["metric"] for row in summary["comparisons"]} == {"pass@1"}
 
     # 4 problems, 4 samples each: SFT correct 0, 2, 4, 4 of 4 (sampled accuracy 10/16, pass@4 3/4).
-    results = {"eval_sft": {"evals": {"new": _sampled([0, 1, 1, 0], [0, 2, 4, 4], 4)}},
-               "eval_grpo": {"evals": {"new": _sampled([1, 1, 1, 0], [1, 3, 4, 4], 4)}}}
+    results = {
+        "eval_sft": {"evals": {"new": _sampled([0, 1, 1, 0], [0, 2, 4, 4], 4)}},
+        "eval_grpo": {"evals": {"new": _sampled([1, 1, 1, 0], [1, 3, 4, 4], 4)}},
+    }
     lines = write_report(tmp_path, results, _Cfg()).read_text().splitlines()
     header = next(line for line in lines if line.startswith("| evaluation | stage |"))
     assert "sampled accuracy | pass@k | maj@k | never / sometimes / always solved |" in header

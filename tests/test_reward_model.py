@@ -38,7 +38,9 @@ def test_bradley_terry_loss_equals_float64_formula_including_huge_margins():
     assert float(accuracy) == pytest.approx(2 / 6)  # ties (45.5 vs 45.5) count as wrong
     loss.backward()
     assert torch.isfinite(chosen.grad).all()
-    expected_grad = [-math.exp(_log_sigmoid64(-m)) / len(margins) for m in margins]  # d/dc −log σ(c − r) / N = −σ(−m) / N
+    expected_grad = [
+        -math.exp(_log_sigmoid64(-m)) / len(margins) for m in margins
+    ]  # d/dc −log σ(c − r) / N = −σ(−m) / N
     torch.testing.assert_close(chosen.grad, torch.tensor(expected_grad, dtype=torch.float32), atol=1e-7, rtol=1e-5)
     summed, _ = bradley_terry_loss(chosen.detach(), rejected, num_pairs=1.0)
     assert float(summed) == pytest.approx(expected * len(margins), rel=1e-6)
@@ -62,18 +64,33 @@ def test_corrupted_demonstration_has_a_wrong_final_answer():
         assert conversation[-1]["content"] != corrupted[-1]["content"]
         wrong_tools += sum(a != b for a, b in zip(conversation, corrupted) if a.get("role") == "tool")
     assert wrong_tools > 0, "about half the corruptions should also falsify the last tool result"
-    assert corrupt_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no answer"}], rng) is None
+    assert (
+        corrupt_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "no answer"}], rng)
+        is None
+    )
 
 
 def test_train_rm_end_to_end_on_corrupted_pairs(tmp_path):
     """Guards against an RM trainer that never updates (frozen score head or adapters), or
     that does not report held-out pairwise accuracy."""
     out = tmp_path / "rm"
-    cfg = load_config(RMConfig, None, overrides=[
-        "model.name=tiny-qwen3", "model.lora.r=4", "pairs.source=corrupted", "pairs.tasks=8", "pairs.heldout_tasks=4",
-        "pairs.env.options={difficulty: 1}", "batch_size=4", "optim.lr=1e-2", "train.steps=3",
-        f"train.output_dir={out}", "train.progress=false",
-    ])
+    cfg = load_config(
+        RMConfig,
+        None,
+        overrides=[
+            "model.name=tiny-qwen3",
+            "model.lora.r=4",
+            "pairs.source=corrupted",
+            "pairs.tasks=8",
+            "pairs.heldout_tasks=4",
+            "pairs.env.options={difficulty: 1}",
+            "batch_size=4",
+            "optim.lr=1e-2",
+            "train.steps=3",
+            f"train.output_dir={out}",
+            "train.progress=false",
+        ],
+    )
     result = train_rm(cfg)
     assert result["pairs"] == 8 and result["heldout_pairs"] == 4
     assert 0.0 <= result["heldout_accuracy"] <= 1.0
@@ -96,7 +113,9 @@ def test_scorer_runs_the_shared_prefix_once_and_matches_the_classifier(tmp_path)
     from agentic_rl.models.policy import ModelConfig
     from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model
 
-    classifier, tokenizer, _ = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
+    classifier, tokenizer, _ = load_reward_model(
+        load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None
+    )
     classifier = float64_model(classifier)
     generator = torch.Generator().manual_seed(0)
     vocab = [i for i in range(1000) if i != tokenizer.pad_token_id]
@@ -125,9 +144,16 @@ def test_a_lora_reward_model_loads_back_from_its_folder_and_scores_as_trained(tm
     through our loader: PEFT's adapter config names no usable base for tiny-qwen3 (null) and, for
     SmolLM2, a cache directory of the machine that trained, so loading through it fails elsewhere."""
     from agentic_rl.models.policy import ModelConfig
-    from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, load_trained_reward_model, save_reward_model
+    from agentic_rl.models.reward_scorer import (
+        RewardScorer,
+        load_reward_model,
+        load_trained_reward_model,
+        save_reward_model,
+    )
 
-    classifier, tokenizer, base = load_reward_model(load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None)
+    classifier, tokenizer, base = load_reward_model(
+        load_config(ModelConfig, None, overrides=["name=tiny-qwen3", "lora.r=4"]), log=lambda *a: None
+    )
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # as if trained: adapters off zero, the score head moved
         for name, param in classifier.named_parameters():
@@ -154,7 +180,11 @@ def test_corrupted_pairs_refuse_an_env_that_drops_turns():
     from agentic_rl.training.reward_model import PairsConfig, build_pairs
     from agentic_rl.models.loader import TINY_QWEN3, load_tokenizer
 
-    cfg = load_config(PairsConfig, None, overrides=["source=corrupted", "env.name=memory", "env.options={facts: 2, gap: 2, window: 2}"])
+    cfg = load_config(
+        PairsConfig,
+        None,
+        overrides=["source=corrupted", "env.name=memory", "env.options={facts: 2, gap: 2, window: 2}"],
+    )
     with pytest.raises(ValueError, match="env 'memory' drops turns.*use pairs.source=sampled"):
         build_pairs(cfg, "train", 2, load_tokenizer(TINY_QWEN3), 0)
 
@@ -181,11 +211,19 @@ def test_sampled_pairs_decode_in_bounded_slots_and_get_the_same_episodes(monkeyp
         return engine
 
     monkeypatch.setattr(factory, "build_engine", recording_build)
-    keys = ["source=sampled", "policy=tiny-qwen3", "samples_per_task=4", "rollout.max_turn_tokens=12", "rollout.max_turns=2",
-            "env.options={difficulty: 1}"]
+    keys = [
+        "source=sampled",
+        "policy=tiny-qwen3",
+        "samples_per_task=4",
+        "rollout.max_turn_tokens=12",
+        "rollout.max_turns=2",
+        "env.options={difficulty: 1}",
+    ]
     tasks = PairsConfig().env.make().tasks("train", n=3, seed=0)
     for limit in (5, 64):
-        reward_model._sampled_pairs(load_config(PairsConfig, None, overrides=[*keys, f"max_concurrent={limit}"]), tasks, 0)
+        reward_model._sampled_pairs(
+            load_config(PairsConfig, None, overrides=[*keys, f"max_concurrent={limit}"]), tasks, 0
+        )
     assert slots == [5, 12]  # 3 tasks x 4 samples = 12 episodes: 5 slots, then one for each
     bounded, unbounded = episodes
     assert len(bounded) == len(unbounded) == 12

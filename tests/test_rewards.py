@@ -18,15 +18,24 @@ from agentic_rl.rewards.terms import (
 from agentic_rl.rollout.trajectory import Span, Trajectory
 
 
-def make_traj(policy_tokens=10, correct=True, text="Step 1: 2+3\nStep 2: 5*4\nFinal Answer: 20", info=None, turn_rewards=()):
+def make_traj(
+    policy_tokens=10, correct=True, text="Step 1: 2+3\nStep 2: 5*4\nFinal Answer: 20", info=None, turn_rewards=()
+):
     prompt = 5
     ids = list(range(prompt + policy_tokens))
     mask = [0] * prompt + [1] * policy_tokens
     spans = [Span("prompt", 0, prompt), Span("policy", prompt, prompt + policy_tokens)]
     base_info = {"correct": correct, "format_ok": True, "tool_calls": 0, "tool_errors": 0}
     base_info.update(info or {})
-    return Trajectory(ids, mask, [0.0] * len(ids), spans, turn_rewards=list(turn_rewards),
-                      messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": text}], info=base_info)
+    return Trajectory(
+        ids,
+        mask,
+        [0.0] * len(ids),
+        spans,
+        turn_rewards=list(turn_rewards),
+        messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": text}],
+        info=base_info,
+    )
 
 
 def test_accuracy_and_format():
@@ -42,7 +51,9 @@ def test_length_penalty_formula():
     traj = make_traj(policy_tokens=300)
     assert length_penalty(traj, alpha=0.01, target=256) == pytest.approx(-0.44)
     assert length_penalty(make_traj(policy_tokens=100), alpha=0.01, target=256) == 0.0
-    composer = RewardComposer([RewardSpec("accuracy"), RewardSpec("length_penalty", params={"alpha": 0.01, "target": 256})])
+    composer = RewardComposer(
+        [RewardSpec("accuracy"), RewardSpec("length_penalty", params={"alpha": 0.01, "target": 256})]
+    )
     assert composer([traj]) == [pytest.approx(0.56)]
 
 
@@ -109,11 +120,14 @@ def test_unknown_reward_and_parameter_are_rejected_with_the_options():
         RewardSpec("env_steps", params={"gama": 0.9})
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"alpha": "lots"}, "params.alpha must be a number, got 'lots'"),
-    ({"target": 2.5}, "params.target must be a whole number, got 2.5"),
-    ({"target": True}, "params.target must be a whole number, got True"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"alpha": "lots"}, "params.alpha must be a number, got 'lots'"),
+        ({"target": 2.5}, "params.target must be a whole number, got 2.5"),
+        ({"target": True}, "params.target must be a whole number, got True"),
+    ],
+)
 def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(params, message):
     """Guards against `length_penalty` with `alpha: lots` passing validation and dying after the model
     loaded and the first rollout (`TypeError: bad operand type for unary -: 'str'`, 20 frames): each
@@ -122,8 +136,11 @@ def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(p
     from agentic_rl.training.grpo_config import GRPOConfig
 
     with pytest.raises(ConfigError, match=re.escape(f"reward 'length_penalty': {message}")):
-        load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3",
-                                                  f"rewards=[{{name: length_penalty, params: {json.dumps(params)}}}]"])
+        load_config(
+            GRPOConfig,
+            None,
+            overrides=["model.name=tiny-qwen3", f"rewards=[{{name: length_penalty, params: {json.dumps(params)}}}]"],
+        )
 
 
 def test_reward_params_of_the_annotated_types_pass_and_an_int_is_a_float():

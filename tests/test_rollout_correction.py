@@ -30,13 +30,19 @@ MASK = [[0, 1, 1, 1, 0], [1, 1, 0, 0, 0]]
 
 
 def _tensors():
-    return (torch.tensor(OLD, dtype=torch.float64), torch.tensor(SAMPLER, dtype=torch.float64),
-            torch.tensor(MASK, dtype=torch.float64))
+    return (
+        torch.tensor(OLD, dtype=torch.float64),
+        torch.tensor(SAMPLER, dtype=torch.float64),
+        torch.tensor(MASK, dtype=torch.float64),
+    )
 
 
 def _token_weights() -> list[list[float | None]]:
     """w = π_old/π_sampler = exp(log π_old − log π_sampler) on trained tokens, None elsewhere."""
-    return [[math.exp(o - s) if m else None for o, s, m in zip(orow, srow, mrow)] for orow, srow, mrow in zip(OLD, SAMPLER, MASK)]
+    return [
+        [math.exp(o - s) if m else None for o, s, m in zip(orow, srow, mrow)]
+        for orow, srow, mrow in zip(OLD, SAMPLER, MASK)
+    ]
 
 
 def _trained(rows: list[list[float | None]]) -> list[float]:
@@ -99,20 +105,26 @@ def test_sequence_weights_are_the_geometric_mean_over_trained_tokens_only():
     old, sampler, mask = _tensors()
     per_row = _sequence_weights()
     assert [round(w, 4) for w in per_row] == [0.5866, 1.0513]
-    weights, metrics = rollout_correction(old, sampler, mask, RolloutCorrectionConfig(mode="tis", level="sequence", cap=1.02))
+    weights, metrics = rollout_correction(
+        old, sampler, mask, RolloutCorrectionConfig(mode="tis", level="sequence", cap=1.02)
+    )
     assert weights.shape == (2, 1)
     _close(weights[:, 0], [min(w, 1.02) for w in per_row])
     assert float(metrics["rollout/is_weight_mean"]) == pytest.approx(sum(per_row) / 2, rel=1e-12)
     assert float(metrics["rollout/is_weight_max"]) == pytest.approx(max(per_row), rel=1e-12)
     assert float(metrics["rollout/is_truncated_frac"]) == pytest.approx(1 / 2)
     trained = _trained(_token_weights())  # the KL stays per token at either level
-    assert float(metrics["rollout/mismatch_kl"]) == pytest.approx(sum(w - 1 - math.log(w) for w in trained) / 5, rel=1e-12)
+    assert float(metrics["rollout/mismatch_kl"]) == pytest.approx(
+        sum(w - 1 - math.log(w) for w in trained) / 5, rel=1e-12
+    )
 
 
 def test_sequence_mis_masks_a_whole_row():
     """Guards against sequence-level MIS that masks single tokens, or misses a row outside the band."""
     old, sampler, mask = _tensors()
-    weights, metrics = rollout_correction(old, sampler, mask, RolloutCorrectionConfig(mode="mis", level="sequence", low=0.7))
+    weights, metrics = rollout_correction(
+        old, sampler, mask, RolloutCorrectionConfig(mode="mis", level="sequence", low=0.7)
+    )
     _close(weights[:, 0], [0.0, _sequence_weights()[1]])  # 0.5866 < 0.7
     assert float(metrics["rollout/is_masked_frac"]) == pytest.approx(1 / 2)
 
@@ -146,7 +158,9 @@ def test_grpo_loss_multiplies_the_clipped_surrogate_by_the_weight():
     """Guards against the weight entering the clip (w·r clipped) instead of multiplying the clipped
     surrogate, or reaching the KL term. Float64 reference of loss_type grpo with β > 0."""
     old, sampler, mask = _tensors()
-    logps = torch.tensor([[-9.0, -0.5, -0.7, -2.9, 4.0], [-0.3, -1.6, 0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    logps = torch.tensor(
+        [[-9.0, -0.5, -0.7, -2.9, 4.0], [-0.3, -1.6, 0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True
+    )
     ref = torch.tensor([[0.0, -0.4, -0.9, -2.0, 0.0], [-0.6, -1.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
     advantages = torch.tensor([1.5, -0.8], dtype=torch.float64)
     weights, _ = rollout_correction(old, sampler, mask, RolloutCorrectionConfig(mode="tis", cap=2.0))
@@ -195,7 +209,14 @@ def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
     logps = torch.zeros(2, 5, requires_grad=True)
     mask = torch.ones(2, 5)
     with pytest.raises(ValueError, match="is_weights must be detached"):
-        grpo_loss(logps, logps.detach(), torch.zeros(2), mask, GRPOLossConfig(beta=0.0), is_weights=torch.ones(2, 5, requires_grad=True))
+        grpo_loss(
+            logps,
+            logps.detach(),
+            torch.zeros(2),
+            mask,
+            GRPOLossConfig(beta=0.0),
+            is_weights=torch.ones(2, 5, requires_grad=True),
+        )
     with pytest.raises(ValueError, match="is_weights must be detached"):
         grpo_loss(logps, logps.detach(), torch.zeros(2), mask, GRPOLossConfig(beta=0.0), is_weights=torch.ones(5))
 
@@ -203,16 +224,22 @@ def test_the_losses_refuse_weights_with_a_gradient_or_the_wrong_shape():
 # ---------------------------------------------------------------------- the config
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    ({"mode": "weird"}, "RolloutCorrectionConfig: 'mode' must be one of ['off', 'tis', 'mis'], got 'weird'"),
-    ({"level": "episode"}, "RolloutCorrectionConfig: 'level' must be one of ['token', 'sequence'], got 'episode'"),
-    ({"mode": "tis", "cap": 0.5}, "rollout_correction.cap=0.5 must be >= 1"),
-    ({"mode": "tis", "cap": float("inf")}, "RolloutCorrectionConfig: 'cap' must be a finite number, got inf"),
-    ({"mode": "mis", "cap": 3.0}, "rollout_correction.cap=3.0 is only used by mode tis (mode is 'mis'); remove it, or set rollout_correction.mode: tis"),
-    ({"mode": "tis", "high": 3.0}, "rollout_correction.high=3.0 is only used by mode mis"),
-    ({"mode": "mis", "low": 1.0}, "rollout_correction.low=1.0 must be in [0, 1)"),
-    ({"mode": "mis", "high": 0.9}, "rollout_correction.high=0.9 must be > 1"),
-])
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        ({"mode": "weird"}, "RolloutCorrectionConfig: 'mode' must be one of ['off', 'tis', 'mis'], got 'weird'"),
+        ({"level": "episode"}, "RolloutCorrectionConfig: 'level' must be one of ['token', 'sequence'], got 'episode'"),
+        ({"mode": "tis", "cap": 0.5}, "rollout_correction.cap=0.5 must be >= 1"),
+        ({"mode": "tis", "cap": float("inf")}, "RolloutCorrectionConfig: 'cap' must be a finite number, got inf"),
+        (
+            {"mode": "mis", "cap": 3.0},
+            "rollout_correction.cap=3.0 is only used by mode tis (mode is 'mis'); remove it, or set rollout_correction.mode: tis",
+        ),
+        ({"mode": "tis", "high": 3.0}, "rollout_correction.high=3.0 is only used by mode mis"),
+        ({"mode": "mis", "low": 1.0}, "rollout_correction.low=1.0 must be in [0, 1)"),
+        ({"mode": "mis", "high": 0.9}, "rollout_correction.high=0.9 must be > 1"),
+    ],
+)
 def test_bad_settings_are_refused_naming_the_key_the_value_and_the_fix(settings, fragment):
     """Guards against rollout_correction settings that are invalid or unused by the chosen mode being accepted
     (invariant 6); each error names key, value and fix."""
@@ -228,13 +255,27 @@ def test_every_new_key_is_wired_documented_and_shown_by_agentic_rl_config(comman
     else:
         from agentic_rl.training.ppo_config import PPOConfig as cls
     lines = {line.split(" ")[0]: line for line in describe(cls)}
-    for key in ("rollout_correction.mode", "rollout_correction.level", "rollout_correction.cap", "rollout_correction.low",
-                "rollout_correction.high", "audit.on_start"):
+    for key in (
+        "rollout_correction.mode",
+        "rollout_correction.level",
+        "rollout_correction.cap",
+        "rollout_correction.low",
+        "rollout_correction.high",
+        "audit.on_start",
+    ):
         assert key in lines and len(lines[key].split("): ", 1)[1]) > 40, key
     assert "multiplies the PPO-clipped surrogate" in lines["rollout_correction.mode"]
     assert "μ updates" in lines["rollout_correction.mode"] and "guided" in lines["rollout_correction.mode"]
-    cfg = load_config(cls, None, ["rollout_correction.mode=mis", "rollout_correction.level=sequence", "rollout_correction.low=0.2",
-                                  "audit.on_start=false"])
+    cfg = load_config(
+        cls,
+        None,
+        [
+            "rollout_correction.mode=mis",
+            "rollout_correction.level=sequence",
+            "rollout_correction.low=0.2",
+            "audit.on_start=false",
+        ],
+    )
     assert cfg.rollout_correction.band == (0.2, 2.0) and cfg.audit.on_start is False
     with pytest.raises(ConfigError, match="rollout_correction.cap=0.5 must be >= 1"):
         load_config(cls, None, ["rollout_correction.mode=tis", "rollout_correction.cap=0.5"])
@@ -264,8 +305,14 @@ def test_a_float32_run_logs_no_mismatch_and_one_weight_for_all_mu_updates(tmp_pa
 
     from agentic_rl.training.grpo import train_grpo
 
-    cfg = grpo_cfg(tmp_path / "run", "train.steps=2", "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0.0",
-                   "rollout_correction.mode=tis")
+    cfg = grpo_cfg(
+        tmp_path / "run",
+        "train.steps=2",
+        "updates_per_batch=2",
+        "old_logprobs=recompute",
+        "loss.beta=0.0",
+        "rollout_correction.mode=tis",
+    )
     rows = train_grpo(cfg)["history"]
     for row in rows:
         assert 0.0 <= row["rollout/mismatch_kl"] < 1e-9, row
@@ -285,8 +332,16 @@ def test_guided_demonstration_rows_get_weight_one_and_stay_out_of_the_mismatch(t
     empty sampler record (log-prob 0) read as a mismatch: w = π_old(demo) / 1, far below 1."""
     from helpers_training import first_batch, grpo_cfg
 
-    model, objective, batch = first_batch(grpo_cfg(tmp_path, "rewards=[{name: accuracy}]", "loss.beta=0", "guidance.enabled=true",
-                                                   "old_logprobs=recompute", "rollout_correction.mode=tis"))
+    model, objective, batch = first_batch(
+        grpo_cfg(
+            tmp_path,
+            "rewards=[{name: accuracy}]",
+            "loss.beta=0",
+            "guidance.enabled=true",
+            "old_logprobs=recompute",
+            "rollout_correction.mode=tis",
+        )
+    )
     assert batch.off_policy.any() and not batch.off_policy.all()
     for micro in objective.micro_batches(batch):
         assert batch.off_policy[micro.rows].any()  # every micro-batch holds a demonstration beside sampled rows
@@ -304,8 +359,14 @@ def test_a_bfloat16_rollout_run_measures_the_mismatch_and_truncates_weights(tmp_
 
     from agentic_rl.training.ppo import train_ppo
 
-    cfg = ppo_cfg(tmp_path / "run", "train.steps=1", "rollout.dtype=bfloat16", "old_logprobs=detach",
-                  "rollout_correction.mode=tis", "rollout_correction.cap=1.0")
+    cfg = ppo_cfg(
+        tmp_path / "run",
+        "train.steps=1",
+        "rollout.dtype=bfloat16",
+        "old_logprobs=detach",
+        "rollout_correction.mode=tis",
+        "rollout_correction.cap=1.0",
+    )
     row = train_ppo(cfg)["history"][0]  # bf16 may be slow on this CPU: tiny-qwen3 does not mind
     assert row["rollout/mismatch_kl"] > 1e-9
     assert row["rollout/is_weight_max"] > 1.0 and row["rollout/is_weight_mean"] != 1.0

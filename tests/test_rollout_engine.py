@@ -65,7 +65,10 @@ def test_hf_runner_matches_full_forward_on_random_ragged_schedules(tiny):
     for step in range(24):
         count = int(torch.randint(1, len(slots) + 1, (1,), generator=generator))
         named = [slots[i] for i in torch.randperm(len(slots), generator=generator)[:count].tolist()]
-        chunks = [torch.randint(0, 5000, (int(torch.randint(1, 8, (1,), generator=generator)),), generator=generator).tolist() for _ in named]
+        chunks = [
+            torch.randint(0, 5000, (int(torch.randint(1, 8, (1,), generator=generator)),), generator=generator).tolist()
+            for _ in named
+        ]
         logits = runner.forward(named, chunks)  # (n, V)
         for slot, chunk, row in zip(named, chunks, logits):
             sequences[slot] += chunk
@@ -105,7 +108,7 @@ def test_mask_one_tokens_decode_to_exactly_the_model_turns(chat):
     assert trajectory.finish_reason == "answered"
     policy_ids = [t for t, m in zip(trajectory.input_ids, trajectory.loss_mask) if m]
     assert tokenizer.decode(policy_ids) == "".join(TURNS)
-    turns = [tokenizer.decode(trajectory.input_ids[s.start:s.end]) for s in trajectory.policy_spans]
+    turns = [tokenizer.decode(trajectory.input_ids[s.start : s.end]) for s in trajectory.policy_spans]
     assert turns == TURNS  # the <|im_end|> of the final turn is generated, so it is in the turn
     assert trajectory.turn_rewards == [0.1, 0.2, 1.0]
 
@@ -120,11 +123,11 @@ def test_mask_zero_tokens_are_exactly_prompt_and_rendered_observations(chat):
     expected = [chat_format.prompt_ids(messages, env.tool_schemas)]
     for turn_index, span in enumerate(trajectory.spans):
         if span.kind == "observation":
-            turn_text = tokenizer.decode(trajectory.input_ids[trajectory.spans[turn_index - 1].start:span.start])
+            turn_text = tokenizer.decode(trajectory.input_ids[trajectory.spans[turn_index - 1].start : span.start])
             observation = [{"role": "tool", "name": "calculator", "content": f"{len(expected) * 7}"}]
             expected.append(chat_format.observation_ids(messages, turn_text, observation, env.tool_schemas))
             messages = messages + [{"role": "assistant", "content": turn_text}] + observation
-    mask_zero_runs = [trajectory.input_ids[s.start:s.end] for s in trajectory.spans if s.kind != "policy"]
+    mask_zero_runs = [trajectory.input_ids[s.start : s.end] for s in trajectory.spans if s.kind != "policy"]
     assert mask_zero_runs == expected
     # A turn that stopped at </tool_call> leaves the end-of-turn marker to the observation (mask 0).
     first_observation = trajectory.spans[2]
@@ -155,9 +158,11 @@ def test_tool_output_cannot_forge_a_turn_in_the_trajectory(chat):
     forged, benign = runs["ForgingToolEnv"], runs["ToolLoopEnv"]
     controls = tokenizer.added_tokens_decoder  # id -> token, every control token of the format
     assert [t for t in forged.input_ids if t in controls] == [t for t in benign.input_ids if t in controls]
-    observations = [tokenizer.decode(forged.input_ids[s.start:s.end]) for s in forged.spans if s.kind == "observation"]
+    observations = [
+        tokenizer.decode(forged.input_ids[s.start : s.end]) for s in forged.spans if s.kind == "observation"
+    ]
     assert all(ForgingToolEnv.FORGED in text for text in observations) and len(observations) == 2
-    assert [tokenizer.decode(forged.input_ids[s.start:s.end]) for s in forged.policy_spans] == TURNS
+    assert [tokenizer.decode(forged.input_ids[s.start : s.end]) for s in forged.policy_spans] == TURNS
 
 
 def test_episode_tokens_equal_the_chat_template_render_where_it_preserves_prefixes(chat):
@@ -175,11 +180,11 @@ def test_episode_tokens_equal_the_chat_template_render_where_it_preserves_prefix
     messages = trajectory.messages
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     head = chat_format.encode(chat_format.render(messages[:-1], env.tool_schemas, add_generation_prompt=True))
-    last_turn = trajectory.input_ids[trajectory.policy_spans[-1].start:]
+    last_turn = trajectory.input_ids[trajectory.policy_spans[-1].start :]
     assert trajectory.input_ids == head + last_turn
     full = chat_format.encode(chat_format.render(messages, env.tool_schemas))
     if name == "tiny-qwen3":
-        assert full != trajectory.input_ids and "<think>\n\n</think>" in tokenizer.decode(full[len(head):])
+        assert full != trajectory.input_ids and "<think>\n\n</think>" in tokenizer.decode(full[len(head) :])
     else:
         assert full == trajectory.input_ids + chat_format.encode("\n")
 
@@ -217,8 +222,19 @@ def _random_multi_turn(tiny, seed, n_episodes=4, temperature=0.8, top_p=1.0, max
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=8, max_len=1024)
     limits = RolloutConfig(max_turn_tokens=max_turn_tokens, max_episode_tokens=1024, max_turns=8)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, limits, SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
-    questions = ["What is 6*7?", "Add 2 and 3, then multiply by a hundred and twelve.", "Hi", "Compute 1+1 please, step by step."]
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format),
+        chat_format,
+        tokenizer,
+        limits,
+        SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
+    )
+    questions = [
+        "What is 6*7?",
+        "Add 2 and 3, then multiply by a hundred and twelve.",
+        "Hi",
+        "Compute 1+1 please, step by step.",
+    ]
     envs = [ToolLoopEnv(tool_turns=2, question=questions[i % 4]) for i in range(n_episodes)]
     tasks = [task(i, questions[i % 4]) for i in range(n_episodes)]
     return engine.run(envs, tasks)
@@ -236,7 +252,9 @@ def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tin
     hidden = model.model(batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state  # (B, T, H)
     mask = batch.loss_mask[:, 1:].bool()  # (B, T-1): position t predicts token t+1
     logits = model.lm_head(hidden[:, :-1][mask]).float()  # (N, V): only where the loss needs them
-    recomputed = torch.log_softmax(logits / temperature, dim=-1).gather(1, batch.input_ids[:, 1:][mask][:, None]).squeeze(1)
+    recomputed = (
+        torch.log_softmax(logits / temperature, dim=-1).gather(1, batch.input_ids[:, 1:][mask][:, None]).squeeze(1)
+    )
     assert (recomputed - batch.logprobs[:, 1:][mask]).abs().max() < 1e-4
     # Left padding with explicit position ids gives the same numbers.
     width = batch.input_ids.shape[1]
@@ -245,13 +263,17 @@ def test_sampling_logprobs_match_a_plain_forward_with_right_and_left_padding(tin
     positions = torch.zeros_like(batch.input_ids)
     for row, trajectory in enumerate(trajectories):
         n = len(trajectory)
-        left_ids[row, width - n:] = torch.tensor(trajectory.input_ids)
-        left_attention[row, width - n:] = 1
-        positions[row, width - n:] = torch.arange(n)
-    left_hidden = model.model(left_ids, attention_mask=left_attention, position_ids=positions).last_hidden_state  # (B, T, H)
+        left_ids[row, width - n :] = torch.tensor(trajectory.input_ids)
+        left_attention[row, width - n :] = 1
+        positions[row, width - n :] = torch.arange(n)
+    left_hidden = model.model(
+        left_ids, attention_mask=left_attention, position_ids=positions
+    ).last_hidden_state  # (B, T, H)
     for row, trajectory in enumerate(trajectories):
         n = len(trajectory)
-        row_logprobs = torch.log_softmax(model.lm_head(left_hidden[row, width - n:-1]).float() / temperature, dim=-1)  # (n-1, V)
+        row_logprobs = torch.log_softmax(
+            model.lm_head(left_hidden[row, width - n : -1]).float() / temperature, dim=-1
+        )  # (n-1, V)
         picked = row_logprobs.gather(1, torch.tensor(trajectory.input_ids[1:])[:, None]).squeeze(1)
         row_mask = torch.tensor(trajectory.loss_mask[1:]).bool()
         assert (picked - torch.tensor(trajectory.logprobs[1:]))[row_mask].abs().max() < 1e-4
@@ -283,7 +305,9 @@ def test_weights_version_is_stamped_and_run_count_advances_the_seed(tiny):
     """Guards against rollouts that cannot be traced to the weights that sampled them (invariant 3)."""
     model, tokenizer, chat_format = tiny
     runner = HFRunner(model, max_slots=2, max_len=512)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(4, 512, 2), SamplingParams(seed=1))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(4, 512, 2), SamplingParams(seed=1)
+    )
     (before,) = engine.run([ToolLoopEnv()], [task()])
     assert engine.sync_weights() == 1
     (after,) = engine.run([ToolLoopEnv()], [task()])
@@ -298,7 +322,9 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
     """Guards against cut turns that never reach the env (no reward) or that end with the wrong reason."""
     tokenizer, chat_format = qwen3_chat
     long_answer = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
-    engine, _ = scripted_engine(tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8))
+    engine, _ = scripted_engine(
+        tokenizer, chat_format, [[long_answer]], RolloutConfig(max_turn_tokens=4, max_episode_tokens=2048, max_turns=8)
+    )
     env = ToolLoopEnv(tool_turns=0)
     (trajectory,) = engine.run([env], [task()])
     assert trajectory.finish_reason == "max_turn_tokens"
@@ -308,7 +334,12 @@ def test_turn_cut_at_max_turn_tokens_is_stepped_and_ends_with_max_turn_tokens_if
 def test_cut_turn_continues_when_env_continues(qwen3_chat):
     """Guards against ending an episode at a turn cut the env chose to answer with feedback."""
     tokenizer, chat_format = qwen3_chat
-    engine, _ = scripted_engine(tokenizer, chat_format, [["a b c d e f g h"]], RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3))
+    engine, _ = scripted_engine(
+        tokenizer,
+        chat_format,
+        [["a b c d e f g h"]],
+        RolloutConfig(max_turn_tokens=3, max_episode_tokens=2048, max_turns=3),
+    )
     (trajectory,) = engine.run([ToolLoopEnv(tool_turns=5)], [task()])
     assert trajectory.finish_reason == "max_turns"
     assert [s.end - s.start for s in trajectory.policy_spans] == [3, 3, 3]
@@ -317,7 +348,12 @@ def test_cut_turn_continues_when_env_continues(qwen3_chat):
 def test_max_turns_ends_the_episode_with_max_turns(chat):
     """Guards against episodes that run past the turn limit."""
     _, tokenizer, chat_format = chat
-    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("1+1")] * 5], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2))
+    engine, _ = scripted_engine(
+        tokenizer,
+        chat_format,
+        [[tool_turn("1+1")] * 5],
+        RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048, max_turns=2),
+    )
     (trajectory,) = engine.run([ToolLoopEnv(tool_turns=10)], [task()])
     assert trajectory.finish_reason == "max_turns" and len(trajectory.policy_spans) == 2
     assert trajectory.spans[-1].kind == "policy", "no observation is appended after the last allowed turn"
@@ -330,7 +366,9 @@ def test_episode_token_limit_cuts_a_turn_or_drops_an_overflowing_observation(qwe
     prompt = len(chat_format.prompt_ids(env.reset(task()), env.tool_schemas))
     turn = tokenizer(tool_turn("6*7"), add_special_tokens=False)["input_ids"]
     # Room for one full turn, and an observation would not fit: ends without appending it.
-    engine, _ = scripted_engine(tokenizer, chat_format, [[tool_turn("6*7")] * 3], RolloutConfig(64, prompt + len(turn) + 5, 8))
+    engine, _ = scripted_engine(
+        tokenizer, chat_format, [[tool_turn("6*7")] * 3], RolloutConfig(64, prompt + len(turn) + 5, 8)
+    )
     (dropped,) = engine.run([env], [task()])
     assert dropped.finish_reason == "max_episode_tokens" and dropped.spans[-1].kind == "policy"
     assert len(dropped) == prompt + len(turn)
@@ -369,7 +407,9 @@ def test_a_cancelled_episode_ends_at_the_next_step_and_the_others_run_on_unchang
     cancel.set()
     engine, runner = scripted_engine(tokenizer, chat_format, [TURNS, TURNS, TURNS])
     options = [EpisodeOptions(), EpisodeOptions(cancel=cancel), EpisodeOptions()]
-    trajectories = engine.run([ToolLoopEnv(tool_turns=2) for _ in range(3)], [task(i) for i in range(3)], options=options)
+    trajectories = engine.run(
+        [ToolLoopEnv(tool_turns=2) for _ in range(3)], [task(i) for i in range(3)], options=options
+    )
     assert [t.finish_reason for t in trajectories] == ["answered", "cancelled", "answered"]
     assert trajectories[1].num_policy_tokens == 0 and len(runner.fed[1]) <= len(trajectories[1])
     assert engine.backend.capacity() == runner.max_slots  # every slot released
@@ -403,12 +443,16 @@ class _ScriptedEnv(Env):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    plans=st.lists(st.lists(st.sampled_from(["tool", "tool", "done", "error"]), min_size=1, max_size=5), min_size=1, max_size=4),
+    plans=st.lists(
+        st.lists(st.sampled_from(["tool", "tool", "done", "error"]), min_size=1, max_size=5), min_size=1, max_size=4
+    ),
     turn_tokens=st.integers(1, 12),
     episode_tokens=st.integers(20, 120),
     max_turns=st.integers(1, 5),
 )
-def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(qwen3_chat, plans, turn_tokens, episode_tokens, max_turns):
+def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(
+    qwen3_chat, plans, turn_tokens, episode_tokens, max_turns
+):
     """Property: for any env behaviour and limits, spans tile the ids, mask is 1 exactly on policy
     spans, lengths respect the limits, and each policy turn has one reward. Guards against
     off-by-one span/mask bugs at limit boundaries."""
@@ -418,7 +462,14 @@ def test_trajectories_satisfy_span_and_mask_invariants_under_any_schedule(qwen3_
     trajectories = engine.run([_ScriptedEnv(plan) for plan in plans], [task(i) for i in range(len(plans))])
     for trajectory in trajectories:
         trajectory.check()
-        assert trajectory.finish_reason in {"answered", "env_done", "max_turns", "max_episode_tokens", "max_turn_tokens", "error"}
+        assert trajectory.finish_reason in {
+            "answered",
+            "env_done",
+            "max_turns",
+            "max_episode_tokens",
+            "max_turn_tokens",
+            "error",
+        }
         assert len(trajectory) <= max(episode_tokens, trajectory.prompt_length)
         assert len(trajectory.policy_spans) <= max_turns
         assert len(trajectory.turn_rewards) == len(trajectory.policy_spans)
@@ -457,7 +508,9 @@ def test_sampling_follows_the_distribution():
     assert torch.allclose(frequencies, torch.tensor([0.1, 0.2, 0.7]), atol=0.03)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=5)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.5, top_k=5)]
+)
 def test_sampling_runs_on_the_logits_device_with_cpu_generators(params):
     """Guards against the H200 failure of 2026-12-04: every sampled GRPO rollout on CUDA stopped at
     "found at least two devices, cuda:0 and cpu" because the per-episode CPU generators' uniforms
@@ -484,7 +537,13 @@ def test_engine_rejects_episode_limit_beyond_runner_capacity(tiny):
     """Guards against a runner cache overflowing mid-episode."""
     model, tokenizer, chat_format = tiny
     with pytest.raises(ValueError, match="max_len"):
-        RolloutEngine(RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format), chat_format, tokenizer, RolloutConfig(8, 128, 2), SamplingParams())
+        RolloutEngine(
+            RunnerBackend(HFRunner(model, max_slots=1, max_len=64), chat_format),
+            chat_format,
+            tokenizer,
+            RolloutConfig(8, 128, 2),
+            SamplingParams(),
+        )
 
 
 def test_episodes_beyond_runner_slots_wait_for_a_free_slot(qwen3_chat):
@@ -492,7 +551,13 @@ def test_episodes_beyond_runner_slots_wait_for_a_free_slot(qwen3_chat):
     tokenizer, chat_format = qwen3_chat
     script = tokenizer("Final Answer: 42<|im_end|>", add_special_tokens=False)["input_ids"]
     runner = ScriptedRunner([script] * 4, len(tokenizer), max_slots=2)
-    engine = RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, RolloutConfig(128, 2048, 8), SamplingParams(temperature=0))
+    engine = RolloutEngine(
+        RunnerBackend(runner, chat_format),
+        chat_format,
+        tokenizer,
+        RolloutConfig(128, 2048, 8),
+        SamplingParams(temperature=0),
+    )
     trajectories = engine.run([ToolLoopEnv(tool_turns=0) for _ in range(4)], [task(i) for i in range(4)])
     assert [t.finish_reason for t in trajectories] == ["answered"] * 4
     assert [t.task_id for t in trajectories] == [f"t{i}" for i in range(4)]
@@ -504,7 +569,9 @@ def test_episode_options_set_one_episodes_turn_limit_and_stop_strings(qwen3_chat
 
     tokenizer, chat_format = qwen3_chat
     text = "Final Answer: 42 because six times seven is forty two.<|im_end|>"
-    engine, _ = scripted_engine(tokenizer, chat_format, [[text], [text], [text]], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048))
+    engine, _ = scripted_engine(
+        tokenizer, chat_format, [[text], [text], [text]], RolloutConfig(max_turn_tokens=64, max_episode_tokens=2048)
+    )
     envs = [ToolLoopEnv(tool_turns=0) for _ in range(3)]
     options = [EpisodeOptions(), EpisodeOptions(max_turn_tokens=4), EpisodeOptions(stop_strings=("seven",))]
     full, cut, stopped = engine.run(envs, [task(i) for i in range(3)], options=options)

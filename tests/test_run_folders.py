@@ -21,8 +21,15 @@ from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.run_dir import LOCK, read_metrics, unlock_run_folder
 from agentic_rl.training.sft import SFTConfig, train_sft
 
-TINY = ["model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2", "batch_size=4", "micro_batch_size=4",
-        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]", "train.progress=false"]
+TINY = [
+    "model.name=tiny-qwen3",
+    "model.lora.r=4",
+    "optim.lr=1e-2",
+    "batch_size=4",
+    "micro_batch_size=4",
+    "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]",
+    "train.progress=false",
+]
 
 
 def _sft_cfg(out: Path, *extra: str) -> SFTConfig:
@@ -58,8 +65,11 @@ def no_model_loading(monkeypatch):
 
 def _fingerprints(folder: Path) -> dict[str, str]:
     """Every file's hash, but the lock's (run.lock names whichever process last held the folder)."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != LOCK
+    }
 
 
 def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_copy, no_model_loading):
@@ -76,7 +86,9 @@ def test_a_rerun_with_another_config_stops_before_any_work_naming_each_key(run_c
     assert _fingerprints(run_copy) == before  # config.yaml, metrics, checkpoints and final/ untouched
 
 
-def test_a_setting_newer_than_the_record_differs_only_when_set_away_from_its_default(run_copy, no_model_loading, capsys):
+def test_a_setting_newer_than_the_record_differs_only_when_set_away_from_its_default(
+    run_copy, no_model_loading, capsys
+):
     """Guards against every run folder made before a new setting existed (`plugins`, `enable_thinking`)
     refusing to resume as "made with another config", when the setting at its default is what that
     run had in effect; set to another value, it is a difference like any other."""
@@ -85,7 +97,9 @@ def test_a_setting_newer_than_the_record_differs_only_when_set_away_from_its_def
     (run_copy / "run.json").write_text(json.dumps(record))
     train_sft(_sft_cfg(run_copy))  # the same run, finished: no differing key
     assert f"the run in {run_copy} finished at step 2; nothing to train" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match=r"Differing keys:\n  enable_thinking: \(absent\) \(recorded\) -> false \(now\)\nSet"):
+    with pytest.raises(
+        ConfigError, match=r"Differing keys:\n  enable_thinking: \(absent\) \(recorded\) -> false \(now\)\nSet"
+    ):
         train_sft(_sft_cfg(run_copy, "enable_thinking=false"))
 
 
@@ -97,14 +111,19 @@ def test_another_command_cannot_resume_the_folder(run_copy, no_model_loading, mo
 
     monkeypatch.setattr("agentic_rl.integrations.trl_backend.build_trl_trainer", no_model_loading)
     before = _fingerprints(run_copy)
-    grpo = load_config(GRPOConfig, None, overrides=["model.name=tiny-qwen3", f"train.output_dir={run_copy}", "train.steps=2",
-                                                    f"backend={backend}"])
+    grpo = load_config(
+        GRPOConfig,
+        None,
+        overrides=["model.name=tiny-qwen3", f"train.output_dir={run_copy}", "train.steps=2", f"backend={backend}"],
+    )
     with pytest.raises(ConfigError, match=r"holds a `sft` run .*`grpo` cannot resume it.*train.resume=false"):
         run_grpo(grpo)
     assert _fingerprints(run_copy) == before
 
 
-def test_a_finished_run_says_so_and_does_not_rewrite_its_folder(finished_run, run_copy, no_model_loading, monkeypatch, capsys):
+def test_a_finished_run_says_so_and_does_not_rewrite_its_folder(
+    finished_run, run_copy, no_model_loading, monkeypatch, capsys
+):
     """Guards against a finished run "resuming": loading models, training nothing, rewriting
     config.yaml and re-exporting final/. It returns what it recorded; a larger train.steps
     trains on from there."""
@@ -154,8 +173,11 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_and_never_exported(run_
 def test_resume_false_starts_over_without_mixing_the_two_runs(run_copy, capsys):
     """Guards against train.resume=false appending the new run's steps to the old metrics.jsonl
     (steps 1, 2, 1, 2) and keeping old checkpoints that a later resume would pick up."""
-    result = train_sft(_sft_cfg(run_copy, "train.resume=false", "optim.lr=1e-3", "train.checkpoint_every=1",
-                                "train.keep_checkpoints=5"))
+    result = train_sft(
+        _sft_cfg(
+            run_copy, "train.resume=false", "optim.lr=1e-3", "train.checkpoint_every=1", "train.keep_checkpoints=5"
+        )
+    )
     assert len(result["history"]) == 2
     assert [row["step"] for row in read_metrics(run_copy / "metrics.jsonl")] == [1, 2]
     assert "train.resume=false: starting over" in capsys.readouterr().out
@@ -196,8 +218,9 @@ def test_an_output_dir_that_is_a_file_or_cannot_be_created_is_an_error_naming_it
     assert f"error: train.output_dir={out} {expected}" in err and "choose another train.output_dir" in err
 
 
-def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its_section(run_copy, tmp_path, no_model_loading,
-                                                                                       capsys):
+def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its_section(
+    run_copy, tmp_path, no_model_loading, capsys
+):
     """Guards against a killed pipeline's SFT stage resuming its checkpoint under a changed `sft:`
     section (the pipeline's own DONE.json check only covers finished stages)."""
     from agentic_rl.pipeline import PipelineConfig, _run_stage
@@ -209,8 +232,11 @@ def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its
         record = json.loads((root / "sft" / "run.json").read_text())
         (root / "sft" / "run.json").write_text(json.dumps({**record, "finished": None}))
     sft = [f"sft.{item}" for item in TINY if not item.startswith("model.name")]
-    cfg = load_config(PipelineConfig, None, overrides=["model=tiny-qwen3", f"output_dir={root}", *sft, "sft.train.steps=2",
-                                                      "sft.optim.lr=1e-3"])
+    cfg = load_config(
+        PipelineConfig,
+        None,
+        overrides=["model=tiny-qwen3", f"output_dir={root}", *sft, "sft.train.steps=2", "sft.optim.lr=1e-3"],
+    )
     with pytest.raises(SystemExit) as exited:
         _run_stage(cfg, "sft")
     assert exited.value.code == 2
@@ -223,9 +249,17 @@ def test_a_pipeline_stage_killed_mid_run_and_rerun_with_another_config_names_its
 def _hold_lock(folder: Path) -> subprocess.Popen:
     """Another process holding `folder`'s lock, as a running launch does, until killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from agentic_rl.training.run_dir import "
-         "lock_run_folder; lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)", str(folder)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from agentic_rl.training.run_dir import "
+            "lock_run_folder; lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")},
+    )
     assert holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -237,7 +271,9 @@ def test_a_second_launch_into_a_folder_in_use_is_refused_and_a_dead_runs_lock_is
     out.mkdir()
     holder = _hold_lock(out)
     try:
-        with pytest.raises(ConfigError, match=rf"train.output_dir={out} is in use by another run \(pid {holder.pid} on "):
+        with pytest.raises(
+            ConfigError, match=rf"train.output_dir={out} is in use by another run \(pid {holder.pid} on "
+        ):
             train_sft(_sft_cfg(out))
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # refused before its record was read or written
     finally:
@@ -257,9 +293,14 @@ def test_a_second_pipeline_into_a_folder_in_use_is_refused_before_any_stage(tmp_
 
     holder = _hold_lock(tmp_path)
     try:
-        cfg = load_config(PipelineConfig, Path(__file__).parent.parent / "configs" / "smoke.yaml",
-                          overrides=[f"output_dir={tmp_path}"])
-        with pytest.raises(ConfigError, match=rf"output_dir={tmp_path} is in use by another run \(pid {holder.pid} on "):
+        cfg = load_config(
+            PipelineConfig,
+            Path(__file__).parent.parent / "configs" / "smoke.yaml",
+            overrides=[f"output_dir={tmp_path}"],
+        )
+        with pytest.raises(
+            ConfigError, match=rf"output_dir={tmp_path} is in use by another run \(pid {holder.pid} on "
+        ):
             run_pipeline(cfg, log=lambda message: None)
         assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
     finally:
@@ -274,15 +315,21 @@ def test_a_tilde_output_dir_is_the_home_folder_not_a_folder_named_tilde(tmp_path
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     assert _sft_cfg(Path("~/runs/x")).train.output_dir == str(tmp_path / "home" / "runs" / "x")
-    assert load_config(PipelineConfig, None, overrides=["output_dir=~/runs/p"]).output_dir == str(tmp_path / "home" / "runs" / "p")
+    assert load_config(PipelineConfig, None, overrides=["output_dir=~/runs/p"]).output_dir == str(
+        tmp_path / "home" / "runs" / "p"
+    )
 
 
-@pytest.mark.parametrize("finished", ['"yes"', '{"step": 2}', '{"step": "2", "result": {}}', '{"step": 2, "result": {"final": 7}}'])
+@pytest.mark.parametrize(
+    "finished", ['"yes"', '{"step": 2}', '{"step": "2", "result": {}}', '{"step": 2, "result": {"final": 7}}']
+)
 def test_a_corrupt_record_is_an_error_naming_the_file_and_the_way_on(run_copy, no_model_loading, finished):
     """Guards against a hand-edited or truncated run.json ending in a raw TypeError or KeyError."""
     record = json.loads((run_copy / "run.json").read_text())
     (run_copy / "run.json").write_text(json.dumps({**record, "finished": json.loads(finished)}))
-    with pytest.raises(ConfigError, match=rf"{run_copy / 'run.json'} cannot be read \(TypeError: its finished.*train.resume=false"):
+    with pytest.raises(
+        ConfigError, match=rf"{run_copy / 'run.json'} cannot be read \(TypeError: its finished.*train.resume=false"
+    ):
         train_sft(_sft_cfg(run_copy))
 
 
@@ -300,7 +347,9 @@ def test_a_finished_record_naming_a_result_outside_its_folder_is_refused(run_cop
 
 
 @pytest.mark.parametrize("record", ["deleted", "edited"])
-def test_a_checkpoint_resumes_only_under_the_config_that_trained_it_whatever_run_json_says(run_copy, no_model_loading, record):
+def test_a_checkpoint_resumes_only_under_the_config_that_trained_it_whatever_run_json_says(
+    run_copy, no_model_loading, record
+):
     """Guards against a folder whose run.json and config.yaml were deleted, or whose run.json was edited
     to the new config, resuming its checkpoint under another lr and seed ("resumed from step-000002",
     exit 0): each checkpoint carries the record of the run that wrote it."""
@@ -328,7 +377,9 @@ def test_a_checkpoint_without_its_record_in_a_folder_without_run_json_is_refused
     del checksums["run.json"]
     (checkpoint / "checksums.json").write_text(json.dumps(checksums))
     (run_copy / "run.json").unlink(), (run_copy / "config.yaml").unlink()
-    with pytest.raises(ConfigError, match=r"step-000002 carries no record of the config that trained it and .* has no run.json"):
+    with pytest.raises(
+        ConfigError, match=r"step-000002 carries no record of the config that trained it and .* has no run.json"
+    ):
         train_sft(_sft_cfg(run_copy, "train.steps=3"))
 
 
@@ -350,7 +401,9 @@ def test_resume_false_refuses_a_folder_that_is_not_a_run_and_deletes_nothing(tmp
     (folder / "checkpoints").mkdir()
     (folder / "config.yaml").write_text("my: notes\n")
     before = _fingerprints(folder)
-    with pytest.raises(ConfigError, match=r"holds config.yaml, checkpoints, final but no run.json: it is not a run folder"):
+    with pytest.raises(
+        ConfigError, match=r"holds config.yaml, checkpoints, final but no run.json: it is not a run folder"
+    ):
         train_sft(_sft_cfg(folder, "train.resume=false"))
     assert _fingerprints(folder) == before and (folder / "checkpoints").is_dir()
 

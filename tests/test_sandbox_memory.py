@@ -32,8 +32,7 @@ def test_a_call_reserves_its_cap_or_the_sum_of_its_parts():
     """Guards against the budget admitting calls by a number smaller than what each may hold:
     with a cgroup, the cap plus the socket queues no cgroup counts; without, every process at
     its own cap plus both tmpfs and the socket queues."""
-    limits = SandboxLimits(memory_bytes=100 * 2**20, max_processes=4, max_open_files=32,
-                           max_file_bytes=2**20)
+    limits = SandboxLimits(memory_bytes=100 * 2**20, max_processes=4, max_open_files=32, max_file_bytes=2**20)
     sockets = 4 * 32 * _wmem_default()
     assert call_reservation(limits, capped=True) == 100 * 2**20 + sockets
     assert call_reservation(limits, capped=False) == 4 * 100 * 2**20 + 2 * 2**20 + sockets
@@ -91,8 +90,9 @@ print("holds 140 MiB")
     limits = SandboxLimits(memory_bytes=128 * 2**20, max_file_bytes=100 * 2**20, timeout_s=20.0)
     result = run_python(code, limits)
     assert (result.exit_reason, result.stdout) == ("memory", ""), result
-    assert result.error == ("memory limit of 128 MiB for the whole call (every process, its "
-                            "files and kernel memory) exceeded")
+    assert result.error == (
+        "memory limit of 128 MiB for the whole call (every process, its files and kernel memory) exceeded"
+    )
     folder, version = sandbox_memory._process_cgroup()
     assert [name for name in os.listdir(folder) if name.startswith("call-")] == []
     limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
@@ -118,8 +118,7 @@ os.makedirs(os.path.join(stale, "call-1"))
 assert sandbox_memory.cgroups_available()
 print(os.path.exists(stale), os.path.exists(sandbox_memory._process_cgroup()[0]))
 """
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                               timeout=60)
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert completed.stdout.split() == ["False", "True"], completed.stderr[-2000:]
 
 

@@ -78,36 +78,97 @@ def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(qwen3_token
         with pytest.raises(openai.APIStatusError) as caught:  # the official client gets it as an API error
             client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "x" * 100_000}])
         assert caught.value.status_code == 413 and caught.value.body["code"] == "request_too_large"
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
 
 
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize("body, what", [
-    ("[" * 200_000, "the request body nests"),  # the issue's case, scaled to the limit: RecursionError in json.loads (a 500)
-    (json.dumps({"model": "scripted", "messages": QUESTION, "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": json.loads(_nested(100))}}]}), "the request body nests arrays and objects 104 levels"),  # parses, but tojson recurses on it
-    (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-        "function": {"name": "calculator", "arguments": '{"a": ' + _nested(5000) + "}"}}]}]}),
-     "'messages[1].tool_calls[0].function.arguments' nests"),  # RecursionError in the arguments' json.loads (a 500)
-    (json.dumps({"model": "scripted", "messages": [*QUESTION, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-        "function": {"name": "calculator", "arguments": '{"a": ' + _nested(100) + "}"}}]}]}),
-     "'messages[1].tool_calls[0].function.arguments' nests arrays and objects 101 levels"),  # parses; dumped again for the prompt
-])
+@pytest.mark.parametrize(
+    "body, what",
+    [
+        (
+            "[" * 200_000,
+            "the request body nests",
+        ),  # the issue's case, scaled to the limit: RecursionError in json.loads (a 500)
+        (
+            json.dumps(
+                {
+                    "model": "scripted",
+                    "messages": QUESTION,
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": json.loads(_nested(100))}}],
+                }
+            ),
+            "the request body nests arrays and objects 104 levels",
+        ),  # parses, but tojson recurses on it
+        (
+            json.dumps(
+                {
+                    "model": "scripted",
+                    "messages": [
+                        *QUESTION,
+                        {
+                            "role": "assistant",
+                            "tool_calls": [
+                                {
+                                    "id": "c",
+                                    "type": "function",
+                                    "function": {"name": "calculator", "arguments": '{"a": ' + _nested(5000) + "}"},
+                                }
+                            ],
+                        },
+                    ],
+                }
+            ),
+            "'messages[1].tool_calls[0].function.arguments' nests",
+        ),  # RecursionError in the arguments' json.loads (a 500)
+        (
+            json.dumps(
+                {
+                    "model": "scripted",
+                    "messages": [
+                        *QUESTION,
+                        {
+                            "role": "assistant",
+                            "tool_calls": [
+                                {
+                                    "id": "c",
+                                    "type": "function",
+                                    "function": {"name": "calculator", "arguments": '{"a": ' + _nested(100) + "}"},
+                                }
+                            ],
+                        },
+                    ],
+                }
+            ),
+            "'messages[1].tool_calls[0].function.arguments' nests arrays and objects 101 levels",
+        ),  # parses; dumped again for the prompt
+    ],
+)
 def test_json_nested_past_the_limit_is_a_400_never_a_500(qwen3_tokenizer, body, what):
     """Guards against the 500 from a RecursionError that 20 MB of `[` gave, and against nesting that parses
     but breaks later (the chat template renders tool schemas with a recursive tojson)."""
     with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_body_bytes=2**20)) as (client, _):
-        request = urllib.request.Request(f"{client.base_url}chat/completions", data=body.encode(),
-                                         headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            f"{client.base_url}chat/completions", data=body.encode(), headers={"content-type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request)
         assert caught.value.code == 400, caught.value.read()[:2000]
         error = json.load(caught.value)["error"]
-        assert error["code"] == "json_too_deep" and error["message"].startswith(what) and "http.max_json_depth" in error["message"]
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            error["code"] == "json_too_deep"
+            and error["message"].startswith(what)
+            and "http.max_json_depth" in error["message"]
+        )
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed(qwen3_tokenizer):
@@ -125,7 +186,10 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(qwen3_tokenizer)
                 pass  # closed while it trickled
             assert _closed_within(trickle, 0.1) and 0.4 < time.monotonic() - started < 1.5
             assert _closed_within(silent, 0.1)
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_idle_timeout_s(qwen3_tokenizer):
@@ -144,7 +208,11 @@ def test_a_body_that_stalls_is_answered_408(qwen3_tokenizer):
             sock.sendall(_head(content_length=1000) + b'{"model": ')
             started = time.monotonic()
             status, headers, body = _response(sock)
-        assert status == 408 and body["error"]["code"] == "request_timeout" and "http.read_timeout_s" in body["error"]["message"]
+        assert (
+            status == 408
+            and body["error"]["code"] == "request_timeout"
+            and "http.read_timeout_s" in body["error"]["message"]
+        )
         assert 0.4 < time.monotonic() - started < 2.0 and headers["connection"] == "close"
 
 
@@ -152,18 +220,30 @@ def test_requests_past_the_in_flight_limit_are_answered_429_at_once(qwen3_tokeni
     """Guards against an unbounded number of requests held at once (each may hold a body of
     max_body_bytes): past http.max_concurrent_requests the server answers 429 with Retry-After, and a
     finished request, failed or not, frees its place."""
-    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_concurrent_requests=1, read_timeout_s=1.0)) as (client, _):
+    with scripted_server(qwen3_tokenizer, REPLY, http=HTTPLimits(max_concurrent_requests=1, read_timeout_s=1.0)) as (
+        client,
+        _,
+    ):
         with pytest.raises(openai.BadRequestError):  # a refused request frees its place too
             client.chat.completions.create(model="scripted", messages=QUESTION, temperature=-1)
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
         with _connect(client) as holder:
             holder.sendall(_head(content_length=1000) + b"{")  # in flight: its body is being read
             time.sleep(0.2)
             with pytest.raises(openai.RateLimitError) as caught:
                 client.chat.completions.create(model="scripted", messages=QUESTION)
-            assert caught.value.response.headers["retry-after"] == "1" and "http.max_concurrent_requests" in caught.value.message
+            assert (
+                caught.value.response.headers["retry-after"] == "1"
+                and "http.max_concurrent_requests" in caught.value.message
+            )
             assert _response(holder)[0] == 408
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
 
 
 def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_tokenizer, monkeypatch):
@@ -180,7 +260,9 @@ def test_the_event_loop_answers_other_requests_while_a_body_is_parsed(qwen3_toke
     monkeypatch.setattr(server, "parse_chat_request", slow_parse, raising=False)  # where the old server called it
     with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
         replies = []
-        slow = threading.Thread(target=lambda: replies.append(client.chat.completions.create(model="scripted", messages=QUESTION)))
+        slow = threading.Thread(
+            target=lambda: replies.append(client.chat.completions.create(model="scripted", messages=QUESTION))
+        )
         slow.start()
         time.sleep(0.3)  # the slow request is being checked now
         started = time.monotonic()
@@ -207,14 +289,24 @@ def test_a_request_that_breaks_its_engine_batch_fails_alone(qwen3_tokenizer):
 
     chat_format = ChatFormat.for_tokenizer(qwen3_tokenizer)
     script = qwen3_tokenizer("It is 24.<|im_end|>", add_special_tokens=False)["input_ids"]
-    engine = RolloutEngine(RunnerBackend(ScriptRunner([script], len(qwen3_tokenizer)), chat_format), chat_format,
-                           qwen3_tokenizer, LIMITS, SamplingParams(temperature=1.0))
+    engine = RolloutEngine(
+        RunnerBackend(ScriptRunner([script], len(qwen3_tokenizer)), chat_format),
+        chat_format,
+        qwen3_tokenizer,
+        LIMITS,
+        SamplingParams(temperature=1.0),
+    )
     worker = EngineWorker(engine, max_concurrent=4, batch_window_s=1.0)  # both submissions land in one batch
     try:
         contents = {"good": "What is 48/2?", "bad": "a\ud800b", "also good": "And 50/2?"}
-        futures = {name: worker.submit(ClientToolsEnv([{"role": "user", "content": text}], []), Task(name, text, ""),
-                                       EpisodeOptions(sampling=SamplingParams(temperature=1.0, seed=1)))
-                   for name, text in contents.items()}
+        futures = {
+            name: worker.submit(
+                ClientToolsEnv([{"role": "user", "content": text}], []),
+                Task(name, text, ""),
+                EpisodeOptions(sampling=SamplingParams(temperature=1.0, seed=1)),
+            )
+            for name, text in contents.items()
+        }
         for name in ("good", "also good"):
             trajectory = futures[name].result(timeout=120)
             reply = [token for token, mask in zip(trajectory.input_ids, trajectory.loss_mask) if mask]
@@ -226,17 +318,30 @@ def test_a_request_that_breaks_its_engine_batch_fails_alone(qwen3_tokenizer):
         worker.stop()
 
 
-@pytest.mark.parametrize("body, message, param", [
-    ('{"model": "scripted", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
-     "the request body: messages[0].content holds a lone surrogate", "messages[0].content"),
-    ('{"model": "scripted", "messages": [{"role": "assistant", "role": "user", "content": "hi"}]}',
-     "the request body is not valid JSON: the key 'role' appears twice in one object", None)])
-def test_a_body_with_text_that_is_not_unicode_or_a_repeated_key_is_a_400_naming_it(qwen3_tokenizer, body, message, param):
+@pytest.mark.parametrize(
+    "body, message, param",
+    [
+        (
+            '{"model": "scripted", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            "the request body: messages[0].content holds a lone surrogate",
+            "messages[0].content",
+        ),
+        (
+            '{"model": "scripted", "messages": [{"role": "assistant", "role": "user", "content": "hi"}]}',
+            "the request body is not valid JSON: the key 'role' appears twice in one object",
+            None,
+        ),
+    ],
+)
+def test_a_body_with_text_that_is_not_unicode_or_a_repeated_key_is_a_400_naming_it(
+    qwen3_tokenizer, body, message, param
+):
     """Guards against a lone surrogate being a 500 (the tokenizer's TypeError) and a repeated key
     keeping its last value silently (the message's role decided by whichever came last)."""
     with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
-        request = urllib.request.Request(f"{client.base_url}chat/completions", data=body.encode(),
-                                         headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            f"{client.base_url}chat/completions", data=body.encode(), headers={"content-type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request)
         assert caught.value.code == 400
@@ -256,7 +361,10 @@ def test_requests_whose_clients_went_away_are_cancelled_and_free_their_places(qw
     Here each abandoned request would decode 900 tokens at 10 ms a forward (9 s)."""
     rambling = [["word " * 1000]]  # never ends its turn: it decodes to max_tokens
     body = json.dumps({"model": "scripted", "messages": QUESTION, "max_tokens": 900, "stream": stream}).encode()
-    with scripted_server(qwen3_tokenizer, rambling, http=HTTPLimits(max_concurrent_requests=2), forward_s=0.01) as (client, _):
+    with scripted_server(qwen3_tokenizer, rambling, http=HTTPLimits(max_concurrent_requests=2), forward_s=0.01) as (
+        client,
+        _,
+    ):
         abandoned = [_connect(client) for _ in range(2)]
         for sock in abandoned:
             sock.sendall(_head(content_length=len(body)) + body)
@@ -271,7 +379,10 @@ def test_requests_whose_clients_went_away_are_cancelled_and_free_their_places(qw
             time.sleep(0.02)
         assert time.monotonic() - hung_up < 1.0, "the abandoned requests kept their places"
         reply = client.chat.completions.create(model="scripted", messages=QUESTION, max_tokens=5)
-        assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "word word word word word"
+        assert (
+            reply.choices[0].finish_reason == "length"
+            and reply.choices[0].message.content == "word word word word word"
+        )
 
 
 def test_a_request_of_more_messages_than_the_limit_is_a_400_before_it_is_rendered(qwen3_tokenizer, monkeypatch):
@@ -281,7 +392,9 @@ def test_a_request_of_more_messages_than_the_limit_is_a_400_before_it_is_rendere
 
     messages = [{"role": role, "content": "hi"} for _ in range(1000) for role in ("user", "assistant")] + QUESTION
     with scripted_server(qwen3_tokenizer, REPLY) as (client, _):
-        monkeypatch.setattr(ChatFormat, "render", lambda *args, **kwargs: pytest.fail("rendered before the count was checked"))
+        monkeypatch.setattr(
+            ChatFormat, "render", lambda *args, **kwargs: pytest.fail("rendered before the count was checked")
+        )
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="scripted", messages=messages)
     assert caught.value.body["param"] == "messages" and caught.value.body["code"] == "too_many_messages"
@@ -324,7 +437,10 @@ def test_large_bodies_take_turns_to_parse_while_small_ones_parse_at_once(qwen3_t
             thread.start()
         time.sleep(0.2)  # the first is parsing, the others wait their turn
         started = time.monotonic()
-        assert client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content == "It is 24."
+        assert (
+            client.chat.completions.create(model="scripted", messages=QUESTION).choices[0].message.content
+            == "It is 24."
+        )
         assert time.monotonic() - started < 0.4, "a small request waited for the large bodies"
         for thread in floods:
             thread.join()

@@ -29,12 +29,21 @@ def _demos(tokenizer, n: int = 2, difficulty: int = 2):
 
 
 def _sft_cfg(output_dir: Path, *extra: str) -> SFTConfig:
-    return load_config(SFTConfig, None, overrides=[
-        "model.name=tiny-qwen3", "model.lora.r=4", "optim.lr=1e-2",
-        "batch_size=4", "micro_batch_size=2",
-        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
-        f"train.output_dir={output_dir}", "train.progress=false", *extra,
-    ])
+    return load_config(
+        SFTConfig,
+        None,
+        overrides=[
+            "model.name=tiny-qwen3",
+            "model.lora.r=4",
+            "optim.lr=1e-2",
+            "batch_size=4",
+            "micro_batch_size=2",
+            "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 8}]",
+            f"train.output_dir={output_dir}",
+            "train.progress=false",
+            *extra,
+        ],
+    )
 
 
 def test_oracle_demo_is_the_oracle_conversation_and_an_unsolved_task_is_refused(qwen3_tokenizer):
@@ -114,8 +123,15 @@ def test_lora_trains_r_times_din_plus_dout_parameters_per_adapted_matrix(new_tin
     c = model.config
     r = 4
     q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    shapes = [(c.hidden_size, q_out), (c.hidden_size, kv_out), (c.hidden_size, kv_out), (q_out, c.hidden_size),
-              (c.hidden_size, c.intermediate_size), (c.hidden_size, c.intermediate_size), (c.intermediate_size, c.hidden_size)]
+    shapes = [
+        (c.hidden_size, q_out),
+        (c.hidden_size, kv_out),
+        (c.hidden_size, kv_out),
+        (q_out, c.hidden_size),
+        (c.hidden_size, c.intermediate_size),
+        (c.hidden_size, c.intermediate_size),
+        (c.intermediate_size, c.hidden_size),
+    ]
     expected = c.num_hidden_layers * sum(r * (d_in + d_out) for d_in, d_out in shapes)
     assert expected == 8192  # 2 layers x 4 x (128 + 96 + 96 + 128 + 192 + 192 + 192)
     trainable, total = count_parameters(apply_lora(model, LoraConfig(r=r)))
@@ -151,7 +167,9 @@ def test_sft_end_to_end_changes_adapters_and_writes_the_run_directory(sft_run):
     for row in history:
         assert all(torch.isfinite(torch.tensor(v)) for k, v in row.items() if k != "optim/grad_norm"), row
         assert row["loss/total"] > 0 and row["sft/tokens"] > 0
-    assert history[-1]["loss/total"] < history[0]["loss/total"], "3 steps at lr 1e-2 should lower the loss on the same tiny demo set"
+    assert history[-1]["loss/total"] < history[0]["loss/total"], (
+        "3 steps at lr 1e-2 should lower the loss on the same tiny demo set"
+    )
     adapters = load_file(out / "final" / "adapter_model.safetensors")
     lora_b = [v for k, v in adapters.items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b), "LoRA B starts at zero; it must have moved"
@@ -178,7 +196,9 @@ def test_merged_model_gives_the_same_logits_as_base_plus_adapters(sft_run, tmp_p
         expected = with_adapters(input_ids=ids).logits
         got = merged(input_ids=ids).logits
         base_logits = base(input_ids=ids).logits
-    assert float((expected - base_logits).abs().max()) > 1e-3, "the adapters must change the logits for this test to mean anything"
+    assert float((expected - base_logits).abs().max()) > 1e-3, (
+        "the adapters must change the logits for this test to mean anything"
+    )
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -216,7 +236,10 @@ def test_sft_resume_after_interruption_gives_the_same_adapters(tmp_path, monkeyp
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert [r["step"] for r in read_metrics(split / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert read_metrics(split / "metrics.jsonl")[-1]["loss/total"] == read_metrics(straight / "metrics.jsonl")[-1]["loss/total"]
+    assert (
+        read_metrics(split / "metrics.jsonl")[-1]["loss/total"]
+        == read_metrics(straight / "metrics.jsonl")[-1]["loss/total"]
+    )
 
 
 def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_path, tiny_qwen3):
@@ -240,7 +263,9 @@ def test_adapters_trained_on_a_previous_stage_reload_on_top_of_that_stage(tmp_pa
             return model
 
     def train_one_stage(start: str, folder, seed: int) -> str:
-        policy, tokenizer, recorded = load_policy(ModelConfig(name=start, lora=LoraConfig(r=2, alpha=2.0)), log=lambda _: None)
+        policy, tokenizer, recorded = load_policy(
+            ModelConfig(name=start, lora=LoraConfig(r=2, alpha=2.0)), log=lambda _: None
+        )
         torch.manual_seed(seed)
         with torch.no_grad():
             for name, p in policy.named_parameters():
@@ -275,8 +300,11 @@ def test_the_normaliser_decides_how_much_a_short_completion_weighs(qwen3_tokeniz
     from agentic_rl.envs.base import EnvSpec
     from agentic_rl.training.sft import DemoSource, SFTObjective, build_demos
 
-    demos = build_demos([DemoSource(env=EnvSpec("memory", {"facts": 1, "distractors": 4, "gap": 2, "window": 2}), n=8)],
-                        qwen3_tokenizer, 0)
+    demos = build_demos(
+        [DemoSource(env=EnvSpec("memory", {"facts": 1, "distractors": 4, "gap": 2, "window": 2}), n=8)],
+        qwen3_tokenizer,
+        0,
+    )
     cfg = SFTConfig(batch_size=4, micro_batch_size=4, normaliser=normaliser)
     objective = SFTObjective(demos, cfg, pad_id=0)
     objective.bind(None, SimpleNamespace(num_processes=1, process_index=0))
@@ -317,5 +345,8 @@ def test_merge_and_eval_refuse_a_stage_output_with_a_non_finite_weight(sft_run, 
     assert cli.main(["merge", "--adapters", str(final), "--out", str(tmp_path / "merged")]) == 2
     err = capsys.readouterr().err
     assert f"'{final}': its weight " in err and "is not finite" in err and not any((tmp_path / "merged").iterdir())
-    assert cli.main(["eval", "--model", str(final), "--env", "arith", "--n", "2", "--out", str(tmp_path / "eval.json")]) == 2
+    assert (
+        cli.main(["eval", "--model", str(final), "--env", "arith", "--n", "2", "--out", str(tmp_path / "eval.json")])
+        == 2
+    )
     assert "is not finite" in capsys.readouterr().err and not (tmp_path / "eval.json").exists()

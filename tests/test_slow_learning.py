@@ -21,7 +21,9 @@ def _greedy_accuracy(model, tokenizer, tasks, difficulty) -> float:
     from agentic_rl.rollout.config import RolloutConfig, Sampling
     from agentic_rl.rollout.factory import build_engine
 
-    rollout = RolloutConfig(max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2, sampling=Sampling(temperature=0))
+    rollout = RolloutConfig(
+        max_turn_tokens=64, max_episode_tokens=1024, max_turns=difficulty + 2, sampling=Sampling(temperature=0)
+    )
     engine = build_engine(model, tokenizer, rollout, seed=0, max_concurrent=len(tasks))
     with torch.no_grad():
         episodes = engine.run([make_env("arith", difficulty=difficulty) for _ in tasks], tasks)
@@ -36,12 +38,22 @@ def test_sft_on_oracle_demos_lifts_heldout_one_step_accuracy(tmp_path):
     from agentic_rl.models.stage_output import load_base_and_tokenizer
     from agentic_rl.training.sft import SFTConfig, train_sft
 
-    cfg = load_config(SFTConfig, None, overrides=[
-        f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=2e-3",
-        "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 32}]",
-        "batch_size=4", "micro_batch_size=4", "train.steps=8", "train.mixed_precision=auto",
-        f"train.output_dir={tmp_path / 'sft'}", "train.progress=false",
-    ])
+    cfg = load_config(
+        SFTConfig,
+        None,
+        overrides=[
+            f"model.name={SMOLLM2}",
+            "model.lora.r=16",
+            "optim.lr=2e-3",
+            "sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 32}]",
+            "batch_size=4",
+            "micro_batch_size=4",
+            "train.steps=8",
+            "train.mixed_precision=auto",
+            f"train.output_dir={tmp_path / 'sft'}",
+            "train.progress=false",
+        ],
+    )
     tasks = make_env("arith", difficulty=1).tasks("test", n=16, seed=0)
     base, tokenizer, _ = load_base_and_tokenizer(SMOLLM2, "float32")
     before = _greedy_accuracy(base, tokenizer, tasks, 1)
@@ -60,12 +72,24 @@ def test_reward_model_separates_heldout_correct_from_corrupted_solutions(tmp_pat
     position: held-out pairwise accuracy would stay at or below chance."""
     from agentic_rl.training.reward_model import RMConfig, train_rm
 
-    cfg = load_config(RMConfig, None, overrides=[
-        f"model.name={SMOLLM2}", "model.lora.r=16", "pairs.source=corrupted", "pairs.tasks=32", "pairs.heldout_tasks=16",
-        "pairs.env.options={difficulty: 1}", "batch_size=4", "optim.lr=5e-4", "train.steps=4",
-        "train.mixed_precision=auto",
-        f"train.output_dir={tmp_path / 'rm'}", "train.progress=false",
-    ])
+    cfg = load_config(
+        RMConfig,
+        None,
+        overrides=[
+            f"model.name={SMOLLM2}",
+            "model.lora.r=16",
+            "pairs.source=corrupted",
+            "pairs.tasks=32",
+            "pairs.heldout_tasks=16",
+            "pairs.env.options={difficulty: 1}",
+            "batch_size=4",
+            "optim.lr=5e-4",
+            "train.steps=4",
+            "train.mixed_precision=auto",
+            f"train.output_dir={tmp_path / 'rm'}",
+            "train.progress=false",
+        ],
+    )
     result = train_rm(cfg)
     # Measured (fp32, 2-core AVX2 CPU, 2026-12-03): 0.75 untrained -> 1.0 after 4 steps, on 16 held-out pairs.
     assert result["heldout_accuracy"] >= 0.9 and result["heldout_accuracy"] > result["heldout_accuracy_before"], result
@@ -83,15 +107,32 @@ def test_grpo_raises_the_training_reward_on_one_step_arith(tmp_path):
     from agentic_rl.training.grpo import train_grpo
     from agentic_rl.training.grpo_config import GRPOConfig
 
-    cfg = load_config(GRPOConfig, None, overrides=[
-        f"model.name={SMOLLM2}", "model.lora.r=16", "optim.lr=3e-4", "loss.beta=0",
-        "env.options={difficulty: 1}",
-        "rewards=[{name: accuracy}, {name: format, weight: 0.5}, {name: length_penalty, params: {alpha: 0.01, target: 16}}]",
-        "rollout.batch_size=16", "rollout.group_size=8", "rollout.max_turn_tokens=128", "rollout.max_turns=2",
-        "rollout.max_episode_tokens=768", "rollout.sampling.temperature=1.0", "rollout.dtype=auto", "old_logprobs=detach",
-        "micro_batch_size=8", "train.mixed_precision=auto",
-        "train.steps=6", "train.seed=0", f"train.output_dir={tmp_path / 'grpo'}", "train.progress=false",
-    ])
+    cfg = load_config(
+        GRPOConfig,
+        None,
+        overrides=[
+            f"model.name={SMOLLM2}",
+            "model.lora.r=16",
+            "optim.lr=3e-4",
+            "loss.beta=0",
+            "env.options={difficulty: 1}",
+            "rewards=[{name: accuracy}, {name: format, weight: 0.5}, {name: length_penalty, params: {alpha: 0.01, target: 16}}]",
+            "rollout.batch_size=16",
+            "rollout.group_size=8",
+            "rollout.max_turn_tokens=128",
+            "rollout.max_turns=2",
+            "rollout.max_episode_tokens=768",
+            "rollout.sampling.temperature=1.0",
+            "rollout.dtype=auto",
+            "old_logprobs=detach",
+            "micro_batch_size=8",
+            "train.mixed_precision=auto",
+            "train.steps=6",
+            "train.seed=0",
+            f"train.output_dir={tmp_path / 'grpo'}",
+            "train.progress=false",
+        ],
+    )
     history = train_grpo(cfg)["history"]
     rewards = [row["reward/total/mean"] for row in history]
     lengths = [row["rollout/completion_tokens/mean"] for row in history]

@@ -16,8 +16,12 @@ from agentic_rl.training.start_audit import AuditFailed
 
 # ragged_arith asks for a second turn after a first turn of odd length: episodes with an observation.
 # It pays that turn 0.2, which these audits leave out of the return on purpose (env_steps at weight 0).
-MULTI_TURN = ["env.name=ragged_arith", "env.options={}", "rollout.max_turns=2",
-              "rewards=[{name: token_parity}, {name: format, weight: 0.5}, {name: env_steps, weight: 0}]"]
+MULTI_TURN = [
+    "env.name=ragged_arith",
+    "env.options={}",
+    "rollout.max_turns=2",
+    "rewards=[{name: token_parity}, {name: format, weight: 0.5}, {name: env_steps, weight: 0}]",
+]
 
 
 def _shift_one_mask_onto_an_observation(monkeypatch) -> list[tuple]:
@@ -42,7 +46,9 @@ def _shift_one_mask_onto_an_observation(monkeypatch) -> list[tuple]:
 
 
 @pytest.mark.parametrize("trainer", ["grpo", "ppo"])
-def test_a_loss_mask_on_an_observation_token_stops_the_run_naming_that_token(tmp_path, monkeypatch, qwen3_tokenizer, trainer):
+def test_a_loss_mask_on_an_observation_token_stops_the_run_naming_that_token(
+    tmp_path, monkeypatch, qwen3_tokenizer, trainer
+):
     """Guards against training on a token the model did not generate: tool output or template
     text would receive gradient (docs/design.md invariant 2), silently, for the whole run."""
     injected = _shift_one_mask_onto_an_observation(monkeypatch)

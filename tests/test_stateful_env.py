@@ -27,14 +27,19 @@ README = REPO / "README.md"
 
 
 def _guess_block() -> str:
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if '@register_env("guess")' in b]
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if '@register_env("guess")' in b
+    ]
     return block
 
 
 # In-process, the README's game is registered as "guess_readme" (no other change): test_readme.py
 # registers every README block as written, "guess" included, in the same pytest process.
 if "guess_readme" not in list_envs():
-    exec(compile(_guess_block().replace('@register_env("guess")', '@register_env("guess_readme")'), str(README), "exec"), {})
+    exec(
+        compile(_guess_block().replace('@register_env("guess")', '@register_env("guess_readme")'), str(README), "exec"),
+        {},
+    )
 
 
 def guess(number) -> str:
@@ -45,7 +50,7 @@ def test_the_readmes_game_is_a_short_env_with_no_copied_step_and_no_registry_edi
     """The issue's bar: the stateful game is at most ~20 lines of logic (code lines, not imports,
     blank lines or the tool's docstring) and defines no `step` of its own."""
     block = _guess_block()
-    body = block[block.index("@register_env"):]
+    body = block[block.index("@register_env") :]
     body = re.sub(r'"""(.*?)"""', "", body, flags=re.DOTALL)
     code = [line for line in body.splitlines() if line.strip()]
     assert len(code) <= 22, "\n".join(code)
@@ -60,9 +65,16 @@ def test_a_method_tool_reads_the_episodes_state_and_its_costs_and_payout_are_the
     assert messages[0]["content"].startswith("Find the secret number")
     (schema,) = env.tool_schemas
     assert schema["function"]["name"] == "guess"
-    assert schema["function"]["parameters"]["properties"]["number"] == {"type": "integer", "description": "A whole number from 1 to 100."}
+    assert schema["function"]["parameters"]["properties"]["number"] == {
+        "type": "integer",
+        "description": "A whole number from 1 to 100.",
+    }
     first = env.step(guess(50))
-    assert (first.observation, first.reward, first.done) == ([{"role": "tool", "name": "guess", "content": "lower"}], -0.05, False)
+    assert (first.observation, first.reward, first.done) == (
+        [{"role": "tool", "name": "guess", "content": "lower"}],
+        -0.05,
+        False,
+    )
     second = env.step(guess(25) + "\n" + guess(30))  # two calls in one turn: two costs, in order
     assert [m["content"] for m in second.observation] == ["higher", "higher"] and second.reward == pytest.approx(-0.10)
     last = env.step(guess(37) + "\n" + guess(38))  # the game ends at 37; the call after it is not run
@@ -130,14 +142,19 @@ def test_method_tools_sit_beside_registered_ones_and_a_turns_calls_run_in_order(
     env = _Counter()
     assert [s["function"]["name"] for s in env.tool_schemas] == ["calculator", "add", "total"]
     env.reset(Task("t", "count", "3"))
-    calls = [format_tool_call("add", {"amount": 1}), format_tool_call("add", {"amount": 2}), format_tool_call("total", {}),
-             format_tool_call("calculator", {"expression": "2*3"})]
+    calls = [
+        format_tool_call("add", {"amount": 1}),
+        format_tool_call("add", {"amount": 2}),
+        format_tool_call("total", {}),
+        format_tool_call("calculator", {"expression": "2*3"}),
+    ]
     result = env.step("\n".join(calls))
     assert [m["content"] for m in result.observation] == ["1", "3", "3", "6"]
 
 
 def test_a_tool_that_is_not_a_method_of_the_env_or_lacks_a_docstring_is_refused_when_the_env_is_built():
     """Guards against a tool the schema cannot describe, or a stray function mistaken for per-episode state, reaching a run."""
+
     def loose(x: int) -> str:
         """Loose.
 
@@ -202,8 +219,16 @@ def test_an_env_that_reports_only_correct_is_read_with_the_documented_defaults()
 def _episode(turn_rewards: list[float], correct: bool, env: str = "guess") -> Trajectory:
     ids = [1] + [2] * len(turn_rewards)
     spans = [Span("prompt", 0, 1)] + [Span("policy", 1 + i, 2 + i) for i in range(len(turn_rewards))]
-    return Trajectory(ids, [0] + [1] * len(turn_rewards), [0.0] * len(ids), spans, turn_rewards=turn_rewards,
-                      env=env, task_id="t", info={"correct": correct})
+    return Trajectory(
+        ids,
+        [0] + [1] * len(turn_rewards),
+        [0.0] * len(ids),
+        spans,
+        turn_rewards=turn_rewards,
+        env=env,
+        task_id="t",
+        info={"correct": correct},
+    )
 
 
 def test_the_default_reward_is_the_envs_return_with_every_step_reward():
@@ -225,7 +250,10 @@ def test_a_reward_list_that_would_drop_step_rewards_is_refused_naming_env_steps(
 
 def test_step_rewards_that_are_only_the_success_payout_need_no_env_steps_and_weight_zero_leaves_any_out():
     """Guards against refusing every `accuracy` config (arith pays only its success) or ignoring an explicit opt-out."""
-    assert RewardComposer([RewardSpec("accuracy")])([_episode([0.0, 1.0], True), _episode([0.0, 0.0], False)]) == [1.0, 0.0]
+    assert RewardComposer([RewardSpec("accuracy")])([_episode([0.0, 1.0], True), _episode([0.0, 0.0], False)]) == [
+        1.0,
+        0.0,
+    ]
     on_purpose = RewardComposer([RewardSpec("accuracy"), RewardSpec("env_steps", weight=0.0)])
     assert on_purpose([_episode([-0.05, 0.95], True)]) == [1.0]
 
@@ -235,8 +263,9 @@ def test_step_rewards_that_are_only_the_success_payout_need_no_env_steps_and_wei
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "agentic_rl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "agentic_rl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 GUESS_SFT = """

@@ -109,7 +109,12 @@ def test_per_problem_scores_of_each_metric():
     with pytest.raises(ValueError, match="pass@8"):
         per_problem_scores(result, "pass@8")
     ci = confidence_intervals(result["per_task"], 4)
-    assert ci["pass@1"] == list(wilson_interval(1, 3)) and set(ci) == {"pass@1", "sampled_accuracy@T", "pass@4", "maj@4"}
+    assert ci["pass@1"] == list(wilson_interval(1, 3)) and set(ci) == {
+        "pass@1",
+        "sampled_accuracy@T",
+        "pass@4",
+        "maj@4",
+    }
 
 
 def test_compare_pairs_problems_by_task_id_not_by_position():
@@ -139,13 +144,21 @@ def test_compare_command_on_eval_files_and_stage_folders(tmp_path):
     (stage / "DONE.json").write_text(json.dumps({"model": "m", "evals": {"new": grpo}}))
     rows = compare_paths([tmp_path / "sft.json"], [stage])
     assert [(r["label"], r["metric"], r["verdict"]) for r in rows] == [("new", "pass@1", "B better")]
-    done = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "sft.json"), str(stage)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "sft.json"), str(stage)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "| new | pass@1 | 100 | 20.0% | 45.0% | +25.0%" in done.stdout
     assert json.loads(done.stdout.strip().splitlines()[-1])[0]["b_better"] == 25
-    missing = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "nope.json"), str(stage)],
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "agentic_rl.cli", "compare", str(tmp_path / "nope.json"), str(stage)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "nope.json: no such file" in missing.stderr
 
 
@@ -156,10 +169,12 @@ def test_compare_several_b_adds_their_per_problem_mean(tmp_path):
     from agentic_rl.evaluation.compare import compare_paths
 
     ids = [f"t{i}" for i in range(6)]
+
     def write(name, greedy):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ids, "greedy": greedy}}))
         return path
+
     a = write("sft", [0, 0, 0, 1, 1, 0])
     seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
     rows = compare_paths([a], seeds)
@@ -178,17 +193,24 @@ def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_p
     import sys
 
     ids = [f"t{i}" for i in range(4)]
+
     def write(name, greedy, order=ids):
         path = tmp_path / f"{name}.json"
         by_id = dict(zip(ids, greedy))
-        path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": list(order), "greedy": [by_id[i] for i in order]}}))
+        path.write_text(
+            json.dumps({"label": "new", "k": 1, "per_task": {"id": list(order), "greedy": [by_id[i] for i in order]}})
+        )
         return path
+
     a = [write("g0", [1, 0, 0, 1]), write("g1", [1, 1, 0, 0], order=ids[::-1]), write("g2", [0, 0, 0, 1])]
     b = [write("p0", [1, 1, 1, 1]), write("p1", [0, 1, 1, 1])]
     rows = compare_paths(a, b)
     assert [(row["a"], row["b"], row["metric"]) for row in rows] == [
-        ("mean of 3", str(b[0]), "pass@1"), ("mean of 3", str(b[1]), "pass@1"), ("mean of 3", "mean of 2", "pass@1"),
-        ("mean of 3", "mean of 2", "pass@1, runs as units")]
+        ("mean of 3", str(b[0]), "pass@1"),
+        ("mean of 3", str(b[1]), "pass@1"),
+        ("mean of 3", "mean of 2", "pass@1"),
+        ("mean of 3", "mean of 2", "pass@1, runs as units"),
+    ]
     # A's per-problem means: t0 2/3, t1 1/3, t2 0, t3 2/3 -> 5/12; B's mean: 1/2, 1, 1, 1 -> 7/8.
     mean = rows[-2]
     assert mean["mean_a"] == pytest.approx(5 / 12) and mean["mean_b"] == pytest.approx(7 / 8)
@@ -197,15 +219,21 @@ def test_compare_several_a_against_several_b_pairs_their_per_problem_means(tmp_p
     assert rows[0]["difference"] == pytest.approx(1 - 5 / 12)
 
     cli = [sys.executable, "-m", "agentic_rl.cli", "compare"]
-    done = subprocess.run(cli + ["--json", "--a", *map(str, a), "--b", *map(str, b)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        cli + ["--json", "--a", *map(str, a), "--b", *map(str, b)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])[-2]["difference"] == pytest.approx(7 / 8 - 5 / 12)
-    mixed = subprocess.run(cli + [str(a[0]), "--a", str(a[1]), "--b", str(b[0])], capture_output=True, text=True, timeout=120)
+    mixed = subprocess.run(
+        cli + [str(a[0]), "--a", str(a[1]), "--b", str(b[0])], capture_output=True, text=True, timeout=120
+    )
     assert mixed.returncode == 2 and "not a mix" in mixed.stderr
     lonely = subprocess.run(cli + [str(a[0])], capture_output=True, text=True, timeout=120)
     assert lonely.returncode == 2 and "needs A and at least one B" in lonely.stderr
     different = tmp_path / "odd.json"
-    different.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ["t0", "t1", "t2", "x"], "greedy": [1, 1, 1, 1]}}))
+    different.write_text(
+        json.dumps({"label": "new", "k": 1, "per_task": {"id": ["t0", "t1", "t2", "x"], "greedy": [1, 1, 1, 1]}})
+    )
     with pytest.raises(ValueError, match="the A inputs hold different problems"):
         compare_paths([a[0], different], b)
 
@@ -220,22 +248,39 @@ def test_compare_pairs_tool_calls_on_the_problems_both_sides_solved(tmp_path):
     from agentic_rl.evaluation.compare import TOOL_CALLS_SOLVED, compare_paths, format_rows
 
     ids = [f"t{i}" for i in range(5)]
+
     def write(name, greedy, calls, order=ids):
         path = tmp_path / f"{name}.json"
         by_id = dict(zip(ids, zip(greedy, calls)))
-        path.write_text(json.dumps({"label": "plan", "k": 1, "per_task": {
-            "id": list(order), "greedy": [by_id[i][0] for i in order], "tool_calls": [by_id[i][1] for i in order]}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "label": "plan",
+                    "k": 1,
+                    "per_task": {
+                        "id": list(order),
+                        "greedy": [by_id[i][0] for i in order],
+                        "tool_calls": [by_id[i][1] for i in order],
+                    },
+                }
+            )
+        )
         return path
+
     sft = write("sft", [1, 1, 1, 0, 1], [9, 7, 12, 24, 6])
     s0 = write("s0", [1, 1, 0, 1, 1], [5, 7, 3, 10, 4], order=ids[::-1])
     s1 = write("s1", [1, 0, 1, 1, 1], [6, 30, 8, 11, 5])
     rows = [row for row in compare_paths([sft], [s0, s1]) if row["metric"] == TOOL_CALLS_SOLVED]
     # s0 against SFT, solved by both: t0 (9 -> 5), t1 (7 -> 7), t4 (6 -> 4): -4, 0, -2.
-    assert rows[0]["n"] == 3 and rows[0]["mean_a"] == pytest.approx(22 / 3) and rows[0]["mean_b"] == pytest.approx(16 / 3)
+    assert (
+        rows[0]["n"] == 3 and rows[0]["mean_a"] == pytest.approx(22 / 3) and rows[0]["mean_b"] == pytest.approx(16 / 3)
+    )
     assert rows[0]["difference"] == pytest.approx(-2.0) and (rows[0]["b_better"], rows[0]["a_better"]) == (0, 2)
     # the mean of s0 and s1: both seeds solved t0 (5.5 calls), t3 and t4 (4.5); SFT solved t0 and t4.
     mean = rows[-1]
-    assert mean["b"] == "mean of 2" and mean["n"] == 2 and mean["difference"] == pytest.approx(((5.5 - 9) + (4.5 - 6)) / 2)
+    assert (
+        mean["b"] == "mean of 2" and mean["n"] == 2 and mean["difference"] == pytest.approx(((5.5 - 9) + (4.5 - 6)) / 2)
+    )
     assert mean["verdict"] == "B fewer" and mean["mcnemar_p"] is None  # both differences negative: every resample is
     table = "\n".join(format_rows(rows))
     assert "| 7.33 | 5.33 | -2.00 [" in table and "%" not in table.split("\n")[2]
@@ -283,6 +328,7 @@ def test_run_level_difference_treats_each_run_as_one_sample():
     # unequal spreads: shares 0.01 and 0.01 / 3, df = (0.04 / 3)^2 / (0.01^2 / 1 + (0.01 / 3)^2 / 2) = 1.6842
     uneven = run_level_difference([0.3, 0.5], [0.6, 0.7, 0.8])
     from agentic_rl.evaluation.stats import student_t_quantile
+
     half = student_t_quantile(0.975, (0.04 / 3) ** 2 / (0.01**2 + (0.01 / 3) ** 2 / 2)) * (0.04 / 3) ** 0.5
     assert half > 0.5 and (uneven.ci_low, uneven.ci_high) == pytest.approx((0.3 - half, 0.3 + half))
     tight = run_level_difference([0.5], [0.7, 0.71, 0.69])
@@ -300,10 +346,12 @@ def test_compare_several_seeds_adds_a_row_with_runs_as_units(tmp_path):
     from agentic_rl.evaluation.compare import RUNS_AS_UNITS, compare_paths, format_rows
 
     ids = [f"t{i}" for i in range(6)]
+
     def write(name, greedy):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"label": "new", "k": 1, "per_task": {"id": ids, "greedy": greedy}}))
         return path
+
     sft = write("sft", [0, 0, 0, 1, 1, 0])  # 2/6
     seeds = [write("s0", [1, 1, 0, 1, 1, 0]), write("s1", [1, 0, 0, 1, 0, 0]), write("s2", [1, 1, 1, 1, 1, 0])]
     row = [row for row in compare_paths([sft], seeds) if row["metric"] == RUNS_AS_UNITS]

@@ -12,11 +12,21 @@ import pytest
 
 from agentic_rl.models.chat_format import ChatFormat, ChatFormatError
 
-MESSAGES = [{"role": "system", "content": "Solve it. End with Final Answer: <number>."},
-            {"role": "user", "content": "What is 48/2 + 3?"}]
+MESSAGES = [
+    {"role": "system", "content": "Solve it. End with Final Answer: <number>."},
+    {"role": "user", "content": "What is 48/2 + 3?"},
+]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "48/2"}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
@@ -44,21 +54,31 @@ def test_earlier_turns_stay_a_token_prefix_and_match_the_template(qwen3_tokenize
     turn = chat.encode(CALL)
     observation = chat.observation_ids(MESSAGES, CALL, [{"role": "tool", "content": "24"}], TOOLS)
     episode = prompt + turn + observation
-    assert episode[:len(prompt) + len(turn)] == prompt + turn  # the policy's context is kept, token for token
-    rerendered = _template(qwen3_tokenizer, [*MESSAGES, {"role": "assistant", "content": CALL},
-                                             {"role": "tool", "content": "24"}], setting, add_generation_prompt=True)
-    header = len(_template(qwen3_tokenizer, MESSAGES, None, add_generation_prompt=True))  # through turn 1's `assistant\n`
+    assert episode[: len(prompt) + len(turn)] == prompt + turn  # the policy's context is kept, token for token
+    rerendered = _template(
+        qwen3_tokenizer,
+        [*MESSAGES, {"role": "assistant", "content": CALL}, {"role": "tool", "content": "24"}],
+        setting,
+        add_generation_prompt=True,
+    )
+    header = len(
+        _template(qwen3_tokenizer, MESSAGES, None, add_generation_prompt=True)
+    )  # through turn 1's `assistant\n`
     # The episode is the template's rendering, plus (false) the empty think block the policy saw before its first turn.
     expected = rerendered[:header] + (EMPTY_THINK if setting is False else "") + rerendered[header:]
     assert episode == qwen3_tokenizer.encode(expected, add_special_tokens=False)
-    assert qwen3_tokenizer.decode(observation).endswith("<|im_start|>assistant\n" + (EMPTY_THINK if setting is False else ""))
+    assert qwen3_tokenizer.decode(observation).endswith(
+        "<|im_start|>assistant\n" + (EMPTY_THINK if setting is False else "")
+    )
 
 
 def test_a_template_without_the_switch_refuses_a_set_value(shared_tokenizer):
     """Guards against a setting silently ignored (SmolLM2's ChatML has no enable_thinking)."""
     smollm2 = shared_tokenizer("smollm2-135m-instruct")
     ChatFormat(smollm2)  # unset: fine
-    with pytest.raises(ChatFormatError, match="enable_thinking=false, but this tokenizer's chat template has no enable_thinking switch"):
+    with pytest.raises(
+        ChatFormatError, match="enable_thinking=false, but this tokenizer's chat template has no enable_thinking switch"
+    ):
         ChatFormat(smollm2, enable_thinking=False)
 
 
@@ -74,11 +94,15 @@ def test_episodes_demonstrations_and_pairs_render_with_the_setting(tiny_qwen3):
     from agentic_rl.envs.base import EnvSpec
 
     model, tokenizer = tiny_qwen3
-    engine = build_engine(model, tokenizer, RolloutConfig(max_turn_tokens=4, max_turns=1, enable_thinking=False), seed=0)
+    engine = build_engine(
+        model, tokenizer, RolloutConfig(max_turn_tokens=4, max_turns=1, enable_thinking=False), seed=0
+    )
     env = EnvSpec().make()
     [episode] = engine.run([env], env.tasks("test", n=1, seed=0))
     demo = build_demos([DemoSource(n=1)], tokenizer, seed=0, enable_thinking=False)[0]
-    chosen, rejected = build_pairs(PairsConfig(tasks=2, rollout=RolloutConfig(enable_thinking=False)), "train", 2, tokenizer, seed=0)[0]
+    chosen, rejected = build_pairs(
+        PairsConfig(tasks=2, rollout=RolloutConfig(enable_thinking=False)), "train", 2, tokenizer, seed=0
+    )[0]
     for name, trajectory in (("episode", episode), ("demonstration", demo), ("chosen", chosen), ("rejected", rejected)):
         policy_start = trajectory.policy_spans[0].start
         before = tokenizer.decode(trajectory.input_ids[:policy_start])
@@ -90,9 +114,19 @@ def test_a_pipeline_whose_stages_disagree_is_refused():
     from agentic_rl.config import load_config
     from agentic_rl.pipeline import PipelineConfig
 
-    agreed = load_config(PipelineConfig, overrides=["sft.enable_thinking=false", "rm.pairs.rollout.enable_thinking=false",
-                                                    "grpo.rollout.enable_thinking=false", "evals=[{rollout: {enable_thinking: false}}]"])
+    agreed = load_config(
+        PipelineConfig,
+        overrides=[
+            "sft.enable_thinking=false",
+            "rm.pairs.rollout.enable_thinking=false",
+            "grpo.rollout.enable_thinking=false",
+            "evals=[{rollout: {enable_thinking: false}}]",
+        ],
+    )
     assert agreed.evals[0].rollout.enable_thinking is False and agreed.grpo.rollout.enable_thinking is False
-    with pytest.raises(ValueError, match=r"enable_thinking differs between the stages of one model \(sft.enable_thinking=False, "
-                                         r"rm.pairs.rollout.enable_thinking=None"):
+    with pytest.raises(
+        ValueError,
+        match=r"enable_thinking differs between the stages of one model \(sft.enable_thinking=False, "
+        r"rm.pairs.rollout.enable_thinking=None",
+    ):
         load_config(PipelineConfig, overrides=["sft.enable_thinking=false"])

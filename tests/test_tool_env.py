@@ -75,21 +75,39 @@ def test_two_calls_in_one_turn_give_two_observations_in_order(env: _Env) -> None
 @pytest.mark.parametrize(
     ("turn", "name", "content_part"),
     [
-        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}\n</tool_call>', "error", "not valid JSON"),
-        ("<tool_call>\n" + json.dumps({"name": "calc", "arguments": {"expression": "1"}}) + "\n</tool_call>",
-         "error", "unknown tool 'calc'; available tools: calculator, boom"),
-        ("<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {}}) + "\n</tool_call>",
-         "calculator", "missing required argument(s) ['expression']"),
-        ("<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expr": "1"}}) + "\n</tool_call>",
-         "calculator", "unknown argument(s) ['expr']"),
-        ("<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": 5}}) + "\n</tool_call>",
-         "calculator", "must be string"),
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}\n</tool_call>',
+            "error",
+            "not valid JSON",
+        ),
+        (
+            "<tool_call>\n" + json.dumps({"name": "calc", "arguments": {"expression": "1"}}) + "\n</tool_call>",
+            "error",
+            "unknown tool 'calc'; available tools: calculator, boom",
+        ),
+        (
+            "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {}}) + "\n</tool_call>",
+            "calculator",
+            "missing required argument(s) ['expression']",
+        ),
+        (
+            "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expr": "1"}}) + "\n</tool_call>",
+            "calculator",
+            "unknown argument(s) ['expr']",
+        ),
+        (
+            "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": 5}}) + "\n</tool_call>",
+            "calculator",
+            "must be string",
+        ),
         (_calc("1/0"), "calculator", "division by zero"),
         (format_tool_call("boom", {"expression": "1"}), "boom", "RuntimeError: internal failure"),
         ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}}', "error", "unterminated"),
     ],
 )
-def test_failed_call_becomes_error_observation_and_episode_continues(env: _Env, turn: str, name: str, content_part: str) -> None:
+def test_failed_call_becomes_error_observation_and_episode_continues(
+    env: _Env, turn: str, name: str, content_part: str
+) -> None:
     """Guards against malformed calls or tool bugs crashing the episode or going uncounted."""
     result = env.step(turn)
     assert not result.done
@@ -111,9 +129,17 @@ def test_correct_answer_ends_episode_with_summary_and_reward(env: _Env) -> None:
     result = env.step("Step 3: 48 + 24 = 72\nFinal Answer: 72 clips")
     assert result.done and result.observation is None and result.reward == 1.0
     assert result.info == {
-        "step_tool_calls": 0, "step_tool_errors": 0, "correct": True, "final_answer": "72",
-        "reference": "72", "format_ok": True, "tool_calls": 2, "tool_errors": 0, "turns": 3,
-        "finish": "answer", "score": 1.0,
+        "step_tool_calls": 0,
+        "step_tool_errors": 0,
+        "correct": True,
+        "final_answer": "72",
+        "reference": "72",
+        "format_ok": True,
+        "tool_calls": 2,
+        "tool_errors": 0,
+        "turns": 3,
+        "finish": "answer",
+        "score": 1.0,
     }
 
 
@@ -177,8 +203,27 @@ def test_step_after_done_or_before_reset_raises() -> None:
 
 
 _TEXT = st.text(max_size=200) | st.lists(
-    st.sampled_from(["<tool_call>", "</tool_call>", "{", "}", '"name"', '"calculator"', '"arguments"',
-                     ":", ",", '"expression"', '"1/0"', '"2**99**9"', "Final Answer:", "72", "\n", "[", "null"]),
+    st.sampled_from(
+        [
+            "<tool_call>",
+            "</tool_call>",
+            "{",
+            "}",
+            '"name"',
+            '"calculator"',
+            '"arguments"',
+            ":",
+            ",",
+            '"expression"',
+            '"1/0"',
+            '"2**99**9"',
+            "Final Answer:",
+            "72",
+            "\n",
+            "[",
+            "null",
+        ]
+    ),
     max_size=30,
 ).map("".join)
 
@@ -198,7 +243,9 @@ def test_arbitrary_text_never_crashes_step(turns: list[str]) -> None:
         assert all(m["role"] == "tool" for m in result.observation)
 
 
-STEPS_TASK = Task("t/1", "48 clips, sold half, then 7 more arrive.", "31", {"steps": [("48 / 2", "24"), ("24 + 7", "31")]})
+STEPS_TASK = Task(
+    "t/1", "48 clips, sold half, then 7 more arrive.", "31", {"steps": [("48 / 2", "24"), ("24 + 7", "31")]}
+)
 
 
 def _solution(env: _Env, *turns: str) -> list[tuple[int, int]]:
@@ -243,7 +290,7 @@ def test_solution_steps_equal_the_common_prefix(results: list[str], per_turn: in
     env.reset(STEPS_TASK)
     info: dict = {}
     for start in range(0, len(results), per_turn):
-        info = env.step("".join(_calc(r) for r in results[start:start + per_turn])).info
+        info = env.step("".join(_calc(r) for r in results[start : start + per_turn])).info
     expected = 0
     for got, want in zip(results, ["24", "31"]):
         if got != want:

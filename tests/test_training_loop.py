@@ -38,7 +38,6 @@ class ToyObjective(BatchObjective):
         return loss, {"sft/tokens": float(len(x))}  # rows stand in for tokens: a per-micro-batch count
 
 
-
 def _train(out, steps, micro=8, checkpoint_every=0, objective=None, schedule="cosine", dtype=torch.float32):
     accelerator = make_accelerator("no", seed=0)
     model = torch.nn.Linear(4, 1).to(dtype)
@@ -83,7 +82,9 @@ def test_resume_restores_rng_optimizer_and_schedule_exactly(tmp_path):
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
     a, b = read_metrics(tmp_path / "straight" / "metrics.jsonl"), read_metrics(tmp_path / "split" / "metrics.jsonl")
-    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6], "steps logged before the kill but after the checkpoint are dropped"
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6], (
+        "steps logged before the kill but after the checkpoint are dropped"
+    )
     assert [r["loss/total"] for r in a] == [r["loss/total"] for r in b]
     assert [r["optim/lr"] for r in a] == [r["optim/lr"] for r in b]
 
@@ -139,13 +140,16 @@ def test_a_run_killed_before_its_first_checkpoint_logs_each_step_once(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("make", [
-    lambda: OptimConfig(lr=0),
-    lambda: OptimConfig(betas=[0.9]),
-    lambda: OptimConfig(warmup_steps=-1),
-    lambda: LoopConfig(steps=-1),
-    lambda: LoopConfig(keep_checkpoints=0),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: OptimConfig(lr=0),
+        lambda: OptimConfig(betas=[0.9]),
+        lambda: OptimConfig(warmup_steps=-1),
+        lambda: LoopConfig(steps=-1),
+        lambda: LoopConfig(keep_checkpoints=0),
+    ],
+)
 def test_invalid_loop_and_optimizer_settings_are_rejected(make):
     """Guards against nonsense settings (zero LR, one beta) being accepted and silently misused."""
     with pytest.raises(ValueError):
@@ -162,8 +166,10 @@ def test_optimizer_is_fused_adamw_and_its_first_steps_follow_the_formula():
     cfg = OptimConfig(lr=0.1, weight_decay=0.5, betas=[0.8, 0.9], eps=1e-3)
     optimizer, _ = build_optimizer(model, cfg, total_steps=2)
     assert optimizer.defaults["fused"] is True  # one pass per parameter: benchmarks/optimizer_step.py
-    grads = [[torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]]), torch.tensor([2.0, -0.25])],
-             [torch.tensor([[-1.0, 1.0, 0.5], [4.0, 0.0, 1.0]]), torch.tensor([0.5, 0.5])]]
+    grads = [
+        [torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]]), torch.tensor([2.0, -0.25])],
+        [torch.tensor([[-1.0, 1.0, 0.5], [4.0, 0.0, 1.0]]), torch.tensor([0.5, 0.5])],
+    ]
     expected, m, v = start, [torch.zeros_like(p) for p in start], [torch.zeros_like(p) for p in start]
     for t, step_grads in enumerate(grads, start=1):
         for p, g in zip(model.parameters(), step_grads):

@@ -27,8 +27,12 @@ from agentic_rl.rewards.base import RewardSpec  # noqa: E402
 from agentic_rl.training.episode_config import EnvMixPart  # noqa: E402
 
 OPTIONS = {"difficulty": 1}
-SPECS = [RewardSpec("accuracy"), RewardSpec("format", weight=0.5), RewardSpec("tool_use"),
-         RewardSpec("step_bonus", params={"beta": 0.1, "cap": 5})]
+SPECS = [
+    RewardSpec("accuracy"),
+    RewardSpec("format", weight=0.5),
+    RewardSpec("tool_use"),
+    RewardSpec("step_bonus", params={"beta": 0.1, "cap": 5}),
+]
 
 
 def _task():
@@ -74,16 +78,24 @@ def test_environment_factory_runs_our_tools_and_grades():
         assert env.reset(prompt=[], task=task_to_json(task)) is None
     expression, value = task.meta["steps"][0]
     assert envs[0].calculator(expression=expression) == value
-    assert envs[1].calculator(expression="2 +") .startswith("Error:")  # our env's error observation
+    assert envs[1].calculator(expression="2 +").startswith("Error:")  # our env's error observation
     completions = [
-        [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "tool", "content": value},
-         {"role": "assistant", "content": f"Step 2: ok.\nFinal Answer: {task.answer}"}],
-        [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "tool", "content": "Error"},
-         {"role": "assistant", "content": "Final Answer: 0"}],
+        [
+            {"role": "assistant", "content": "", "tool_calls": [{}]},
+            {"role": "tool", "content": value},
+            {"role": "assistant", "content": f"Step 2: ok.\nFinal Answer: {task.answer}"},
+        ],
+        [
+            {"role": "assistant", "content": "", "tool_calls": [{}]},
+            {"role": "tool", "content": "Error"},
+            {"role": "assistant", "content": "Final Answer: 0"},
+        ],
     ]
     funcs, _ = make_trl_reward_funcs(SPECS)
-    values = {f.__name__: f(prompts=[[], []], completions=completions, completion_ids=[[1] * 5, [1] * 5],
-                            environments=envs) for f in funcs}
+    values = {
+        f.__name__: f(prompts=[[], []], completions=completions, completion_ids=[[1] * 5, [1] * 5], environments=envs)
+        for f in funcs
+    }
     assert values["accuracy"] == [1.0, 0.0]
     assert values["tool_use"] == [1.0, 0.0]
     assert values["step_bonus"] == pytest.approx([0.1, 0.0])
@@ -96,9 +108,13 @@ def _cfg(tmp_path, **overrides):
     from agentic_rl.training.loop import LoopConfig
 
     base = dict(
-        backend="trl", model=ModelConfig(name="tiny-qwen3"), env=EnvConfig(name="arith", options=OPTIONS, task_pool=4),
-        rewards=SPECS, rollout=GRPORolloutConfig(batch_size=2, group_size=2, max_turn_tokens=48, max_turns=3),
-        micro_batch_size=2, train=LoopConfig(steps=2, output_dir=str(tmp_path / "run"), progress=False),
+        backend="trl",
+        model=ModelConfig(name="tiny-qwen3"),
+        env=EnvConfig(name="arith", options=OPTIONS, task_pool=4),
+        rewards=SPECS,
+        rollout=GRPORolloutConfig(batch_size=2, group_size=2, max_turn_tokens=48, max_turns=3),
+        micro_batch_size=2,
+        train=LoopConfig(steps=2, output_dir=str(tmp_path / "run"), progress=False),
     )
     base.update(overrides)
     return GRPOConfig(**base)
@@ -128,7 +144,9 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
             turn = text.count("<tool_response>")
             action = oracle_actions(task)[min(turn, len(oracle_actions(task)) - 1)]
             calls.append(turn)
-            out.append(tokenizer.encode(action + "<|im_end|>", add_special_tokens=False))  # prompts arrive repeated G times
+            out.append(
+                tokenizer.encode(action + "<|im_end|>", add_special_tokens=False)
+            )  # prompts arrive repeated G times
         return out, None
 
     trainer._generate_single_turn = scripted
@@ -143,15 +161,27 @@ def test_trl_backend_multi_turn_tools_end_to_end(tmp_path):
     assert 1 in calls  # a second generation happened after a tool response
 
 
-@pytest.mark.parametrize("override, message", [
-    (lambda c: {"advantage": type(c.advantage)(mode="turn")}, "advantage.mode=turn"),
-    (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, backend="fast")}, "backend=fast"),
-    (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, tool_workers=8)}, "tool_workers"),
-    (lambda c: {"updates_per_batch": 2}, "old_logprobs=sampling"),
-    (lambda c: {"micro_batch_size": 3}, "micro_batch_size=3"),
-    (lambda c: {"env": type(c.env)(name="arith", options={"difficulty": 1}, task_pool=4,
-                                   mix=[EnvMixPart(), EnvMixPart({"difficulty": 2})])}, "env.mix"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (lambda c: {"advantage": type(c.advantage)(mode="turn")}, "advantage.mode=turn"),
+        (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, backend="fast")}, "backend=fast"),
+        (lambda c: {"rollout": type(c.rollout)(batch_size=2, group_size=2, tool_workers=8)}, "tool_workers"),
+        (lambda c: {"updates_per_batch": 2}, "old_logprobs=sampling"),
+        (lambda c: {"micro_batch_size": 3}, "micro_batch_size=3"),
+        (
+            lambda c: {
+                "env": type(c.env)(
+                    name="arith",
+                    options={"difficulty": 1},
+                    task_pool=4,
+                    mix=[EnvMixPart(), EnvMixPart({"difficulty": 2})],
+                )
+            },
+            "env.mix",
+        ),
+    ],
+)
 def test_unmappable_settings_raise(tmp_path, override, message):
     """Guards against settings TRL's GRPOTrainer cannot honour being dropped silently on the TRL backend
     (invariant 6)."""

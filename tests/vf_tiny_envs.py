@@ -63,8 +63,15 @@ def _sums(rows: range, with_completion: bool, first: int = 3) -> Dataset:
 def _single(rubric: vf.Rubric | None = None, train_rows: int = 12, eval_rows: int = 6) -> vf.Environment:
     parser = vf.Parser(extract_fn=_last_number)
     rubric = rubric or vf.Rubric(funcs=[correct_answer, short_answer, length], weights=[1.0, 0.5, 0.0], parser=parser)
-    return vf.SingleTurnEnv(dataset=_sums(range(train_rows), True), eval_dataset=_sums(range(eval_rows), False, first=30),
-                            system_prompt=SYSTEM_PROMPT, few_shot=FEW_SHOT, parser=parser, rubric=rubric, pass_threshold=1.0)
+    return vf.SingleTurnEnv(
+        dataset=_sums(range(train_rows), True),
+        eval_dataset=_sums(range(eval_rows), False, first=30),
+        system_prompt=SYSTEM_PROMPT,
+        few_shot=FEW_SHOT,
+        parser=parser,
+        rubric=rubric,
+        pass_threshold=1.0,
+    )
 
 
 class GuessEnv(vf.MultiTurnEnv):
@@ -108,12 +115,27 @@ def _binary_search(secret: int) -> list[dict]:
 
 def _guess(max_turns: int = 6, lenient: bool = False) -> vf.Environment:
     def rows(secrets: list[int]) -> Dataset:
-        return Dataset.from_list([{"question": "I picked a whole number from 1 to 8. Guess it: reply with one number per turn.",
-                                   "answer": str(s), "info": {"secret": s}, "completion": _binary_search(s)} for s in secrets])
+        return Dataset.from_list(
+            [
+                {
+                    "question": "I picked a whole number from 1 to 8. Guess it: reply with one number per turn.",
+                    "answer": str(s),
+                    "info": {"secret": s},
+                    "completion": _binary_search(s),
+                }
+                for s in secrets
+            ]
+        )
 
     rubric = vf.Rubric(funcs=[found_secret, guesses], weights=[1.0, -0.1])
-    return GuessEnv(lenient, dataset=rows([1, 2, 3, 4, 5, 6, 7, 8]), eval_dataset=rows([6, 3, 8, 1]), rubric=rubric,
-                    max_turns=max_turns, pass_threshold=0.5)
+    return GuessEnv(
+        lenient,
+        dataset=rows([1, 2, 3, 4, 5, 6, 7, 8]),
+        eval_dataset=rows([6, 3, 8, 1]),
+        rubric=rubric,
+        max_turns=max_turns,
+        pass_threshold=0.5,
+    )
 
 
 def add(a: int, b: int) -> int:
@@ -127,16 +149,32 @@ def add(a: int, b: int) -> int:
 
 
 def _tool() -> vf.Environment:
-    records = [{"question": f"Use the add tool: what is {a} + {b}?", "answer": str(a + b),
-                "completion": [{"role": "assistant", "content": "",
-                                "tool_calls": [{"id": "call_0", "name": "add", "arguments": f'{{"a": {a}, "b": {b}}}'}]},
-                               {"role": "tool", "tool_call_id": "call_0", "content": str(a + b)},
-                               {"role": "assistant", "content": str(a + b)}]}
-               for a, b in [(17, 25), (40, 2), (9, 99), (120, 7)]]
+    records = [
+        {
+            "question": f"Use the add tool: what is {a} + {b}?",
+            "answer": str(a + b),
+            "completion": [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "call_0", "name": "add", "arguments": f'{{"a": {a}, "b": {b}}}'}],
+                },
+                {"role": "tool", "tool_call_id": "call_0", "content": str(a + b)},
+                {"role": "assistant", "content": str(a + b)},
+            ],
+        }
+        for a, b in [(17, 25), (40, 2), (9, 99), (120, 7)]
+    ]
     parser = vf.Parser(extract_fn=_last_number)
     rubric = vf.Rubric(funcs=[correct_answer], parser=parser)
-    return vf.ToolEnv(tools=[add], max_turns=3, dataset=Dataset.from_list(records), eval_dataset=Dataset.from_list(records),
-                      parser=parser, rubric=rubric)
+    return vf.ToolEnv(
+        tools=[add],
+        max_turns=3,
+        dataset=Dataset.from_list(records),
+        eval_dataset=Dataset.from_list(records),
+        parser=parser,
+        rubric=rubric,
+    )
 
 
 def _judge() -> vf.Environment:

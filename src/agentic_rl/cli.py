@@ -120,10 +120,21 @@ def _cmd_rewards_list(args: argparse.Namespace) -> int:
 
 
 _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it overrides
-    "model": "model", "env": "env.name", "n": "n", "k": "k", "temperature": "rollout.sampling.temperature",
-    "split": "split", "seed": "seed", "max_concurrent": "max_concurrent", "max_turn_tokens": "rollout.max_turn_tokens",
-    "max_turns": "rollout.max_turns", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
-    "label": "label", "out": "out",
+    "model": "model",
+    "env": "env.name",
+    "n": "n",
+    "k": "k",
+    "temperature": "rollout.sampling.temperature",
+    "split": "split",
+    "seed": "seed",
+    "max_concurrent": "max_concurrent",
+    "max_turn_tokens": "rollout.max_turn_tokens",
+    "max_turns": "rollout.max_turns",
+    "dtype": "rollout.dtype",
+    "backend": "rollout.backend",
+    "device": "rollout.device",
+    "label": "label",
+    "out": "out",
 }
 
 
@@ -191,12 +202,20 @@ def _prepare_out(out: str, folder: bool = False) -> None:
     except (FileExistsError, NotADirectoryError):
         raise ValueError(f"--out '{out}': a part of it is a file, not a folder; give another path") from None
     except OSError as exc:
-        raise ValueError(f"--out '{out}': cannot create {path if folder else path.parent} ({exc.strerror}); "
-                         "give a path in a writable folder") from None
+        raise ValueError(
+            f"--out '{out}': cannot create {path if folder else path.parent} ({exc.strerror}); "
+            "give a path in a writable folder"
+        ) from None
 
 
-_CHAT_FLAGS = {"model": "model", "env": "env.name", "temperature": "rollout.sampling.temperature", "max_turns": "rollout.max_turns",
-               "max_turn_tokens": "rollout.max_turn_tokens", "device": "rollout.device"}
+_CHAT_FLAGS = {
+    "model": "model",
+    "env": "env.name",
+    "temperature": "rollout.sampling.temperature",
+    "max_turns": "rollout.max_turns",
+    "max_turn_tokens": "rollout.max_turn_tokens",
+    "device": "rollout.device",
+}
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -222,10 +241,21 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-_SERVE_FLAGS = {"model": "model", "env": "env.name", "host": "host", "port": "port", "served_name": "served_name",
-                "temperature": "rollout.sampling.temperature", "max_turns": "rollout.max_turns", "max_turn_tokens": "rollout.max_turn_tokens",
-                "max_concurrent": "max_concurrent", "dtype": "rollout.dtype", "backend": "rollout.backend", "device": "rollout.device",
-                "seed": "seed"}
+_SERVE_FLAGS = {
+    "model": "model",
+    "env": "env.name",
+    "host": "host",
+    "port": "port",
+    "served_name": "served_name",
+    "temperature": "rollout.sampling.temperature",
+    "max_turns": "rollout.max_turns",
+    "max_turn_tokens": "rollout.max_turn_tokens",
+    "max_concurrent": "max_concurrent",
+    "dtype": "rollout.dtype",
+    "backend": "rollout.backend",
+    "device": "rollout.device",
+    "seed": "seed",
+}
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -238,8 +268,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-_AUDIT_FLAGS = {"model": "model", "env": "env.name", "n": "n", "seed": "seed", "split": "split", "tolerance": "tolerance",
-                "device": "rollout.device"}
+_AUDIT_FLAGS = {
+    "model": "model",
+    "env": "env.name",
+    "n": "n",
+    "seed": "seed",
+    "split": "split",
+    "tolerance": "tolerance",
+    "device": "rollout.device",
+}
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -251,8 +288,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     results = run_audit(model, tokenizer, cfg)
     print(format_report(results))
-    _print_json({"model": cfg.model, "env": cfg.env.name, "passed": all(r.passed for r in results),
-                 "checks": {r.name: {"passed": r.passed, "summary": r.summary} for r in results}})
+    _print_json(
+        {
+            "model": cfg.model,
+            "env": cfg.env.name,
+            "passed": all(r.passed for r in results),
+            "checks": {r.name: {"passed": r.passed, "summary": r.summary} for r in results},
+        }
+    )
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -264,7 +307,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise ValueError("compare takes either positional inputs (A B [B ...]) or both --a and --b, not a mix")
         paths_a, paths_b = args.a, args.b
     elif len(args.inputs) < 2:
-        raise ValueError("compare needs A and at least one B: `agentic-rl compare A B [B ...]` or `--a A [A ...] --b B [B ...]`")
+        raise ValueError(
+            "compare needs A and at least one B: `agentic-rl compare A B [B ...]` or `--a A [A ...] --b B [B ...]`"
+        )
     else:
         paths_a, paths_b = args.inputs[:1], args.inputs[1:]
     rows = compare_paths(paths_a, paths_b)
@@ -294,12 +339,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _cmd_config(args: argparse.Namespace) -> int:
     from agentic_rl.config_docs import describe, markdown_reference
 
     if args.which is None and not args.markdown:
-        raise ValueError("agentic-rl config: name a command (e.g. `agentic-rl config grpo`), or give --markdown for all")
+        raise ValueError(
+            "agentic-rl config: name a command (e.g. `agentic-rl config grpo`), or give --markdown for all"
+        )
     commands = [args.which] if args.which else sorted(CONFIGURED_COMMANDS)
     described = {command: describe(config_class(command)) for command in commands}
     print(markdown_reference(described) if args.markdown else "\n".join(described[commands[0]]))
@@ -309,7 +355,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_metrics(args: argparse.Namespace) -> int:
     from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
 
-    print(glossary_markdown() if args.markdown else "\n".join(f"{key:34s} {meaning}" for key, meaning in GLOSSARY.items()))
+    print(
+        glossary_markdown() if args.markdown else "\n".join(f"{key:34s} {meaning}" for key, meaning in GLOSSARY.items())
+    )
     return 0
 
 
@@ -327,10 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
     from agentic_rl.serving.chat import ChatConfig
     from agentic_rl.serving.config import ServeConfig
 
-    parser = argparse.ArgumentParser(prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO.")
+    parser = argparse.ArgumentParser(
+        prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    envs = sub.add_parser("envs", help="list environments or run the scripted oracle policy").add_subparsers(dest="envs_command", required=True)
+    envs = sub.add_parser("envs", help="list environments or run the scripted oracle policy").add_subparsers(
+        dest="envs_command", required=True
+    )
     p = envs.add_parser("list", help="list registered environments")
     p.add_argument("-v", "--verbose", action="store_true", help="also list each environment's options")
     add_plugin_flag(p)
@@ -340,11 +392,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_at_least_one, default=50, help="number of tasks (at least 1)")
     p.add_argument("--split", default="test", choices=["train", "test"], help="task split")
     p.add_argument("--seed", type=int, default=0, help="task seed")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable (e.g. difficulty=3)")
+    p.add_argument(
+        "--option", action="append", metavar="KEY=VALUE", help="environment option, repeatable (e.g. difficulty=3)"
+    )
     add_plugin_flag(p)
     p.set_defaults(func=_cmd_envs_oracle)
 
-    tools = sub.add_parser("tools", help="list the tools, run one by hand").add_subparsers(dest="tools_command", required=True)
+    tools = sub.add_parser("tools", help="list the tools, run one by hand").add_subparsers(
+        dest="tools_command", required=True
+    )
     p = tools.add_parser("list", help="list registered tools (-v: each one's description and arguments)")
     p.add_argument("-v", "--verbose", action="store_true", help="show each tool's description and arguments")
     add_plugin_flag(p)
@@ -362,47 +418,78 @@ def build_parser() -> argparse.ArgumentParser:
     add_plugin_flag(p)
     p.set_defaults(func=_cmd_rewards_list)
 
-    p = sub.add_parser("eval", help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
-                       description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model on an environment (pass@1, pass@k, maj@k, tool stats)",
+        description="Evaluate a model. Each flag overrides one key of the eval config; every key: `agentic-rl config eval`.",
+    )
     add_flagged(p, _EVAL_FLAGS, EvalCommandConfig, "rollout.sampling.top_p=0.9")
     p.add_argument("--json", action="store_true", help="print only the JSON metrics line")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("chat", help="talk to an agent in the terminal; its tool calls run and show as they happen",
-                       description="A terminal conversation with an agent and its environment's tools. Every key: "
-                       "`agentic-rl config chat`.")
+    p = sub.add_parser(
+        "chat",
+        help="talk to an agent in the terminal; its tool calls run and show as they happen",
+        description="A terminal conversation with an agent and its environment's tools. Every key: "
+        "`agentic-rl config chat`.",
+    )
     add_flagged(p, _CHAT_FLAGS, ChatConfig, "rollout.sampling.top_p=0.9")
     p.set_defaults(func=_cmd_chat)
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/models) on the rollout engine",
-                       description="Serve a model with the OpenAI chat-completions API. Without --env, the request's tools "
-                       "go into the chat template and tool calls come back to the client; with --env, the server runs the "
-                       "environment's tools and answers with the final reply and its tool trace. Every key: "
-                       "`agentic-rl config serve`.")
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/models) on the rollout engine",
+        description="Serve a model with the OpenAI chat-completions API. Without --env, the request's tools "
+        "go into the chat template and tool calls come back to the client; with --env, the server runs the "
+        "environment's tools and answers with the final reply and its tool trace. Every key: "
+        "`agentic-rl config serve`.",
+    )
     add_flagged(p, _SERVE_FLAGS, ServeConfig, "batch_window_ms=50")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("audit", help="check that training sees what inference sees: template prefixes, loss masks, "
-                       "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
-                       description="Audit a model, its template and an environment before training. Every key: "
-                       "`agentic-rl config audit`.")
+    p = sub.add_parser(
+        "audit",
+        help="check that training sees what inference sees: template prefixes, loss masks, "
+        "sampler against trainer log-probs, weight sync (exit 1 on a failure)",
+        description="Audit a model, its template and an environment before training. Every key: "
+        "`agentic-rl config audit`.",
+    )
     add_flagged(p, _AUDIT_FLAGS, AuditConfig, "dtypes=[float32]")
     p.set_defaults(func=_cmd_audit)
 
-    p = sub.add_parser("compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)")
-    p.add_argument("inputs", nargs="*", metavar="A B [B ...]",
-                   help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json; "
-                   "B: the same, for the other model; several B (e.g. one per seed) are each compared, and so is their per-problem mean; "
-                   "a last row treats each run as one sample (a t-interval over seeds)")
-    p.add_argument("--a", nargs="+", metavar="A", help="several A inputs (e.g. one run per seed): A is their per-problem mean; use with --b")
+    p = sub.add_parser(
+        "compare", help="paired comparison of two evaluations of the same problems (B − A with its 95%% CI)"
+    )
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="A B [B ...]",
+        help="A: an `eval --out` file, a pipeline stage folder (e.g. runs/demo/eval_sft) or its DONE.json; "
+        "B: the same, for the other model; several B (e.g. one per seed) are each compared, and so is their per-problem mean; "
+        "a last row treats each run as one sample (a t-interval over seeds)",
+    )
+    p.add_argument(
+        "--a",
+        nargs="+",
+        metavar="A",
+        help="several A inputs (e.g. one run per seed): A is their per-problem mean; use with --b",
+    )
     p.add_argument("--b", nargs="+", metavar="B", help="the B inputs, with --a")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.set_defaults(func=_cmd_compare)
 
     for name, (_, help_text) in TRAIN_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=f"{help_text}. Every key: `agentic-rl config {name}`.")
-        p.add_argument("--config", help="YAML config file (defaults are used for missing keys; it may `extends:` another file)")
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a key, e.g. optim.lr=1e-5 (repeatable)")
+        p.add_argument(
+            "--config", help="YAML config file (defaults are used for missing keys; it may `extends:` another file)"
+        )
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a key, e.g. optim.lr=1e-5 (repeatable)",
+        )
         add_plugin_flag(p)
         p.set_defaults(func=_cmd_train)
 
@@ -417,7 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="list every key of a command's config with its type, default and meaning")
     p.add_argument("which", nargs="?", choices=sorted(CONFIGURED_COMMANDS), help="the command")
-    p.add_argument("--markdown", action="store_true", help="a Markdown page (docs/config.md: every command without `which`)")
+    p.add_argument(
+        "--markdown", action="store_true", help="a Markdown page (docs/config.md: every command without `which`)"
+    )
     p.set_defaults(func=_cmd_config)
     return parser
 

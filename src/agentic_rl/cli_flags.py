@@ -26,8 +26,10 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, 
             options[key] = load_yaml(raw)
         except (yaml.YAMLError, ConfigBoundError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"{flag} {quoted(pair)}: its value is not YAML ({problem}); quote a string, e.g. "
-                             f"{flag} '{key}=\"{raw}\"'") from None
+            raise ValueError(
+                f"{flag} {quoted(pair)}: its value is not YAML ({problem}); quote a string, e.g. "
+                f"{flag} '{key}=\"{raw}\"'"
+            ) from None
     return options
 
 
@@ -48,13 +50,28 @@ def add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, se
 
     p.add_argument("--config", help="YAML config (it may `extends:` another file); flags and --set override it")
     for flag, key in flags.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", metavar=key.split(".")[-1].upper(),
-                       help=f"{key}: {field_help(cls, key)}".replace("%", "%%"))
+        p.add_argument(
+            f"--{flag.replace('_', '-')}",
+            metavar=key.split(".")[-1].upper(),
+            help=f"{key}: {field_help(cls, key)}".replace("%", "%%"),
+        )
     for old, new in getattr(cls, "RENAMED_KEYS", {}).items():  # an old flag is refused with the new one's name
-        p.add_argument(f"--{old.replace('_', '-')}", action=RenamedFlag, help=argparse.SUPPRESS,
-                       now=f"--{new.split()[0].replace('_', '-')}")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=f"override any key, e.g. {set_example} (repeatable)")
+        p.add_argument(
+            f"--{old.replace('_', '-')}",
+            action=RenamedFlag,
+            help=argparse.SUPPRESS,
+            now=f"--{new.split()[0].replace('_', '-')}",
+        )
+    p.add_argument(
+        "--option", action="append", metavar="KEY=VALUE", help="env.options.KEY: environment option, repeatable"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override any key, e.g. {set_example} (repeatable)",
+    )
     add_plugin_flag(p)
 
 
@@ -70,9 +87,14 @@ class RenamedFlag(argparse.Action):
 
 
 def add_plugin_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
-                   help="import a module (on PYTHONPATH) or a .py file that registers envs, tools or rewards, "
-                   "before the config is read; appended to the config's `plugins` (repeatable)")
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="import a module (on PYTHONPATH) or a .py file that registers envs, tools or rewards, "
+        "before the config is read; appended to the config's `plugins` (repeatable)",
+    )
 
 
 def load_plugin_flags(args: argparse.Namespace) -> None:

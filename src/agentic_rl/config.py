@@ -87,7 +87,11 @@ class Derived:
 
 
 def _derived(hint: Any) -> Derived | None:
-    return next((mark for mark in get_args(hint)[1:] if isinstance(mark, Derived)), None) if get_origin(hint) is Annotated else None
+    return (
+        next((mark for mark in get_args(hint)[1:] if isinstance(mark, Derived)), None)
+        if get_origin(hint) is Annotated
+        else None
+    )
 
 
 class Config:
@@ -163,8 +167,9 @@ def renamed_keys(cls: type) -> dict[str, str]:
     return {**RENAMED, **getattr(cls, "RENAMED_KEYS", {})}
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                plugins: list[str] | None = None) -> T:
+def load_config(
+    cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, plugins: list[str] | None = None
+) -> T:
     """Build `cls` from a YAML file (optional) plus `key.sub=value` overrides, strictly.
 
     `plugins` (the `--plugin` flags) are appended to the config's `plugins` list, and that list is
@@ -307,7 +312,11 @@ def settings(config: Any) -> Any:
     writes to its config.yaml, so that file loads back as --config)."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         hints = get_type_hints(type(config), include_extras=True)
-        return {f.name: settings(getattr(config, f.name)) for f in dataclasses.fields(config) if _derived(hints[f.name]) is None}
+        return {
+            f.name: settings(getattr(config, f.name))
+            for f in dataclasses.fields(config)
+            if _derived(hints[f.name]) is None
+        }
     if isinstance(config, (list, tuple)):
         return type(config)(settings(item) for item in config)
     if isinstance(config, dict):
@@ -338,7 +347,11 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
         return from_dict(hint, value, prefix=f"{key}.", source=source)
     if origin is Literal:
         if isinstance(value, bool) and value not in args:  # YAML 1.1 reads no/off/yes/on as booleans
-            spelled = [a for a in args if isinstance(a, str) and a.lower() in (("no", "off", "false") if not value else ("yes", "on", "true"))]
+            spelled = [
+                a
+                for a in args
+                if isinstance(a, str) and a.lower() in (("no", "off", "false") if not value else ("yes", "on", "true"))
+            ]
             value = spelled[0] if len(spelled) == 1 else value
         if value not in args:
             raise ConfigError(f"{source}: '{key}' must be one of {list(args)}, got {quoted(value)}")
@@ -354,7 +367,9 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
                 return _coerce(arg, value, key, source)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{source}: '{key}' got {quoted(value)}, which fits none of {hint}")
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{source}: '{key}' got {quoted(value)}, which fits none of {hint}"
+        )
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{source}: '{key}' must be a list, got {quoted(value)}")
@@ -397,8 +412,10 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
 def _reject_non_finite(value: Any, key: str, source: str) -> None:
     """ConfigError naming the key if `value` is, or holds, a NaN or infinite float."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{source}: '{key}' must be a finite number, got {quoted(value)}; "
-                          "NaN and inf would make the run's losses and weights NaN")
+        raise ConfigError(
+            f"{source}: '{key}' must be a finite number, got {quoted(value)}; "
+            "NaN and inf would make the run's losses and weights NaN"
+        )
     if isinstance(value, dict):
         for sub_key, item in value.items():
             _reject_non_finite(item, f"{key}.{sub_key}", source)
@@ -418,10 +435,17 @@ def refuse_unused(section: Any, names: Sequence[str], *, prefix: str, used_with:
         value, default = getattr(section, field.name), _class_default(field)
         if field.name in names and value != default:
             if dataclasses.is_dataclass(value) and type(value) is type(default):  # a nested section: name its key
-                refuse_unused(value, [f.name for f in dataclasses.fields(value)], prefix=f"{prefix}{field.name}.",
-                              used_with=used_with, now=now)
-            raise ValueError(f"{prefix}{field.name}={quoted(getattr(section, field.name))} is only used with {used_with} "
-                             f"({now}), so the run would ignore it; remove it, or set {used_with}")
+                refuse_unused(
+                    value,
+                    [f.name for f in dataclasses.fields(value)],
+                    prefix=f"{prefix}{field.name}.",
+                    used_with=used_with,
+                    now=now,
+                )
+            raise ValueError(
+                f"{prefix}{field.name}={quoted(getattr(section, field.name))} is only used with {used_with} "
+                f"({now}), so the run would ignore it; remove it, or set {used_with}"
+            )
 
 
 def _class_default(field: dataclasses.Field) -> Any:

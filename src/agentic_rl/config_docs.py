@@ -74,7 +74,9 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
             continue
         type_name = type_label(hint)
-        lines.append(f"{prefix}{f.name} ({type_name}, default {_shown_default(_leaf_default(f))}): {docs.get(f.name, '')}")
+        lines.append(
+            f"{prefix}{f.name} ({type_name}, default {_shown_default(_leaf_default(f))}): {docs.get(f.name, '')}"
+        )
         item = get_args(hint)[0] if get_origin(hint) is list and get_args(hint) else None
         if dataclasses.is_dataclass(item):  # what each item of the list may hold: `sources[].kind`
             lines.extend(describe(item, prefix=f"{prefix}{f.name}[]."))
@@ -84,10 +86,14 @@ def describe(cls: type, prefix: str = "") -> list[str]:
 def markdown_reference(described: dict[str, list[str]]) -> str:
     """A Markdown page of `describe` lines by command (`agentic-rl config --markdown`): a section
     per command, a bullet per key, the key and its type and default set apart from the text."""
-    out = ["# Config reference", "",
-           "Every key of every command's config, generated from the code by `agentic-rl config --markdown`;",
-           "`agentic-rl config <command>` prints one command's. Set a key in a YAML file (`--config`) or with",
-           "`--set key=value`; `name[].key` is a key of each item of the list `name`.", ""]
+    out = [
+        "# Config reference",
+        "",
+        "Every key of every command's config, generated from the code by `agentic-rl config --markdown`;",
+        "`agentic-rl config <command>` prints one command's. Set a key in a YAML file (`--config`) or with",
+        "`--set key=value`; `name[].key` is a key of each item of the list `name`.",
+        "",
+    ]
     for command, lines in described.items():
         out += [f"## {command}", ""]
         for line in lines:
@@ -103,7 +109,9 @@ def markdown_text(text: str) -> str:
     would be read as HTML and vanish, a `*` start emphasis); a code span is left as written."""
     parts = text.split("`")
     for index in range(0, len(parts), 2):  # the even parts lie outside code spans
-        parts[index] = parts[index].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "&#42;")
+        parts[index] = (
+            parts[index].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "&#42;")
+        )
     return "`".join(parts)
 
 
@@ -125,8 +133,10 @@ def check_section_default(cls: type, field: dataclasses.Field, section: type) ->
     """TypeError unless the nested section `field` of `cls` defaults to its class's own defaults
     (default_factory is the class itself): each default is declared once, where it is read."""
     if field.default_factory is not section:  # type: ignore[misc]
-        raise TypeError(f"{cls.__name__}.{field.name}: a section's default must be default_factory={section.__name__}, its "
-                        "class's own defaults; declare a subclass that redeclares the fields whose default differs")
+        raise TypeError(
+            f"{cls.__name__}.{field.name}: a section's default must be default_factory={section.__name__}, its "
+            "class's own defaults; declare a subclass that redeclares the fields whose default differs"
+        )
 
 
 def _shown_default(value: Any) -> str:

@@ -66,8 +66,10 @@ def refuse_extends(data: Any, source: str, prefix: str = "") -> None:
             refuse_extends(item, source, f"{prefix}[{index}]")
     elif isinstance(data, dict):
         if EXTENDS in data:
-            raise ConfigError(f"{source}: '{_key(prefix, EXTENDS)}' works only inside a config file (its path is "
-                              "relative to that file); write it there, or give the keys themselves with --set")
+            raise ConfigError(
+                f"{source}: '{_key(prefix, EXTENDS)}' works only inside a config file (its path is "
+                "relative to that file); write it there, or give the keys themselves with --set"
+            )
         for key, value in data.items():
             refuse_extends(value, source, _key(prefix, key))
 
@@ -77,13 +79,19 @@ def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: 
     and each file read is appended to `read`."""
     state.values += 1
     if state.values > MAX_CONFIG_VALUES:
-        raise ConfigError(f"{here}: the config holds more than {MAX_CONFIG_VALUES} values once its `extends` are "
-                          f"expanded (at '{prefix}'); do sections extend files that extend others several times over?")
+        raise ConfigError(
+            f"{here}: the config holds more than {MAX_CONFIG_VALUES} values once its `extends` are "
+            f"expanded (at '{prefix}'); do sections extend files that extend others several times over?"
+        )
     if isinstance(node, list):
         return [_resolve(item, here, chain, f"{prefix}[{index}]", read, state) for index, item in enumerate(node)]
     if not isinstance(node, dict):
         return node
-    own = {key: _resolve(value, here, chain, _key(prefix, key), read, state) for key, value in node.items() if key != EXTENDS}
+    own = {
+        key: _resolve(value, here, chain, _key(prefix, key), read, state)
+        for key, value in node.items()
+        if key != EXTENDS
+    }
     if isinstance(node, Replacing):
         own = Replacing(own)
     if EXTENDS not in node:
@@ -94,8 +102,10 @@ def _resolve(node: Any, here: Path, chain: tuple[Path, ...], prefix: str, read: 
         raise ConfigError(f"{where} must be the path of a YAML file, got {quoted(target)}")
     other = (here.parent / target).resolve()
     if other in chain:
-        raise ConfigError(f"{where}: {target} extends itself: {' -> '.join(map(str, (*chain, other)))}; "
-                          "remove one `extends` of the chain")
+        raise ConfigError(
+            f"{where}: {target} extends itself: {' -> '.join(map(str, (*chain, other)))}; "
+            "remove one `extends` of the chain"
+        )
     if other not in state.files:
         try:
             state.files[other] = read_config_file(other)
@@ -109,7 +119,9 @@ def _merge(base: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     """`own` over `base`: mappings merge key by key, any other value (or a `!replace` mapping) replaces."""
     merged = dict(base)
     for key, value in own.items():
-        both_mappings = isinstance(merged.get(key), dict) and isinstance(value, dict) and not isinstance(value, Replacing)
+        both_mappings = (
+            isinstance(merged.get(key), dict) and isinstance(value, dict) and not isinstance(value, Replacing)
+        )
         merged[key] = _merge(merged[key], value) if both_mappings else value
     return merged
 

@@ -37,8 +37,10 @@ def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         line = key_node.start_mark.line + 1
         try:
             if key in first_line:
-                raise DuplicateKeyError(f"duplicate key {key!r} at line {line} (first at line {first_line[key]}); "
-                                        "YAML would keep only the last value: remove one of them")
+                raise DuplicateKeyError(
+                    f"duplicate key {key!r} at line {line} (first at line {first_line[key]}); "
+                    "YAML would keep only the last value: remove one of them"
+                )
             first_line[key] = line
         except TypeError:  # an unhashable key: construct_mapping below reports it
             break
@@ -55,8 +57,9 @@ class Replacing(dict):
 
 def _replacing(loader: _StrictLoader, node: yaml.Node) -> Replacing:
     if not isinstance(node, yaml.MappingNode):
-        raise yaml.constructor.ConstructorError(None, None, "!replace applies to a mapping, e.g. "
-                                                "`env: !replace {name: squares}`", node.start_mark)
+        raise yaml.constructor.ConstructorError(
+            None, None, "!replace applies to a mapping, e.g. `env: !replace {name: squares}`", node.start_mark
+        )
     return Replacing(_no_duplicate_keys(loader, node, deep=True))
 
 
@@ -86,8 +89,10 @@ def check_config_bounds(value: Any) -> None:
         node, depth = stack.pop()
         seen += 1
         if seen > MAX_CONFIG_VALUES:
-            raise ConfigBoundError(f"holds more than {MAX_CONFIG_VALUES} values once its aliases and `extends` are "
-                                   "expanded (a YAML alias bomb?); a config holds a few hundred")
+            raise ConfigBoundError(
+                f"holds more than {MAX_CONFIG_VALUES} values once its aliases and `extends` are "
+                "expanded (a YAML alias bomb?); a config holds a few hundred"
+            )
         if depth > MAX_CONFIG_DEPTH:
             raise ConfigBoundError(f"nested deeper than {MAX_CONFIG_DEPTH} levels")
         if isinstance(node, dict):

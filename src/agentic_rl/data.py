@@ -110,13 +110,13 @@ def _resolve_path(source: str, split: str) -> Path:
                 return candidate
         raise DataError(f"no {split}.jsonl or {split}.parquet in {path}")
     if not path.is_file():
-        raise DataError(
-            f"GSM8K source {source!r} is not 'vendored', {HUB_ID!r}, a directory or a file"
-        )
+        raise DataError(f"GSM8K source {source!r} is not 'vendored', {HUB_ID!r}, a directory or a file")
     return path
 
 
-def utf8_lines(path: Path, error: type[Exception] | None = None, max_bytes: int | None = None) -> Iterator[tuple[int, str]]:
+def utf8_lines(
+    path: Path, error: type[Exception] | None = None, max_bytes: int | None = None
+) -> Iterator[tuple[int, str]]:
     """(line number, text) of each line of a UTF-8 text file. A missing file or a line that is
     not UTF-8 raises `error` (DataError by default) naming the file, the line and the byte; so does
     a line longer than `max_bytes`, before more of it than that is read."""
@@ -129,13 +129,17 @@ def utf8_lines(path: Path, error: type[Exception] | None = None, max_bytes: int 
         lines = iter(lambda: handle.readline(-1 if max_bytes is None else max_bytes + 2), b"")
         for line_number, raw in enumerate(lines, start=1):
             if max_bytes is not None and len(raw.rstrip(b"\r\n")) > max_bytes:
-                raise error(f"{path}:{line_number}: the line is longer than {max_bytes} bytes, the most one line may "
-                            "hold; split it")
+                raise error(
+                    f"{path}:{line_number}: the line is longer than {max_bytes} bytes, the most one line may "
+                    "hold; split it"
+                )
             try:
                 yield line_number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise error(f"{path}:{line_number}: not UTF-8 text (byte {exc.start + 1} of the line is "
-                            f"{raw[exc.start:exc.start + 1]!r}); re-save the file as UTF-8") from None
+                raise error(
+                    f"{path}:{line_number}: not UTF-8 text (byte {exc.start + 1} of the line is "
+                    f"{raw[exc.start : exc.start + 1]!r}); re-save the file as UTF-8"
+                ) from None
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
@@ -184,9 +188,7 @@ def parse_problem(index: int, question: str, answer: str, where: str = "<record>
     lines = answer.rstrip("\n").split("\n")
     final_line = lines[-1].strip()
     if not final_line.startswith("####"):
-        raise DataError(
-            f"{where}: the answer's last line must be '#### <number>', got {final_line[:60]!r}"
-        )
+        raise DataError(f"{where}: the answer's last line must be '#### <number>', got {final_line[:60]!r}")
     final_answer = final_line[4:].strip().replace(",", "")
     if not re.fullmatch(r"-?\d+(\.\d+)?", final_answer):
         raise DataError(f"{where}: the '####' line must hold one number, got {final_line!r}")
@@ -194,9 +196,7 @@ def parse_problem(index: int, question: str, answer: str, where: str = "<record>
     if body.count("<<") != body.count(">>"):
         raise DataError(f"{where}: unbalanced '<<' / '>>' in the solution; close each annotation")
     annotations = parse_annotations(body, where)
-    solution_lines = tuple(
-        _ANNOTATION.sub("", line).strip() for line in lines[:-1] if line.strip()
-    )
+    solution_lines = tuple(_ANNOTATION.sub("", line).strip() for line in lines[:-1] if line.strip())
     return GSM8KProblem(index, question, answer, final_answer, annotations, solution_lines)
 
 
@@ -208,7 +208,5 @@ def parse_annotations(text: str, where: str = "<text>") -> tuple[Calculation, ..
 def _parse_annotation(inner: str, where: str) -> Calculation:
     expr, sep, value = inner.partition("=")
     if not sep or "=" in value or not expr.strip() or not value.strip():
-        raise DataError(
-            f"{where}: annotation <<{inner}>> is not of the form <<expression=value>>; fix it"
-        )
+        raise DataError(f"{where}: annotation <<{inner}>> is not of the form <<expression=value>>; fix it")
     return Calculation(expr.strip(), value.strip())

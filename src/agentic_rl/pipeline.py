@@ -68,10 +68,13 @@ class PipelineEvalConfig(EvalConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.stages is not None and (not self.stages or set(self.stages) - set(MODELS)):
-            raise ValueError(f"stages: {self.stages!r} must be a non-empty list from {list(MODELS)}, or null for every model")
+            raise ValueError(
+                f"stages: {self.stages!r} must be a non-empty list from {list(MODELS)}, or null for every model"
+            )
 
     def runs_on(self, model: str) -> bool:
         return self.stages is None or model in self.stages
+
 
 _REDO_STAGE = "delete the stage's folder to run that stage again (a rerun resumes from the stages before it)"
 
@@ -99,7 +102,13 @@ class ControlConfig(Config):
 
     def __post_init__(self) -> None:
         if not self.enabled:
-            refuse_unused(self, ["steps", "seed"], prefix="control.", used_with="control.enabled: true", now="control.enabled is false")
+            refuse_unused(
+                self,
+                ["steps", "seed"],
+                prefix="control.",
+                used_with="control.enabled: true",
+                now="control.enabled is false",
+            )
 
 
 @dataclasses.dataclass
@@ -132,12 +141,18 @@ class PipelineConfig(PluginsConfig):
     rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
 
     def __post_init__(self) -> None:
-        self.evals = [entry if isinstance(entry, PipelineEvalConfig) else  # an EvalConfig built in Python: every model
-                      PipelineEvalConfig(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(EvalConfig)})
-                      for entry in self.evals]
+        self.evals = [
+            entry
+            if isinstance(entry, PipelineEvalConfig)
+            # an EvalConfig built in Python: every model
+            else PipelineEvalConfig(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(EvalConfig)})
+            for entry in self.evals
+        ]
         if not self.output_dir.strip():
-            raise ValueError("output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
-                             "path would write them into the current directory")
+            raise ValueError(
+                "output_dir is empty; set it to a folder for the pipeline's stages (e.g. runs/demo): an empty "
+                "path would write them into the current directory"
+            )
         self.output_dir = os.path.expanduser(self.output_dir)  # `~/runs/x`, not a folder named `~` in the cwd
         unknown = sorted(set(self.skip) - set(STAGES))
         if unknown:
@@ -145,37 +160,57 @@ class PipelineConfig(PluginsConfig):
         defaults = {"sft": SFTConfig(), "rm": RMConfig(), "grpo": GRPOConfig(), "ppo": PPOConfig()}
         for name, stage in (("sft", self.sft), ("rm", self.rm), ("grpo", self.grpo), ("ppo", self.ppo)):
             if stage.model.name != defaults[name].model.name:
-                raise ValueError(f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it")
+                raise ValueError(
+                    f"{name}.model.name is set by the pipeline (from `model` and earlier stages); remove it"
+                )
             if stage.train.output_dir != defaults[name].train.output_dir:
                 raise ValueError(f"{name}.train.output_dir is set by the pipeline (output_dir/{name}); remove it")
             if stage.plugins:
-                raise ValueError(f"{name}.plugins: list plugins at the top level (`plugins:`), where every stage imports them")
+                raise ValueError(
+                    f"{name}.plugins: list plugins at the top level (`plugins:`), where every stage imports them"
+                )
         if self.control.enabled and "sft" in self.skip:
             raise ValueError("control.enabled: the control continues the SFT stage's model, so 'sft' cannot be skipped")
         rl = self.rl.algorithm
         if self.control.enabled and not self.control.steps and rl in self.skip:
-            raise ValueError(f"control.steps: 0 matches the RL stage's measured training time, but '{rl}' is skipped; set control.steps")
+            raise ValueError(
+                f"control.steps: 0 matches the RL stage's measured training time, but '{rl}' is skipped; set control.steps"
+            )
         for name, stage in (("grpo", self.grpo), ("ppo", self.ppo)):
             if stage.reward_model.path or stage.reward_model.weight:
-                raise ValueError(f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead")
-        thinking = {"sft.enable_thinking": self.sft.enable_thinking, "rm.pairs.rollout.enable_thinking": self.rm.pairs.rollout.enable_thinking,
-                    f"{rl}.rollout.enable_thinking": getattr(self, rl).rollout.enable_thinking,
-                    **{f"evals[{i}].rollout.enable_thinking": e.rollout.enable_thinking for i, e in enumerate(self.evals)}}
+                raise ValueError(
+                    f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead"
+                )
+        thinking = {
+            "sft.enable_thinking": self.sft.enable_thinking,
+            "rm.pairs.rollout.enable_thinking": self.rm.pairs.rollout.enable_thinking,
+            f"{rl}.rollout.enable_thinking": getattr(self, rl).rollout.enable_thinking,
+            **{f"evals[{i}].rollout.enable_thinking": e.rollout.enable_thinking for i, e in enumerate(self.evals)},
+        }
         if len(set(thinking.values())) > 1:
-            raise ValueError("enable_thinking differs between the stages of one model (" + ", ".join(f"{k}={v}" for k, v in thinking.items())
-                             + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each")
+            raise ValueError(
+                "enable_thinking differs between the stages of one model ("
+                + ", ".join(f"{k}={v}" for k, v in thinking.items())
+                + "): demonstrations, episodes and evaluations would be rendered in different modes; set one value in each"
+            )
         evaluated = {stage.removeprefix("eval_") for stage in active_stages(self) if stage.startswith("eval_")}
         for model in sorted(evaluated & set(self.skip)):  # sft, grpo, ppo or control: a model no stage makes
-            raise ValueError(f"skip: '{model}' is skipped, so eval_{model} would evaluate a model nothing trains "
-                             f"({model}/final); skip eval_{model} too, or run '{model}'")
+            raise ValueError(
+                f"skip: '{model}' is skipped, so eval_{model} would evaluate a model nothing trains "
+                f"({model}/final); skip eval_{model} too, or run '{model}'"
+            )
         for index, entry in enumerate(self.evals):
             if entry.stages is not None and not set(entry.stages) & evaluated:
-                raise ValueError(f"evals[{index}].stages: {entry.stages} names no model this pipeline evaluates ({sorted(evaluated)}); "
-                                 "name one of those, or remove the entry")
+                raise ValueError(
+                    f"evals[{index}].stages: {entry.stages} names no model this pipeline evaluates ({sorted(evaluated)}); "
+                    "name one of those, or remove the entry"
+                )
         devices = sorted({e.rollout.device for e in self.evals})
         if len(devices) > 1:
-            raise ValueError(f"evals[].rollout.device: the evaluations of a stage share one loaded model, so one device, "
-                             f"got {devices}; give every entry the same device")
+            raise ValueError(
+                f"evals[].rollout.device: the evaluations of a stage share one loaded model, so one device, "
+                f"got {devices}; give every entry the same device"
+            )
 
     def evals_for(self, model: str) -> list[PipelineEvalConfig]:
         """The evaluations stage eval_<model> runs."""
@@ -230,10 +265,16 @@ def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> 
         worker.start()
         worker.join()
         if worker.exitcode != 0 or not done.exists():  # the stage printed its own error
-            raise RunStopped(f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); its error is above. "
-                             "Rerun the same command to resume from this stage.")
+            raise RunStopped(
+                f"pipeline stage '{stage}' failed (exit code {worker.exitcode}); its error is above. "
+                "Rerun the same command to resume from this stage."
+            )
         results[stage] = read_json(done, _REDO_STAGE)
-        log(progress_line(cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1:]))
+        log(
+            progress_line(
+                cfg, stage, results[stage]["seconds"], time.perf_counter() - started, results, stages[index + 1 :]
+            )
+        )
     if not recorded:
         RunDir(root, cfg, tensorboard=False)
     from agentic_rl.evaluation.report import write_report
@@ -257,9 +298,14 @@ def active_stages(cfg: PipelineConfig) -> list[str]:
     """The stages this config runs, in order: not skipped, rl.algorithm's RL stages only, the
     control only when enabled, and an evaluation only where one of `evals` runs on its model."""
     other_rl = {s for name, stages in RL_STAGES.items() if name != cfg.rl.algorithm for s in stages}
-    return [stage for stage in STAGES if stage not in cfg.skip and stage not in other_rl
-            and (cfg.control.enabled or stage not in ("control", "eval_control"))
-            and not (stage.startswith("eval_") and not cfg.evals_for(stage.removeprefix("eval_")))]
+    return [
+        stage
+        for stage in STAGES
+        if stage not in cfg.skip
+        and stage not in other_rl
+        and (cfg.control.enabled or stage not in ("control", "eval_control"))
+        and not (stage.startswith("eval_") and not cfg.evals_for(stage.removeprefix("eval_")))
+    ]
 
 
 def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None) -> None:
@@ -280,8 +326,13 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
         print(f"error: pipeline stage '{stage}': {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     root = Path(cfg.output_dir)
-    models = {"base": cfg.model, "sft": str(root / "sft" / "final"), "grpo": str(root / "grpo" / "final"),
-              "ppo": str(root / "ppo" / "final"), "control": str(root / "control" / "final")}
+    models = {
+        "base": cfg.model,
+        "sft": str(root / "sft" / "final"),
+        "grpo": str(root / "grpo" / "final"),
+        "ppo": str(root / "ppo" / "final"),
+        "control": str(root / "control" / "final"),
+    }
     actions: dict[str, Callable[[], dict[str, Any]]] = {
         "eval_base": lambda: _evaluate(models["base"], cfg.evals_for("base"), _log),
         "sft": lambda: _sft(cfg, root, _log),
@@ -309,24 +360,30 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
 def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     """The config sections a stage's result depends on (JSON-ready): its own, and those of the
     stages whose output it reads (the SFT model feeds everything after SFT)."""
-    sections = {"eval_base": ["model", "evals"], "sft": ["model", "sft"], "eval_sft": ["model", "sft", "evals"],
-                "rm": ["model", "sft", "rm"], "grpo": ["model", "sft", "grpo", "use_reward_model"],
-                "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"],
-                "ppo": ["model", "sft", "ppo", "use_reward_model"],
-                "eval_ppo": ["model", "sft", "ppo", "use_reward_model", "evals"],
-                "control": ["model", "sft", cfg.rl.algorithm, "control"],
-                "eval_control": ["model", "sft", cfg.rl.algorithm, "control", "evals"]}[stage]
+    sections = {
+        "eval_base": ["model", "evals"],
+        "sft": ["model", "sft"],
+        "eval_sft": ["model", "sft", "evals"],
+        "rm": ["model", "sft", "rm"],
+        "grpo": ["model", "sft", "grpo", "use_reward_model"],
+        "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"],
+        "ppo": ["model", "sft", "ppo", "use_reward_model"],
+        "eval_ppo": ["model", "sft", "ppo", "use_reward_model", "evals"],
+        "control": ["model", "sft", cfg.rl.algorithm, "control"],
+        "eval_control": ["model", "sft", cfg.rl.algorithm, "control", "evals"],
+    }[stage]
     if cfg.use_reward_model and stage in ("grpo", "eval_grpo", "ppo", "eval_ppo"):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
     if stage.startswith("eval_"):  # the evaluations this stage runs, as they were before `stages` existed
-        as_dict["evals"] = [{k: v for k, v in dataclasses.asdict(e).items() if k != "stages"}
-                            for e in cfg.evals_for(stage.removeprefix("eval_"))]
+        as_dict["evals"] = [
+            {k: v for k, v in dataclasses.asdict(e).items() if k != "stages"}
+            for e in cfg.evals_for(stage.removeprefix("eval_"))
+        ]
     for name in ("sft", "rm", "grpo", "ppo"):  # how a run is watched and saved does not change its result
         for key in LOOP_KEYS_WITHOUT_EFFECT:
             as_dict[name]["train"].pop(key.removeprefix("train."), None)
     return json.loads(dumps({name: as_dict[name] for name in sections}))
-
 
 
 def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], done: Path) -> None:
@@ -334,7 +391,7 @@ def _check_unchanged(cfg: PipelineConfig, stage: str, result: dict[str, Any], do
     if recorded is None or recorded == now:
         return
     changed = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
-    later = list(STAGES[STAGES.index(stage):])
+    later = list(STAGES[STAGES.index(stage) :])
     raise ConfigError(
         f"stage '{stage}' finished with a different config: {', '.join(changed)} changed since {done} was written. "
         f"Its results would not match this config. Delete the folders of {later} under {done.parent.parent} "
@@ -358,26 +415,44 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
         label = eval_cfg.name
         out[label] = evaluate(model, tokenizer, eval_cfg)
         result, interval, k = out[label], out[label]["ci95"]["pass@1"], out[label]["k"]
-        sampled = f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}" if k > 1 else ""
-        log(f"[pipeline]   {label}: pass@1 = {result['pass@1']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] on {result['n']} problems{sampled}")
+        sampled = (
+            f", sampled accuracy {result['sampled_accuracy@T']:.3f}, pass@{k} {result[f'pass@{k}']:.3f}"
+            if k > 1
+            else ""
+        )
+        log(
+            f"[pipeline]   {label}: pass@1 = {result['pass@1']:.3f} [{interval[0]:.3f}, {interval[1]:.3f}] on {result['n']} problems{sampled}"
+        )
         if result["truncated_rate"] > 0.1:
-            limits = ", ".join(f"{share:.0%} at {reason} {getattr(eval_cfg.rollout, reason)}"
-                               for reason, share in result["finish_reasons"].items() if reason in TRUNCATED)
-            log(f"[pipeline]   {label}: WARNING {result['truncated_rate']:.0%} of the episodes were cut off by a rollout limit "
+            limits = ", ".join(
+                f"{share:.0%} at {reason} {getattr(eval_cfg.rollout, reason)}"
+                for reason, share in result["finish_reasons"].items()
+                if reason in TRUNCATED
+            )
+            log(
+                f"[pipeline]   {label}: WARNING {result['truncated_rate']:.0%} of the episodes were cut off by a rollout limit "
                 f"({limits}): a model that rambles hits max_turn_tokens; one that cannot finish in time, the others "
-                "(raise them in this eval's rollout section)")
+                "(raise them in this eval's rollout section)"
+            )
     return {"model": model_name, "evals": out}
 
 
 def _sft(cfg: PipelineConfig, root: Path, log) -> dict[str, Any]:
     from agentic_rl.training.sft import train_sft
 
-    sft = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=cfg.model),
-                              train=dataclasses.replace(cfg.sft.train, output_dir=str(root / "sft")))
+    sft = dataclasses.replace(
+        cfg.sft,
+        model=dataclasses.replace(cfg.sft.model, name=cfg.model),
+        train=dataclasses.replace(cfg.sft.train, output_dir=str(root / "sft")),
+    )
     out = train_sft(sft)
-    return {"final": out["final"], "num_demos": out["num_demos"], "steps": cfg.sft.train.steps,
-            "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
-            "train_seconds": training_seconds(root / "sft", cfg.sft.train.steps)}
+    return {
+        "final": out["final"],
+        "num_demos": out["num_demos"],
+        "steps": cfg.sft.train.steps,
+        "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
+        "train_seconds": training_seconds(root / "sft", cfg.sft.train.steps),
+    }
 
 
 def training_seconds(run: Path, steps: int) -> float:
@@ -388,7 +463,10 @@ def training_seconds(run: Path, steps: int) -> float:
     from agentic_rl.training.run_dir import read_metrics
 
     rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
-    times = [row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0) for row in rows]
+    times = [
+        row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0)
+        for row in rows
+    ]
     return float(sum(times) / len(times) * steps) if times else 0.0
 
 
@@ -400,14 +478,22 @@ def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, 
         sft_done, rl_done = (read_json(root / name / "DONE.json", _REDO_STAGE) for name in ("sft", cfg.rl.algorithm))
         per_step = sft_done["train_seconds"] / max(1, sft_done["steps"])
         steps = max(1, round(rl_done["train_seconds"] / per_step))
-        log(f"[pipeline]   control: {cfg.rl.algorithm.upper()} trained {rl_done['train_seconds']:.0f} s; "
-            f"SFT takes {per_step:.1f} s per step -> {steps} steps")
-    control = dataclasses.replace(cfg.sft, model=dataclasses.replace(cfg.sft.model, name=sft_model),
-                                  train=dataclasses.replace(cfg.sft.train, steps=steps, seed=control_seed(cfg),
-                                                            output_dir=str(root / "control")))
+        log(
+            f"[pipeline]   control: {cfg.rl.algorithm.upper()} trained {rl_done['train_seconds']:.0f} s; "
+            f"SFT takes {per_step:.1f} s per step -> {steps} steps"
+        )
+    control = dataclasses.replace(
+        cfg.sft,
+        model=dataclasses.replace(cfg.sft.model, name=sft_model),
+        train=dataclasses.replace(cfg.sft.train, steps=steps, seed=control_seed(cfg), output_dir=str(root / "control")),
+    )
     out = train_sft(control)
-    return {"final": out["final"], "steps": steps, "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
-            "train_seconds": training_seconds(root / "control", steps)}
+    return {
+        "final": out["final"],
+        "steps": steps,
+        "final_loss": out["history"][-1]["loss/total"] if out["history"] else None,
+        "train_seconds": training_seconds(root / "control", steps),
+    }
 
 
 def control_seed(cfg: PipelineConfig) -> int:
@@ -421,8 +507,12 @@ def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
     pairs = cfg.rm.pairs
     if pairs.source == "sampled" and not pairs.policy:
         pairs = dataclasses.replace(pairs, policy=sft_model)
-    rm = dataclasses.replace(cfg.rm, model=dataclasses.replace(cfg.rm.model, name=cfg.model), pairs=pairs,
-                             train=dataclasses.replace(cfg.rm.train, output_dir=str(root / "rm")))
+    rm = dataclasses.replace(
+        cfg.rm,
+        model=dataclasses.replace(cfg.rm.model, name=cfg.model),
+        pairs=pairs,
+        train=dataclasses.replace(cfg.rm.train, output_dir=str(root / "rm")),
+    )
     return train_rm(rm)
 
 
@@ -432,9 +522,17 @@ def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict
 
     section = getattr(cfg, algorithm)
     start = sft_model if "sft" not in cfg.skip else cfg.model
-    term = RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model) if cfg.use_reward_model else RewardModelTerm()
-    stage = dataclasses.replace(section, model=dataclasses.replace(section.model, name=start), reward_model=term,
-                                train=dataclasses.replace(section.train, output_dir=str(root / algorithm)))
+    term = (
+        RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model)
+        if cfg.use_reward_model
+        else RewardModelTerm()
+    )
+    stage = dataclasses.replace(
+        section,
+        model=dataclasses.replace(section.model, name=start),
+        reward_model=term,
+        train=dataclasses.replace(section.train, output_dir=str(root / algorithm)),
+    )
     if algorithm == "grpo":
         from agentic_rl.integrations.backends import train_grpo_with_backend
 
@@ -444,7 +542,10 @@ def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict
 
         out = train_ppo(stage)
     history = out["history"]
-    return {"final": out["final"], "steps": len(history),
-            "reward_first": history[0].get("reward/total/mean") if history else None,
-            "reward_last": history[-1].get("reward/total/mean") if history else None,
-            "train_seconds": training_seconds(root / algorithm, section.train.steps)}
+    return {
+        "final": out["final"],
+        "steps": len(history),
+        "reward_first": history[0].get("reward/total/mean") if history else None,
+        "reward_last": history[-1].get("reward/total/mean") if history else None,
+        "train_seconds": training_seconds(root / algorithm, section.train.steps),
+    }

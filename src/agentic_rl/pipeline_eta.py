@@ -52,7 +52,11 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         if not evals:
             return None
         last = evals[-1]
-        return last["seconds"] / max(1, _episodes(last["evals"].values())) * _episodes(vars(e) for e in cfg.evals_for(stage.removeprefix("eval_")))
+        return (
+            last["seconds"]
+            / max(1, _episodes(last["evals"].values()))
+            * _episodes(vars(e) for e in cfg.evals_for(stage.removeprefix("eval_")))
+        )
     if stage == "control":
         if sft_step is None:
             return None
@@ -66,11 +70,19 @@ def estimate_seconds(cfg: Any, stage: str, done: dict[str, dict[str, Any]]) -> f
         section = getattr(cfg, stage)
         last = evals[-1]
         per_episode = last["seconds"] / max(1, _episodes(last["evals"].values()))
-        rollout = section.rollout.batch_size * per_episode * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
+        rollout = (
+            section.rollout.batch_size
+            * per_episode
+            * (DYNAMIC_SAMPLING_FACTOR if section.selection.dynamic_sampling else 1.0)
+        )
         update = section.rollout.batch_size * sft_step / cfg.sft.batch_size  # one forward/backward over the batch
-        value_pass = update / 3 if stage == "ppo" else 0.0  # PPO's value pass, a forward alone: ~1/3 of forward+backward
+        value_pass = (
+            update / 3 if stage == "ppo" else 0.0
+        )  # PPO's value pass, a forward alone: ~1/3 of forward+backward
         rollout_batches = math.ceil(section.train.steps / section.updates_per_batch)  # train.steps counts updates
-        return rollout_batches * (rollout + value_pass) + section.train.steps * update * trained_share(section) + overhead
+        return (
+            rollout_batches * (rollout + value_pass) + section.train.steps * update * trained_share(section) + overhead
+        )
     return None
 
 
@@ -86,14 +98,19 @@ def minutes(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def progress_line(cfg: Any, stage: str, seconds: float, elapsed: float, done: dict[str, dict[str, Any]], remaining: list[str]) -> str:
+def progress_line(
+    cfg: Any, stage: str, seconds: float, elapsed: float, done: dict[str, dict[str, Any]], remaining: list[str]
+) -> str:
     """The line printed after each stage: its time, the time so far and the estimated time left."""
     line = f"[pipeline] {stage}: done in {minutes(seconds)} (elapsed {minutes(elapsed)})"
     if not remaining:
         return line
     estimates = {name: estimate_seconds(cfg, name, done) for name in remaining}
     known = {name: value for name, value in estimates.items() if value is not None}
-    parts = [f"{name} ~{minutes(value)}" if value is not None else f"{name} not estimable yet" for name, value in estimates.items()]
+    parts = [
+        f"{name} ~{minutes(value)}" if value is not None else f"{name} not estimable yet"
+        for name, value in estimates.items()
+    ]
     if not known:  # "at least 0 s left" would read as "done"
         return line + f"; time left not estimable yet ({', '.join(parts)})"
     total = sum(known.values())

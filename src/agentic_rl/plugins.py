@@ -77,8 +77,10 @@ def load_plugins(specs: Sequence[str], named_by: str = "--plugin") -> None:
         except PluginError:
             raise
         except SystemExit as exc:  # sys.exit() on import: the command would exit 0, having done nothing
-            raise PluginError(f"plugin '{spec}' called sys.exit({exc.code!r}) while it was imported; a plugin registers "
-                              "envs, tools and rewards, and must not end the command") from None
+            raise PluginError(
+                f"plugin '{spec}' called sys.exit({exc.code!r}) while it was imported; a plugin registers "
+                "envs, tools and rewards, and must not end the command"
+            ) from None
         except Exception as exc:  # SyntaxError, ImportError, or whatever the plugin's own code raised
             raise PluginError(f"plugin '{spec}' failed to import: {_describe(exc)}") from exc
 
@@ -110,15 +112,19 @@ def _import_plugin(spec: str) -> None:
 def _import_file(spec: str) -> None:
     path = Path(spec).expanduser().resolve()
     if not path.is_file():
-        raise PluginError(f"plugin file '{spec}' does not exist (looked for {path}); give a .py file's path or a module name")
+        raise PluginError(
+            f"plugin file '{spec}' does not exist (looked for {path}); give a .py file's path or a module name"
+        )
     name = path.stem
     loaded = sys.modules.get(name)
     if loaded is not None:
         where = getattr(loaded, "__file__", None)
         if where and Path(where).resolve() == path:
             return  # imported already, e.g. listed both in the config and with --plugin
-        raise PluginError(f"plugin file '{spec}': a module named '{name}' is already imported (from {where or 'the interpreter'}); "
-                          "rename the file")
+        raise PluginError(
+            f"plugin file '{spec}': a module named '{name}' is already imported (from {where or 'the interpreter'}); "
+            "rename the file"
+        )
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None, f"no loader for {path}"
     module = importlib.util.module_from_spec(module_spec)
@@ -146,8 +152,10 @@ def load_entry_points(group: str) -> None:
             entry_point.load()
         except Exception as exc:
             dist = entry_point.dist.name if entry_point.dist is not None else "an unknown distribution"
-            error = PluginError(f"entry point '{entry_point.name} = {entry_point.value}' (group {group}, distribution {dist}) "
-                                f"failed to import: {_describe(exc)}")
+            error = PluginError(
+                f"entry point '{entry_point.name} = {entry_point.value}' (group {group}, distribution {dist}) "
+                f"failed to import: {_describe(exc)}"
+            )
             _LOADED_GROUPS[group] = error
             raise error from exc
 
@@ -169,13 +177,16 @@ def registration_origin(obj: Any) -> str:
 
 def duplicate_registration(kind: str, name: str, first: str, second: str) -> PluginError:
     """The error for a second registration of `name`: both origins named."""
-    return PluginError(f"{kind} '{name}' is registered twice: first by {first}, again by {second}; "
-                       "rename one of them (names are global across plugins and built-ins)")
+    return PluginError(
+        f"{kind} '{name}' is registered twice: first by {first}, again by {second}; "
+        "rename one of them (names are global across plugins and built-ins)"
+    )
 
 
 def _describe(exc: BaseException) -> str:
     """'ErrorType: message (file:line)', the line being the deepest one outside agentic_rl itself."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if not frame.filename.startswith(_NOT_THE_PLUGIN)]
+    frames = [
+        frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(_NOT_THE_PLUGIN)
+    ]
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -66,9 +66,19 @@ def require_file_path(path: str | Path) -> Path:
     elif not path.exists() or path.is_file():
         return path
     else:
-        kind = "a folder" if path.is_dir() else "a FIFO" if path.is_fifo() else "a socket" if path.is_socket() else "a device node"
-    raise ValueError(f"'{path}' is {kind}, and agentic-rl writes a regular file there, which would replace it: give the "
-                     "path of a regular file (or of none yet)")
+        kind = (
+            "a folder"
+            if path.is_dir()
+            else "a FIFO"
+            if path.is_fifo()
+            else "a socket"
+            if path.is_socket()
+            else "a device node"
+        )
+    raise ValueError(
+        f"'{path}' is {kind}, and agentic-rl writes a regular file there, which would replace it: give the "
+        "path of a regular file (or of none yet)"
+    )
 
 
 def _reject_constant(name: str) -> Any:

@@ -68,6 +68,7 @@ def next_step(command: str, cfg, summary: dict) -> str:
         return f"{where}\nnext: agentic-rl grpo --set reward_model.path={final} --set reward_model.weight=0.5   (train with it)"
     return f"{where}\nnext: agentic-rl eval --model {final} --env {cfg.env.name}   (held-out accuracy)"
 
+
 def config_class(command: str) -> type:
     """The config class `command` (one of CONFIGURED_COMMANDS) reads."""
     match command:

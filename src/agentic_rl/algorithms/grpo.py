@@ -72,8 +72,10 @@ from agentic_rl.config import Config, Derived, NonNegativeFloat, PositiveFloat
 
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
 RewardScaling = Literal["group", "batch", "none"]
-DR_GRPO_DENOMINATOR = ("for loss_type dr_grpo, the most policy tokens an episode can hold: "
-                       "min(rollout.max_turns × rollout.max_turn_tokens, rollout.max_episode_tokens)")
+DR_GRPO_DENOMINATOR = (
+    "for loss_type dr_grpo, the most policy tokens an episode can hold: "
+    "min(rollout.max_turns × rollout.max_turn_tokens, rollout.max_episode_tokens)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +132,9 @@ class GRPOLossConfig(Config):
         if not 0.0 < self.epsilon < 1.0:
             raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
         if self.entropy_coef >= 1.0:  # >= 0: its marker
-            raise ValueError(f"entropy_coef={self.entropy_coef} must be in [0, 1): it weights an entropy bonus (0 turns it off)")
+            raise ValueError(
+                f"entropy_coef={self.entropy_coef} must be in [0, 1): it weights an entropy bonus (0 turns it off)"
+            )
         if self.kl_importance_correction and self.beta == 0.0:
             raise ValueError(
                 "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "
@@ -203,7 +207,9 @@ def _baseline_and_divisor(
     # per-turn returns differ from the episode returns, and which must not divide those differences
     # by eps alone (a group of eight equal failures gave advantages of ~6000 that way).
     if scale == "group" and group_size > 1:
-        divisor = torch.where(constant, torch.ones_like(constant, dtype=rewards.dtype), grouped.std(dim=1) + eps)  # (P,)
+        divisor = torch.where(
+            constant, torch.ones_like(constant, dtype=rewards.dtype), grouped.std(dim=1) + eps
+        )  # (P,)
         return baseline, divisor.repeat_interleave(group_size)  # (B,), (B,)
     if scale == "batch" and rewards.numel() > 1 and bool(rewards.amax() != rewards.amin()):
         return baseline, (rewards.std() + eps).expand_as(rewards)  # (B,), (B,)
@@ -263,12 +269,20 @@ def grpo_loss(
             (ratio > 1+eps_high with A > 0), "loss/clip_ratio_region" (either).
     """
     _check_loss_inputs(logps, old_logps, advantages, mask, cfg, ref_logps, num_items_in_batch)
-    if is_weights is not None and (tuple(is_weights.shape) not in (tuple(logps.shape), (logps.shape[0], 1)) or is_weights.requires_grad):
-        raise ValueError(f"is_weights must be detached and (B, T) = {tuple(logps.shape)} or (B, 1); got "
-                         f"{tuple(is_weights.shape)}{' with grad' if is_weights.requires_grad else ''} (see rollout_correction)")
-    if cfg.entropy_coef != 0.0 and (entropy is None or tuple(entropy.shape) != tuple(logps.shape) or not entropy.requires_grad):
-        raise ValueError(f"entropy_coef={cfg.entropy_coef} > 0 needs the differentiable (B, T) entropy of pi_theta; "
-                         "pass `entropy` from sequence_logprobs(..., with_entropy=True, entropy_grad=True)")
+    if is_weights is not None and (
+        tuple(is_weights.shape) not in (tuple(logps.shape), (logps.shape[0], 1)) or is_weights.requires_grad
+    ):
+        raise ValueError(
+            f"is_weights must be detached and (B, T) = {tuple(logps.shape)} or (B, 1); got "
+            f"{tuple(is_weights.shape)}{' with grad' if is_weights.requires_grad else ''} (see rollout_correction)"
+        )
+    if cfg.entropy_coef != 0.0 and (
+        entropy is None or tuple(entropy.shape) != tuple(logps.shape) or not entropy.requires_grad
+    ):
+        raise ValueError(
+            f"entropy_coef={cfg.entropy_coef} > 0 needs the differentiable (B, T) entropy of pi_theta; "
+            "pass `entropy` from sequence_logprobs(..., with_entropy=True, entropy_grad=True)"
+        )
     trained = mask.bool()  # (B, T)
     weights = mask.to(logps.dtype)  # (B, T)
     advantages = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
@@ -294,15 +308,20 @@ def grpo_loss(
     if cfg.entropy_coef != 0.0:
         per_token_loss = per_token_loss - cfg.entropy_coef * torch.where(trained, entropy, 0.0)  # (B, T)
     if sequence_weights is not None and (cfg.loss_type != "grpo" or tuple(sequence_weights.shape) != (logps.shape[0],)):
-        raise ValueError(f"sequence_weights must be (B,) = ({logps.shape[0]},) and only with loss_type 'grpo' "
-                         f"(got {tuple(sequence_weights.shape)} with {cfg.loss_type!r})")
+        raise ValueError(
+            f"sequence_weights must be (B,) = ({logps.shape[0]},) and only with loss_type 'grpo' "
+            f"(got {tuple(sequence_weights.shape)} with {cfg.loss_type!r})"
+        )
     loss = _aggregate(per_token_loss, weights, cfg, num_items_in_batch, sequence_weights)  # ()
     metrics.update(_ratio_metrics(ratio.detach(), advantages, weights, cfg))
     return loss, metrics
 
 
 def _aggregate(
-    per_token_loss: torch.Tensor, weights: torch.Tensor, cfg: GRPOLossConfig, num_items: int | torch.Tensor | None,
+    per_token_loss: torch.Tensor,
+    weights: torch.Tensor,
+    cfg: GRPOLossConfig,
+    num_items: int | torch.Tensor | None,
     sequence_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, T) per-token losses -> scalar, per cfg.loss_type (see GRPOLossConfig.loss_type)."""
@@ -319,8 +338,10 @@ def _aggregate(
         return masked_sum / weights.sum().clamp(min=1.0)
     assert cfg.loss_type == "dr_grpo", f"unhandled loss_type {cfg.loss_type}"
     if cfg.max_completion_length is None:
-        raise ValueError("loss_type='dr_grpo' divides by B * max_completion_length, which is unset: GRPOConfig derives it "
-                         f"({DR_GRPO_DENOMINATOR}); a direct caller sets GRPOLossConfig.max_completion_length")
+        raise ValueError(
+            "loss_type='dr_grpo' divides by B * max_completion_length, which is unset: GRPOConfig derives it "
+            f"({DR_GRPO_DENOMINATOR}); a direct caller sets GRPOLossConfig.max_completion_length"
+        )
     return masked_sum / (weights.shape[0] * cfg.max_completion_length)
 
 

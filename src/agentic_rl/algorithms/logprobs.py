@@ -53,9 +53,9 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         log_normalizer = torch.empty(logits.shape[0], dtype=compute_dtype, device=logits.device)  # (N,)
         target_logit = torch.empty_like(log_normalizer)  # (N,)
         for start in range(0, logits.shape[0], rows):
-            scaled = logits[start:start + rows].to(compute_dtype) / temperature  # (n, V)
-            log_normalizer[start:start + rows] = torch.logsumexp(scaled, dim=-1)  # (n,)
-            target_logit[start:start + rows] = scaled.gather(-1, targets[start:start + rows, None])[:, 0]  # (n,)
+            scaled = logits[start : start + rows].to(compute_dtype) / temperature  # (n, V)
+            log_normalizer[start : start + rows] = torch.logsumexp(scaled, dim=-1)  # (n,)
+            target_logit[start : start + rows] = scaled.gather(-1, targets[start : start + rows, None])[:, 0]  # (n,)
         ctx.save_for_backward(logits, targets, log_normalizer)
         ctx.temperature, ctx.rows = temperature, rows
         return target_logit - log_normalizer  # (N,)
@@ -113,7 +113,7 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, rows_per_chunk
     rows = _rows_per_chunk(vocab_size, rows_per_chunk)
     pieces = []
     for start in range(0, flat_logits.shape[0], rows):
-        scaled = flat_logits[start:start + rows].to(compute_dtype) / temperature  # (n, V)
+        scaled = flat_logits[start : start + rows].to(compute_dtype) / temperature  # (n, V)
         log_normalizer = torch.logsumexp(scaled, dim=-1)  # (n,)
         probs = torch.softmax(scaled, dim=-1)  # (n, V)
         pieces.append(log_normalizer - (probs * scaled).sum(-1))  # (n,)
@@ -155,8 +155,13 @@ def sequence_logprobs(
     return logprobs_from_hidden(model, scored_hidden, scored, input_ids, temperature, with_entropy, entropy_grad)
 
 
-def scored_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                         share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def scored_hidden_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    share_prefix: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden (N, H), scored (B, T-1)): the backbone's last hidden state at every position whose
     NEXT token is trained, i.e. the state from which a policy token is sampled, and where those
     positions are (`scored[b, t-1]` is True iff token t of row b is trained). The LM head turns
@@ -175,9 +180,15 @@ def scored_hidden_states(model: nn.Module, input_ids: torch.Tensor, attention_ma
     return hidden[:, :-1][scored[:, prefix:]], scored  # (N, H); no scored position lies before P
 
 
-def logprobs_from_hidden(model: nn.Module, scored_hidden: torch.Tensor, scored: torch.Tensor, input_ids: torch.Tensor,
-                         temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logprobs_from_hidden(
+    model: nn.Module,
+    scored_hidden: torch.Tensor,
+    scored: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs`' second half: the LM head on the (N, H) states of `scored_hidden_states`."""
     _, head = backbone_and_head(model)
     targets = input_ids[:, 1:][scored]  # (N,)

@@ -85,7 +85,9 @@ class PPOLossConfig(Config):
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError(f"gamma={self.gamma} and lam={self.lam} must lie in [0, 1]")
         if self.beta == 0:
-            refuse_unused(self, ["kl_mode"], prefix="loss.", used_with="loss.beta > 0", now="loss.beta is 0: no KL term")
+            refuse_unused(
+                self, ["kl_mode"], prefix="loss.", used_with="loss.beta > 0", now="loss.beta is 0: no KL term"
+            )
 
     @property
     def needs_reference(self) -> bool:
@@ -93,16 +95,23 @@ class PPOLossConfig(Config):
         return self.beta != 0.0
 
 
-def kl_penalized_rewards(rewards: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor,
-                         mask: torch.Tensor, beta: float) -> torch.Tensor:
+def kl_penalized_rewards(
+    rewards: torch.Tensor, old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, beta: float
+) -> torch.Tensor:
     """(B, T) rewards minus β·(log π_old − log π_ref) on every policy token (the k1 estimate of the
     KL of the sampling policy to the reference, per token)."""
     penalty = torch.where(mask.bool(), old_logps - ref_logps, 0.0)  # (B, T)
     return rewards - beta * penalty
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
-        bootstrap: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    bootstrap: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), (B, T) each, 0 at every mask-0 position (module docstring).
 
     rewards: (B, T), non-zero only on policy tokens. values: (B, T) the value model's estimate at
@@ -112,17 +121,24 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     episode ends with the row.
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must all be (B, T)")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must all be (B, T)"
+        )
     on_policy = mask.bool()  # (B, T)
     if bool((rewards[~on_policy] != 0).any()):
-        raise ValueError("a reward sits on a mask-0 position (prompt, observation or padding); put each reward on a "
-                         "policy token: a turn's on its last token, the outcome on the episode's last policy token")
+        raise ValueError(
+            "a reward sits on a mask-0 position (prompt, observation or padding); put each reward on a "
+            "policy token: a turn's on its last token, the outcome on the episode's last policy token"
+        )
     values = values.detach()
     advantages = torch.zeros_like(rewards)  # (B, T)
     next_value = torch.zeros_like(rewards[:, 0])  # (B,): V of the next policy token (0 past the end)
     next_advantage = torch.zeros_like(rewards[:, 0])  # (B,)
     if bootstrap is not None:
-        next_value, next_advantage = bootstrap[:, 0].to(rewards.dtype).clone(), bootstrap[:, 1].to(rewards.dtype).clone()  # (B,) each
+        next_value, next_advantage = (
+            bootstrap[:, 0].to(rewards.dtype).clone(),
+            bootstrap[:, 1].to(rewards.dtype).clone(),
+        )  # (B,) each
     for t in range(rewards.shape[1] - 1, -1, -1):  # right to left; mask-0 columns carry the state through
         here = on_policy[:, t]  # (B,)
         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
@@ -134,8 +150,14 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
-def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float,
-                 row_episode: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+    row_episode: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`gae` for episodes that span several rows (token sequences of an episode whose history is
     not a prefix: consecutive rows of one episode, oldest first; row_episode[r] names r's episode).
 
@@ -149,7 +171,9 @@ def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
     for r in range(rows - 2, -1, -1):
         depth[r] = depth[r + 1] + 1 if row_episode[r + 1] == row_episode[r] else 0
     advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)  # (R, T)
-    first = torch.zeros(rows, 2, dtype=rewards.dtype)  # (R, 2): (V, A) at each row's first policy token, or its bootstrap
+    first = torch.zeros(
+        rows, 2, dtype=rewards.dtype
+    )  # (R, 2): (V, A) at each row's first policy token, or its bootstrap
     has_policy = mask.bool().any(-1)  # (R,)
     first_position = mask.float().argmax(-1)  # (R,)
     for level in range(max(depth, default=-1) + 1):
@@ -160,12 +184,16 @@ def sequence_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
         adv, ret = gae(rewards[index], values[index], mask[index], gamma, lam, boot)  # (n, T) each
         advantages[index], returns[index] = adv, ret
         at = first_position[index][:, None]  # (n, 1)
-        here = torch.stack([values[index].detach().gather(1, at)[:, 0].to(rewards.dtype), adv.gather(1, at)[:, 0]], -1)  # (n, 2)
+        here = torch.stack(
+            [values[index].detach().gather(1, at)[:, 0].to(rewards.dtype), adv.gather(1, at)[:, 0]], -1
+        )  # (n, 2)
         first[index] = torch.where(has_policy[index][:, None], here, boot)
     return advantages, returns
 
 
-def token_rewards(turn_rewards: Sequence[Sequence[float]], policy_spans: Sequence[Sequence[object]], num_tokens: int) -> torch.Tensor:
+def token_rewards(
+    turn_rewards: Sequence[Sequence[float]], policy_spans: Sequence[Sequence[object]], num_tokens: int
+) -> torch.Tensor:
     """(B, T) float64 rewards: turn k's reward on the last token of its span [start, end), 0 elsewhere.
 
     turn_rewards: per row, one reward per policy turn (an empty list: a row that is not trained,
@@ -183,7 +211,9 @@ def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.stack([weights.sum(), v.sum(), (v * values.to(torch.float64)).sum()])
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, moments: torch.Tensor | None = None) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, moments: torch.Tensor | None = None
+) -> torch.Tensor:
     """(B, T) values normalised to mean 0 and std 1 over the mask-1 positions (unbiased std); 0 elsewhere.
 
     moments: the [count, sum, sum of squares] of the whole batch (`masked_moments`, summed over
@@ -232,8 +262,14 @@ def ppo_loss(
     surrogate only, not the clip, the value loss, the KL or the entropy term.
     """
     shape = tuple(logps.shape)
-    for name, tensor in (("old_logps", old_logps), ("values", values), ("old_values", old_values),
-                         ("advantages", advantages), ("returns", returns), ("mask", mask)):
+    for name, tensor in (
+        ("old_logps", old_logps),
+        ("values", values),
+        ("old_values", old_values),
+        ("advantages", advantages),
+        ("returns", returns),
+        ("mask", mask),
+    ):
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}; every input must be (B, T) = {shape}")
     if cfg.kl_mode == "loss" and cfg.needs_reference and (ref_logps is None or tuple(ref_logps.shape) != shape):
@@ -244,7 +280,9 @@ def ppo_loss(
         raise ValueError(f"is_weights must be detached and (B, T) = {shape} or (B, 1); got {tuple(is_weights.shape)}")
     trained = mask.bool()  # (B, T)
     weights = mask.to(logps.dtype)  # (B, T)
-    count = (weights.sum() if num_tokens is None else torch.as_tensor(float(num_tokens), dtype=weights.dtype)).clamp(min=1.0)
+    count = (weights.sum() if num_tokens is None else torch.as_tensor(float(num_tokens), dtype=weights.dtype)).clamp(
+        min=1.0
+    )
     log_ratio = torch.where(trained, logps - old_logps, 0.0)  # (B, T): zeroed before exp (no inf * 0)
     ratio = torch.exp(log_ratio)  # (B, T)
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon, 1.0 + cfg.epsilon)  # (B, T)
@@ -266,10 +304,15 @@ def ppo_loss(
         clipped_values = old_values + torch.clamp(values - old_values, -cfg.value_clip, cfg.value_clip)  # (B, T)
         squared = torch.maximum(squared, (clipped_values - returns) ** 2)
     value = 0.5 * (squared * weights).sum() / count  # ()
-    metrics.update({
-        "loss/policy": policy.detach() * count / own,
-        "loss/value": value.detach() * count / own,
-        "loss/ratio_mean": (ratio.detach() * weights).sum() / own,
-        "loss/clip_ratio_region": (((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights).sum() / own,
-    })
+    metrics.update(
+        {
+            "loss/policy": policy.detach() * count / own,
+            "loss/value": value.detach() * count / own,
+            "loss/ratio_mean": (ratio.detach() * weights).sum() / own,
+            "loss/clip_ratio_region": (
+                ((ratio.detach() - clipped.detach()).abs() > 0).to(weights.dtype) * weights
+            ).sum()
+            / own,
+        }
+    )
     return policy + cfg.vf_coef * value, metrics

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, num_pairs: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def bradley_terry_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, num_pairs: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, accuracy) for (N,) chosen and rejected scores.
 
     loss = Σ softplus(−(chosen − rejected)) / num_pairs  (num_pairs defaults to N: the mean)

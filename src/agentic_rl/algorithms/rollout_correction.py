@@ -110,17 +110,25 @@ class RolloutCorrectionConfig(Config):
         key = "rollout_correction"
         for name, value, mode in (("cap", self.cap, "tis"), ("low", self.low, "mis"), ("high", self.high, "mis")):
             if value is not None and self.mode != mode:
-                raise ValueError(f"{key}.{name}={value} is only used by mode {mode} (mode is {self.mode!r}); "
-                                 f"remove it, or set {key}.mode: {mode}")
+                raise ValueError(
+                    f"{key}.{name}={value} is only used by mode {mode} (mode is {self.mode!r}); "
+                    f"remove it, or set {key}.mode: {mode}"
+                )
         if self.cap is not None and self.cap < 1.0:
-            raise ValueError(f"{key}.cap={self.cap} must be >= 1: a cap below 1 would shrink the weight of tokens whose "
-                             f"numerics agree (w = 1), so the correction would act where there is nothing to correct; "
-                             f"use e.g. {DEFAULT_CAP}")
+            raise ValueError(
+                f"{key}.cap={self.cap} must be >= 1: a cap below 1 would shrink the weight of tokens whose "
+                f"numerics agree (w = 1), so the correction would act where there is nothing to correct; "
+                f"use e.g. {DEFAULT_CAP}"
+            )
         low, high = self.band
         if not 0.0 <= low < 1.0:
-            raise ValueError(f"{key}.low={low} must be in [0, 1): tokens whose numerics agree (w = 1) must stay in the band")
+            raise ValueError(
+                f"{key}.low={low} must be in [0, 1): tokens whose numerics agree (w = 1) must stay in the band"
+            )
         if not high > 1.0:
-            raise ValueError(f"{key}.high={high} must be > 1: tokens whose numerics agree (w = 1) must stay in the band")
+            raise ValueError(
+                f"{key}.high={high} must be > 1: tokens whose numerics agree (w = 1) must stay in the band"
+            )
 
     @property
     def truncation_cap(self) -> float:
@@ -156,9 +164,15 @@ def rollout_correction(
             or "rollout/is_masked_frac" (mis): the share of them truncated or masked. With nothing
             trained they read as no mismatch: 0, 1, 1 and 0.
     """
-    if tuple(old_logps.shape) != tuple(sampler_logps.shape) or tuple(mask.shape) != tuple(old_logps.shape) or old_logps.dim() != 2:
-        raise ValueError(f"old_logps {tuple(old_logps.shape)}, sampler_logps {tuple(sampler_logps.shape)} and mask "
-                         f"{tuple(mask.shape)} must all be (B, T)")
+    if (
+        tuple(old_logps.shape) != tuple(sampler_logps.shape)
+        or tuple(mask.shape) != tuple(old_logps.shape)
+        or old_logps.dim() != 2
+    ):
+        raise ValueError(
+            f"old_logps {tuple(old_logps.shape)}, sampler_logps {tuple(sampler_logps.shape)} and mask "
+            f"{tuple(mask.shape)} must all be (B, T)"
+        )
     trained = mask.bool()  # (B, T)
     # Zero the log-ratio off-mask BEFORE exp: padding and observation log-probs may be arbitrary.
     token_log_w = torch.where(trained, old_logps.detach() - sampler_logps.detach(), 0.0)  # (B, T): log w
@@ -173,7 +187,9 @@ def rollout_correction(
     metrics = {
         "rollout/mismatch_kl": _masked_mean(k3, trained, empty=0.0),
         "rollout/is_weight_mean": _masked_mean(w, counted, empty=1.0),
-        "rollout/is_weight_max": torch.where(counted, w, -torch.inf).max() if bool(counted.any()) else torch.ones((), dtype=w.dtype),
+        "rollout/is_weight_max": torch.where(counted, w, -torch.inf).max()
+        if bool(counted.any())
+        else torch.ones((), dtype=w.dtype),
     }
     if cfg.mode == "off":
         return None, metrics

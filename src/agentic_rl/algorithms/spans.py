@@ -14,8 +14,13 @@ from typing import Literal, Sequence
 import torch
 
 
-def spread_over_spans(values: Sequence[Sequence[float]], spans: Sequence[Sequence[object]], num_tokens: int,
-                      on: Literal["every", "last"], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def spread_over_spans(
+    values: Sequence[Sequence[float]],
+    spans: Sequence[Sequence[object]],
+    num_tokens: int,
+    on: Literal["every", "last"],
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """(B, T) `dtype`, 0 off the spans: row b's k-th value on the tokens of its k-th span.
 
     Args:

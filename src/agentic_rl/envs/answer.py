@@ -39,7 +39,7 @@ def extract_final_answer(text: str) -> str | None:
     matches = list(_FINAL_ANSWER.finditer(text))
     if not matches:
         return None
-    rest = text[matches[-1].end():]
+    rest = text[matches[-1].end() :]
     lines = [line.strip() for line in rest.split("\n")]
     # "Final Answer:\n72" is accepted: take the first non-empty line.
     raw = next((line for line in lines if line), "")

@@ -42,14 +42,26 @@ VALUE_CAP = 10**6
 _MAX_ATTEMPTS = 1000
 
 _NAMES = [
-    ("Maya", "she", "her", "her", "herself"), ("Liam", "he", "him", "his", "himself"),
-    ("Sofia", "she", "her", "her", "herself"), ("Noah", "he", "him", "his", "himself"),
-    ("Aisha", "she", "her", "her", "herself"), ("Kenji", "he", "him", "his", "himself"),
-    ("Elena", "she", "her", "her", "herself"), ("Omar", "he", "him", "his", "himself"),
+    ("Maya", "she", "her", "her", "herself"),
+    ("Liam", "he", "him", "his", "himself"),
+    ("Sofia", "she", "her", "her", "herself"),
+    ("Noah", "he", "him", "his", "himself"),
+    ("Aisha", "she", "her", "her", "herself"),
+    ("Kenji", "he", "him", "his", "himself"),
+    ("Elena", "she", "her", "her", "herself"),
+    ("Omar", "he", "him", "his", "himself"),
 ]
 _TIMES = {2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "six times"}
-_FRACTION = {2: "half", 3: "a third", 4: "a quarter", 5: "a fifth", 6: "a sixth",
-             7: "a seventh", 8: "an eighth", 9: "a ninth"}
+_FRACTION = {
+    2: "half",
+    3: "a third",
+    4: "a quarter",
+    5: "a fifth",
+    6: "a sixth",
+    7: "a seventh",
+    8: "an eighth",
+    9: "a ninth",
+}
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _OP_OF_SYMBOL = {symbol: op for op, symbol in _SYMBOL.items()}
 _VERB = {"add": "Add", "sub": "Subtract", "mul": "Multiply by", "div": "Divide by"}
@@ -72,73 +84,76 @@ class Template:
     things: tuple[str, ...] = ("things",)
 
 
-TEMPLATES: dict[str, Template] = {t.name: t for t in [
-    Template(
-        "shopping",
-        ("{name} has ${a} in {his} wallet before going shopping.",),
-        ("{He} returns a {item} and gets ${b} back.", "{He} finds ${b} in {his} coat pocket."),
-        ("{He} spends ${b} on a {item}.", "{He} pays ${b} for a {item}."),
-        ("{His} aunt gives {him} enough money that {he} now has {times} as much as before.",),
-        ("{He} keeps only {fraction} of {his} money in the wallet and puts the rest in the bank.",),
-        "How many dollars does {name} have in {his} wallet now?",
-        items=("book", "scarf", "lamp", "board game", "backpack", "kite"),
-    ),
-    Template(
-        "baking",
-        ("{name} bakes {a} cookies for a school fair.",),
-        ("{He} bakes another batch of {b} cookies.", "A neighbor brings over {b} more cookies."),
-        ("{He} gives {b} cookies to {his} friends.", "{b} cookies break and are thrown away."),
-        ("{He} keeps baking until {he} has {times} as many cookies as before.",),
-        ("{He} packs the cookies equally into {k} boxes and keeps just one box.",),
-        "How many cookies does {name} have now?",
-    ),
-    Template(
-        "savings",
-        ("{name} has ${a} in a piggy bank.",),
-        ("{He} saves ${b} from {his} allowance.", "{He} earns ${b} walking dogs and saves all of it."),
-        ("{He} takes out ${b} to buy a present.", "{He} spends ${b} of {his} savings on a concert ticket."),
-        ("{His} grandparents add money so that {his} savings become {times} as large.",),
-        ("{He} splits {his} savings equally among {k} children, {himself} included, and keeps {his} share.",),
-        "How many dollars does {name} have in savings now?",
-    ),
-    Template(
-        "sharing",
-        ("{name} has {a} {things}.",),
-        ("{He} wins {b} more {things} in a game.", "{His} cousin gives {him} {b} {things}."),
-        ("{He} gives {b} {things} to a friend.", "{He} loses {b} {things} at the park."),
-        ("{He} trades with friends and ends up with {times} as many {things} as before.",),
-        ("{He} shares {his} {things} equally among {k} friends, {himself} included, and keeps {his} share.",),
-        "How many {things} does {name} have now?",
-        things=("marbles", "stickers", "trading cards", "seashells"),
-    ),
-    Template(
-        "train",
-        ("A train leaves the first station with {a} passengers.",),
-        ("At the next stop, {b} people get on.", "{b} more passengers board at the next station."),
-        ("At the next stop, {b} people get off.", "{b} passengers leave the train at the next station."),
-        ("At a big city stop, so many people get on that there are {times} as many passengers as before.",),
-        ("The train is split into {k} parts with equal numbers of passengers, and only the front part goes on.",),
-        "How many passengers are on the train now?",
-    ),
-    Template(
-        "garden",
-        ("A garden has {a} tomato plants.",),
-        ("The gardener plants {b} more tomato plants.",),
-        ("A storm destroys {b} of the plants.", "Rabbits eat {b} of the plants."),
-        ("The gardener grows cuttings until there are {times} as many plants as before.",),
-        ("The gardener gives plants away and keeps only {fraction} of them.",),
-        "How many tomato plants are in the garden now?",
-    ),
-    Template(
-        "warehouse",
-        ("A warehouse holds {a} boxes.",),
-        ("A truck delivers {b} more boxes.",),
-        ("{b} boxes are shipped to a store.", "A truck takes away {b} boxes."),
-        ("Each box is unpacked into {k} smaller boxes.",),
-        ("The boxes are stacked into {k} equal piles, and all piles but one are shipped out.",),
-        "How many boxes are in the warehouse now?",
-    ),
-]}
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in [
+        Template(
+            "shopping",
+            ("{name} has ${a} in {his} wallet before going shopping.",),
+            ("{He} returns a {item} and gets ${b} back.", "{He} finds ${b} in {his} coat pocket."),
+            ("{He} spends ${b} on a {item}.", "{He} pays ${b} for a {item}."),
+            ("{His} aunt gives {him} enough money that {he} now has {times} as much as before.",),
+            ("{He} keeps only {fraction} of {his} money in the wallet and puts the rest in the bank.",),
+            "How many dollars does {name} have in {his} wallet now?",
+            items=("book", "scarf", "lamp", "board game", "backpack", "kite"),
+        ),
+        Template(
+            "baking",
+            ("{name} bakes {a} cookies for a school fair.",),
+            ("{He} bakes another batch of {b} cookies.", "A neighbor brings over {b} more cookies."),
+            ("{He} gives {b} cookies to {his} friends.", "{b} cookies break and are thrown away."),
+            ("{He} keeps baking until {he} has {times} as many cookies as before.",),
+            ("{He} packs the cookies equally into {k} boxes and keeps just one box.",),
+            "How many cookies does {name} have now?",
+        ),
+        Template(
+            "savings",
+            ("{name} has ${a} in a piggy bank.",),
+            ("{He} saves ${b} from {his} allowance.", "{He} earns ${b} walking dogs and saves all of it."),
+            ("{He} takes out ${b} to buy a present.", "{He} spends ${b} of {his} savings on a concert ticket."),
+            ("{His} grandparents add money so that {his} savings become {times} as large.",),
+            ("{He} splits {his} savings equally among {k} children, {himself} included, and keeps {his} share.",),
+            "How many dollars does {name} have in savings now?",
+        ),
+        Template(
+            "sharing",
+            ("{name} has {a} {things}.",),
+            ("{He} wins {b} more {things} in a game.", "{His} cousin gives {him} {b} {things}."),
+            ("{He} gives {b} {things} to a friend.", "{He} loses {b} {things} at the park."),
+            ("{He} trades with friends and ends up with {times} as many {things} as before.",),
+            ("{He} shares {his} {things} equally among {k} friends, {himself} included, and keeps {his} share.",),
+            "How many {things} does {name} have now?",
+            things=("marbles", "stickers", "trading cards", "seashells"),
+        ),
+        Template(
+            "train",
+            ("A train leaves the first station with {a} passengers.",),
+            ("At the next stop, {b} people get on.", "{b} more passengers board at the next station."),
+            ("At the next stop, {b} people get off.", "{b} passengers leave the train at the next station."),
+            ("At a big city stop, so many people get on that there are {times} as many passengers as before.",),
+            ("The train is split into {k} parts with equal numbers of passengers, and only the front part goes on.",),
+            "How many passengers are on the train now?",
+        ),
+        Template(
+            "garden",
+            ("A garden has {a} tomato plants.",),
+            ("The gardener plants {b} more tomato plants.",),
+            ("A storm destroys {b} of the plants.", "Rabbits eat {b} of the plants."),
+            ("The gardener grows cuttings until there are {times} as many plants as before.",),
+            ("The gardener gives plants away and keeps only {fraction} of them.",),
+            "How many tomato plants are in the garden now?",
+        ),
+        Template(
+            "warehouse",
+            ("A warehouse holds {a} boxes.",),
+            ("A truck delivers {b} more boxes.",),
+            ("{b} boxes are shipped to a store.", "A truck takes away {b} boxes."),
+            ("Each box is unpacked into {k} smaller boxes.",),
+            ("The boxes are stacked into {k} equal piles, and all piles but one are shipped out.",),
+            "How many boxes are in the warehouse now?",
+        ),
+    ]
+}
 SEEN_TEMPLATES = ("shopping", "baking", "savings", "sharing")
 HELD_OUT_TEMPLATES = ("train", "garden", "warehouse")
 
@@ -162,7 +177,9 @@ class ArithOptions:
 
     def __post_init__(self) -> None:
         levels = [self.difficulty] if isinstance(self.difficulty, int) else list(self.difficulty)
-        if not levels or any(isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_DIFFICULTY for d in levels):
+        if not levels or any(
+            isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_DIFFICULTY for d in levels
+        ):
             raise ValueError(
                 f"difficulty must be an int or a list of ints in 1..{MAX_DIFFICULTY} (operations "
                 f"per problem), got {self.difficulty!r}"
@@ -273,15 +290,29 @@ def _apply(value: int, op: str, operand: int) -> int:
 def _render(problem: _Problem, rng: random.Random, task_id: str) -> Task:
     template = TEMPLATES[problem.template]
     name, he, him, his, himself = rng.choice(_NAMES)
-    words = {"name": name, "he": he, "He": he.capitalize(), "him": him, "his": his,
-             "His": his.capitalize(), "himself": himself, "things": rng.choice(template.things),
-             "a": problem.start}
+    words = {
+        "name": name,
+        "he": he,
+        "He": he.capitalize(),
+        "him": him,
+        "his": his,
+        "His": his.capitalize(),
+        "himself": himself,
+        "things": rng.choice(template.things),
+        "a": problem.start,
+    }
     sentences = [rng.choice(template.intro).format(**words)]
     value, steps = problem.start, []
     for op, operand in problem.operations:
         phrase = rng.choice(getattr(template, op))
-        sentence = phrase.format(**words, b=operand, k=operand, times=_TIMES.get(operand, ""),
-                                 fraction=_FRACTION.get(operand, ""), item=rng.choice(template.items))
+        sentence = phrase.format(
+            **words,
+            b=operand,
+            k=operand,
+            times=_TIMES.get(operand, ""),
+            fraction=_FRACTION.get(operand, ""),
+            item=rng.choice(template.items),
+        )
         sentences.append(sentence[0].upper() + sentence[1:])
         result = _apply(value, op, operand)
         steps.append((f"{value} {_SYMBOL[op]} {operand}", str(result)))
@@ -308,6 +339,7 @@ def oracle_actions(task: Task) -> list[str]:
             + format_tool_call("calculator", {"expression": expression})
         )
     final_step = len(task.meta["steps"]) + 1
-    turns.append(f"Step {final_step}: The last result, {task.answer}, answers the question.\n"
-                 f"Final Answer: {task.answer}")
+    turns.append(
+        f"Step {final_step}: The last result, {task.answer}, answers the question.\nFinal Answer: {task.answer}"
+    )
     return turns

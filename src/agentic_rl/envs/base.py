@@ -68,9 +68,15 @@ EPISODE_INFO: dict[str, tuple[Any, str]] = {
     "tool_errors": (0, "of those, the calls that failed (each got an error observation)"),
     "turns": (0, "policy turns played"),
     "finish": ("", "why it ended: answer, no_answer, max_turns, solved, failed, no_call, error, ..."),
-    "score": (None, "the final answer's grade in [0, 1] (tool envs: 1.0 correct; a bridged verifier may give partial credit)"),
-    "reward_terms": ({}, "the named parts of the env's reward, unweighted (a verifiers rubric's functions), whose weighted "
-                         "sum its step rewards already pay: each is logged as a reward term (Env.reward_terms)"),
+    "score": (
+        None,
+        "the final answer's grade in [0, 1] (tool envs: 1.0 correct; a bridged verifier may give partial credit)",
+    ),
+    "reward_terms": (
+        {},
+        "the named parts of the env's reward, unweighted (a verifiers rubric's functions), whose weighted "
+        "sum its step rewards already pay: each is logged as a reward term (Env.reward_terms)",
+    ),
 }
 """The episode summary in the last `StepResult.info`: key -> (value assumed when absent, meaning).
 Evaluation, the oracle runner and the reward terms read these keys through `episode_info`, so an
@@ -160,7 +166,10 @@ def make_env(name: str, **options: Any) -> Env:
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for environment '{name}'; allowed: {sorted(fields)}")
-    from agentic_rl.config import ConfigError, from_dict  # each option checked against its type: `tools: none` is no list
+    from agentic_rl.config import (
+        ConfigError,
+        from_dict,
+    )  # each option checked against its type: `tools: none` is no list
 
     try:
         checked = from_dict(options_cls, options, prefix="options.", source=f"environment '{name}'")
@@ -206,9 +215,11 @@ def has_oracle(name: str) -> bool | None:
 
 def no_oracle_error(name: str, where: str, instead: str) -> ValueError:
     """The error of a setting that needs env `name`'s oracle when it has none (`has_oracle` False)."""
-    return ValueError(f"{where}: env '{name}' has no oracle (its class does not define oracle_actions, the turns "
-                      f"that solve a task), so it cannot give what {where} needs; {instead}, or add oracle_actions "
-                      "to the env")
+    return ValueError(
+        f"{where}: env '{name}' has no oracle (its class does not define oracle_actions, the turns "
+        f"that solve a task), so it cannot give what {where} needs; {instead}, or add oracle_actions "
+        "to the env"
+    )
 
 
 def env_options_class(name: str) -> type | None:
@@ -225,6 +236,15 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import arith, gsm8k, memory, plan, reasoning_gym_env, self_correction, textarena_env, verifiers_env  # noqa: F401
+    from agentic_rl.envs import (  # noqa: F401 - imported to register
+        arith,
+        gsm8k,
+        memory,
+        plan,
+        reasoning_gym_env,
+        self_correction,
+        textarena_env,
+        verifiers_env,
+    )
 
     load_entry_points("agentic_rl.envs")

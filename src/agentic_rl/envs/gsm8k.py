@@ -55,7 +55,9 @@ class GSM8KOptions:
         self.tools = tuple(self.tools)
         unknown = sorted(set(self.tools) - set(_ANNOTATION_TOOLS))
         if not self.tools or unknown:
-            raise ValueError(f"gsm8k tools must be a non-empty subset of {list(_ANNOTATION_TOOLS)}, got {list(self.tools)}")
+            raise ValueError(
+                f"gsm8k tools must be a non-empty subset of {list(_ANNOTATION_TOOLS)}, got {list(self.tools)}"
+            )
         if not set(self.splits) <= {"train", "test"} or not self.splits:
             raise ValueError(f"splits maps 'train'/'test' to data splits, got {self.splits!r}")
         if self.offset < 0 or (self.n is not None and self.n < 0):
@@ -84,7 +86,7 @@ class GSM8KEnv(ToolEnv):
         if self.options.max_steps is not None:
             problems = [p for p in problems if solution_steps(p) <= self.options.max_steps]
         end = None if self.options.n is None else self.options.offset + self.options.n
-        return problems[self.options.offset:end]
+        return problems[self.options.offset : end]
 
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
         problems = self.problems(split)
@@ -122,7 +124,7 @@ def oracle_actions(task: Task, tool: str = "calculator", max_turns: int = 10) ->
     tool_turns = max(1, max_turns - 1)
     while len(groups) > tool_turns:  # pack the two shortest neighbours until it fits
         position = min(range(len(groups) - 1), key=lambda i: len(groups[i]) + len(groups[i + 1]))
-        groups[position: position + 2] = [groups[position] + groups[position + 1]]
+        groups[position : position + 2] = [groups[position] + groups[position + 1]]
     turns = []
     for number, group in enumerate(groups, start=1):
         calls = [_call(tool, expr) for expr, _value in group]

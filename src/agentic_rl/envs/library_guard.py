@@ -25,8 +25,10 @@ SPLIT_SPAN = 1_000_000_000
 
 def missing_extra(module: str, extra: str) -> str:
     """The error text for an optional library that is not installed."""
-    return (f"the {module} bridge needs the optional package {extra!r}, which is not installed: "
-            f"pip install 'agentic-rl[{extra}]' (or pip install {extra})")
+    return (
+        f"the {module} bridge needs the optional package {extra!r}, which is not installed: "
+        f"pip install 'agentic-rl[{extra}]' (or pip install {extra})"
+    )
 
 
 @contextlib.contextmanager
@@ -41,7 +43,9 @@ def offline(what: str) -> Iterator[None]:
     def refuse(sock: socket.socket, address: object, *args: object) -> None:
         raise ConnectionRefusedError(f"{what} tried to connect to {address!r}: agentic-rl never downloads at run time")
 
-    hub_flags = [module for name in ("huggingface_hub.constants", "datasets.config") if (module := sys.modules.get(name))]
+    hub_flags = [
+        module for name in ("huggingface_hub.constants", "datasets.config") if (module := sys.modules.get(name))
+    ]
     with _LOCK:
         original = socket.socket.connect
         saved = [(module, module.HF_HUB_OFFLINE) for module in hub_flags]

@@ -66,12 +66,33 @@ from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
 
-PEOPLE = ["Ada", "Bo", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lena", "Milo", "Nia", "Otto", "Pia"]
+PEOPLE = [
+    "Ada",
+    "Bo",
+    "Cleo",
+    "Dev",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Jun",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nia",
+    "Otto",
+    "Pia",
+]
 ATTRIBUTES = {
     "locker code": lambda rng: str(rng.randrange(1000, 10000)),
     "room number": lambda rng: str(rng.randrange(100, 1000)),
-    "home city": lambda rng: rng.choice(["Oslo", "Lima", "Pune", "Riga", "Kyoto", "Quito", "Dakar", "Perth", "Turin", "Hanoi"]),
-    "favourite colour": lambda rng: rng.choice(["amber", "teal", "crimson", "olive", "violet", "ivory", "navy", "coral"]),
+    "home city": lambda rng: rng.choice(
+        ["Oslo", "Lima", "Pune", "Riga", "Kyoto", "Quito", "Dakar", "Perth", "Turin", "Hanoi"]
+    ),
+    "favourite colour": lambda rng: rng.choice(
+        ["amber", "teal", "crimson", "olive", "violet", "ivory", "navy", "coral"]
+    ),
     "pet's name": lambda rng: rng.choice(["Biscuit", "Pepper", "Mochi", "Ziggy", "Nutmeg", "Rufus", "Tofu", "Juniper"]),
 }
 MAX_KEY_CHARS = 40
@@ -125,24 +146,34 @@ class MemoryOptions:
         if not 0 <= self.updates <= self.facts:
             raise ValueError(f"updates must be in 0..facts ({self.facts}), got {self.updates}")
         if not self.facts <= self.window <= 16:
-            raise ValueError(f"window must be in facts..16 = {self.facts}..16 turns, got {self.window}: the {self.facts} "
-                             "recall turns before the answer must all stay in view")
+            raise ValueError(
+                f"window must be in facts..16 = {self.facts}..16 turns, got {self.window}: the {self.facts} "
+                "recall turns before the answer must all stay in view"
+            )
         if not 0 <= self.gap <= self.distractors:
-            raise ValueError(f"gap={self.gap} must be in 0..distractors ({self.distractors}): the messages between the "
-                             "last needed fact and the question are distractors; raise distractors or lower gap")
+            raise ValueError(
+                f"gap={self.gap} must be in 0..distractors ({self.distractors}): the messages between the "
+                "last needed fact and the question are distractors; raise distractors or lower gap"
+            )
         if self.memory_slots < self.facts or self.max_calls_per_turn < 1:
-            raise ValueError(f"memory_slots ({self.memory_slots}) must be >= facts ({self.facts}) (the answer needs every "
-                             f"fact stored at once) and max_calls_per_turn ({self.max_calls_per_turn}) >= 1")
+            raise ValueError(
+                f"memory_slots ({self.memory_slots}) must be >= facts ({self.facts}) (the answer needs every "
+                f"fact stored at once) and max_calls_per_turn ({self.max_calls_per_turn}) >= 1"
+            )
         if self.write_cost < 0:
             raise ValueError(f"write_cost must be >= 0, got {self.write_cost}")
         if self.oracle_stores not in ("asked", "all"):
             raise ValueError(f"oracle_stores must be asked or all, got {self.oracle_stores!r}")
         if self.oracle_stores == "all" and self.memory_slots < self.facts + self.distractors:
-            raise ValueError(f"oracle_stores=all keeps every one of the {self.facts + self.distractors} facts, but memory_slots "
-                             f"is {self.memory_slots}; raise memory_slots or store only the asked facts")
+            raise ValueError(
+                f"oracle_stores=all keeps every one of the {self.facts + self.distractors} facts, but memory_slots "
+                f"is {self.memory_slots}; raise memory_slots or store only the asked facts"
+            )
         if self.max_turns is not None and self.max_turns < self.oracle_turns:
-            raise ValueError(f"max_turns={self.max_turns} is below the {self.oracle_turns} turns the messages, the recalls "
-                             "and the answer need; raise it or leave it None")
+            raise ValueError(
+                f"max_turns={self.max_turns} is below the {self.oracle_turns} turns the messages, the recalls "
+                "and the answer need; raise it or leave it None"
+            )
 
     @property
     def messages(self) -> int:
@@ -176,8 +207,8 @@ def build_task(options: MemoryOptions, rng: random.Random) -> dict[str, Any]:
     rng.shuffle(pairs)
     asked = pairs[: options.facts]
     # Distractors share a person or an attribute with an asked fact where possible (harder to tell apart).
-    near = [p for p in pairs[options.facts:] if any(p[0] == a[0] or p[1] == a[1] for a in asked)]
-    far = [p for p in pairs[options.facts:] if p not in near]
+    near = [p for p in pairs[options.facts :] if any(p[0] == a[0] or p[1] == a[1] for a in asked)]
+    far = [p for p in pairs[options.facts :] if p not in near]
     others = (near + far)[: options.distractors]
     assert len(others) == options.distractors, f"{len(others)} distractor facts for {options.distractors}"
     values = {pair: ATTRIBUTES[pair[1]](rng) for pair in asked}
@@ -189,24 +220,30 @@ def build_task(options: MemoryOptions, rng: random.Random) -> dict[str, Any]:
         values[(person, attribute)] = new
         needed.append(f"Update: the {attribute} of {person} is now {new}.")
     distractors = [_fact(person, attribute, ATTRIBUTES[attribute](rng)) for person, attribute in others]
-    tail, head = distractors[: options.gap], distractors[options.gap:]
+    tail, head = distractors[: options.gap], distractors[options.gap :]
     body = head + needed[: options.facts]
     rng.shuffle(body)
-    for update in needed[options.facts:]:  # an update comes after the fact it corrects
+    for update in needed[options.facts :]:  # an update comes after the fact it corrects
         person_attr = next(p for p in asked if f"the {p[1]} of {p[0]} is now" in update)
         after = next(i for i, m in enumerate(body) if m == _fact(*person_attr, _original(needed, person_attr)))
         body.insert(rng.randint(after + 1, len(body)), update)
     stream = body + tail
-    question = (f"Question: What is {_phrase(asked)}? Answer with a line `Final Answer: <value>`"
-                + (" giving the values separated by commas, in that order." if len(asked) > 1 else "."))
-    return {"stream": stream, "question": question, "asked": [list(p) for p in asked],
-            "answers": [values[p] for p in asked], "keys": [normalise_key(f"{p[0]} {p[1]}") for p in asked],
-            "needed_at": {str(i): m for i, m in enumerate(stream) if m in needed}}
+    question = f"Question: What is {_phrase(asked)}? Answer with a line `Final Answer: <value>`" + (
+        " giving the values separated by commas, in that order." if len(asked) > 1 else "."
+    )
+    return {
+        "stream": stream,
+        "question": question,
+        "asked": [list(p) for p in asked],
+        "answers": [values[p] for p in asked],
+        "keys": [normalise_key(f"{p[0]} {p[1]}") for p in asked],
+        "needed_at": {str(i): m for i, m in enumerate(stream) if m in needed},
+    }
 
 
 def _original(needed: list[str], pair: tuple[str, str]) -> str:
     prefix = f"The {pair[1]} of {pair[0]} is "
-    return next(m for m in needed if m.startswith(prefix))[len(prefix):-1]
+    return next(m for m in needed if m.startswith(prefix))[len(prefix) : -1]
 
 
 def task_split(data: dict[str, Any]) -> str:
@@ -219,7 +256,7 @@ def extract_values(text: str) -> list[str] | None:
     matches = list(_FINAL.finditer(text))
     if not matches:
         return None
-    line = text[matches[-1].end():].strip().split("\n")[0]
+    line = text[matches[-1].end() :].strip().split("\n")[0]
     values = [" ".join(part.strip().strip(".`*'\"").lower().split()) for part in line.split(",")]
     return values if any(values) else None
 
@@ -233,7 +270,11 @@ class MemoryEnv(Env):
     def __init__(self, options: MemoryOptions | None = None):
         self.options = options or MemoryOptions()
         self.max_turns = self.options.max_turns or self.options.oracle_turns + 4
-        self.tools = [Tool.from_function(self.remember), Tool.from_function(self.recall), Tool.from_function(self.forget)]
+        self.tools = [
+            Tool.from_function(self.remember),
+            Tool.from_function(self.recall),
+            Tool.from_function(self.forget),
+        ]
         self._by_name = {tool.name: tool for tool in self.tools}
         self._data: dict[str, Any] | None = None
 
@@ -252,8 +293,14 @@ class MemoryEnv(Env):
                 break
             data = build_task(o, rng)
             if task_split(data) == split:
-                tasks.append(Task(id=f"memory/{split}/{seed}/{len(tasks)}", question=data["question"],
-                                  answer=", ".join(data["answers"]), meta=data))
+                tasks.append(
+                    Task(
+                        id=f"memory/{split}/{seed}/{len(tasks)}",
+                        question=data["question"],
+                        answer=", ".join(data["answers"]),
+                        meta=data,
+                    )
+                )
         if len(tasks) < n:
             raise RuntimeError(f"could not draw {n} {split} tasks from options {o}")
         return tasks
@@ -274,11 +321,13 @@ class MemoryEnv(Env):
             for person, attribute in pairs:
                 for prefix in (f"The {attribute} of {person} is ", f"Update: the {attribute} of {person} is now "):
                     if message.startswith(prefix):
-                        stored[index] = (normalise_key(f"{person} {attribute}"), message[len(prefix):-1])
+                        stored[index] = (normalise_key(f"{person} {attribute}"), message[len(prefix) : -1])
         actions = [NEXT]  # turn 1 reads message 1
         for index in range(len(data["stream"])):  # turn index + 2 reads message index + 2 (or the question)
             key_value = stored.get(index)
-            actions.append(format_tool_call("remember", {"key": key_value[0], "value": key_value[1]}) if key_value else NEXT)
+            actions.append(
+                format_tool_call("remember", {"key": key_value[0], "value": key_value[1]}) if key_value else NEXT
+            )
         actions += [format_tool_call("recall", {"key": key}) for key in data["keys"]]
         actions.append("Final Answer: " + ", ".join(data["answers"]))
         return actions
@@ -300,8 +349,10 @@ class MemoryEnv(Env):
     def _intro(self) -> str:
         o, data = self.options, self._data
         about = f" The question will ask for {_phrase([tuple(p) for p in data['asked']])}." if o.announce else ""
-        return (f"You will read {len(data['stream'])} messages, one per turn, then a question.{about} Only your last "
-                f"{o.window} turn(s) stay visible. Memory holds {o.memory_slots} keys. Reply Next. to read the first message.")
+        return (
+            f"You will read {len(data['stream'])} messages, one per turn, then a question.{about} Only your last "
+            f"{o.window} turn(s) stay visible. Memory holds {o.memory_slots} keys. Reply Next. to read the first message."
+        )
 
     def step(self, action_text: str) -> StepResult:
         if self._data is None or self._done:
@@ -313,8 +364,13 @@ class MemoryEnv(Env):
         observation = []
         for index, call in enumerate(calls):
             if index >= self.options.max_calls_per_turn:
-                observation.append({"role": "tool", "name": "error", "content":
-                                    f"Error: at most {self.options.max_calls_per_turn} calls per turn; this one was not run"})
+                observation.append(
+                    {
+                        "role": "tool",
+                        "name": "error",
+                        "content": f"Error: at most {self.options.max_calls_per_turn} calls per turn; this one was not run",
+                    }
+                )
                 self._errors += 1
                 continue
             name, content, ok = self._run(call)
@@ -324,8 +380,13 @@ class MemoryEnv(Env):
                 self._writes += 1
             observation.append({"role": "tool", "name": name, "content": content})
         if self._read < len(self._data["stream"]):
-            observation.append({"role": "user", "content": f"Message {self._read + 1} of {len(self._data['stream'])}: "
-                                                           f"{self._data['stream'][self._read]}"})
+            observation.append(
+                {
+                    "role": "user",
+                    "content": f"Message {self._read + 1} of {len(self._data['stream'])}: "
+                    f"{self._data['stream'][self._read]}",
+                }
+            )
             self._read += 1
         elif self._question_turn is None:
             observation.append({"role": "user", "content": self._data["question"]})
@@ -364,11 +425,18 @@ class MemoryEnv(Env):
         expected = [" ".join(v.lower().split()) for v in self._data["answers"]]  # type: ignore[index]
         right = sum(a == b for a, b in zip(values or [], expected))
         correct = values is not None and values == expected
-        info = {"correct": correct, "final_answer": ", ".join(values) if values is not None else None,
-                "reference": self._task.answer, "format_ok": values is not None, "tool_calls": self._calls,
-                "tool_errors": self._errors, "turns": self._turns, "memory_writes": self._writes,
-                "facts_correct": right / len(expected),
-                "finish": finish or ("answer" if values is not None else "no_answer")}
+        info = {
+            "correct": correct,
+            "final_answer": ", ".join(values) if values is not None else None,
+            "reference": self._task.answer,
+            "format_ok": values is not None,
+            "tool_calls": self._calls,
+            "tool_errors": self._errors,
+            "turns": self._turns,
+            "memory_writes": self._writes,
+            "facts_correct": right / len(expected),
+            "finish": finish or ("answer" if values is not None else "no_answer"),
+        }
         paid = max(0.0, 1.0 - self.options.write_cost * self._writes) if correct else 0.0  # module docstring
         return StepResult(None, paid, True, info)
 
@@ -383,10 +451,14 @@ class MemoryEnv(Env):
         """
         key = self._check_key(key)
         if not value.strip() or len(value) > MAX_VALUE_CHARS:
-            raise ToolError(f"value must be 1..{MAX_VALUE_CHARS} characters, got {len(value)}; store just the fact's value")
+            raise ToolError(
+                f"value must be 1..{MAX_VALUE_CHARS} characters, got {len(value)}; store just the fact's value"
+            )
         if key not in self._memory and len(self._memory) >= self.options.memory_slots:
-            raise ToolError(f"memory is full ({self.options.memory_slots} keys: {', '.join(sorted(self._memory))}); "
-                            "forget(key) one first")
+            raise ToolError(
+                f"memory is full ({self.options.memory_slots} keys: {', '.join(sorted(self._memory))}); "
+                "forget(key) one first"
+            )
         old = self._memory.get(key)
         self._memory[key] = value.strip()
         return f"Stored {key!r}." + (f" (It held {old!r}.)" if old is not None else "")
@@ -399,7 +471,9 @@ class MemoryEnv(Env):
         """
         key = self._check_key(key)
         if key not in self._memory:
-            raise ToolError(f"nothing is stored under {key!r}; stored keys: {', '.join(sorted(self._memory)) or 'none'}")
+            raise ToolError(
+                f"nothing is stored under {key!r}; stored keys: {', '.join(sorted(self._memory)) or 'none'}"
+            )
         return self._memory[key]
 
     def forget(self, key: str) -> str:
@@ -410,11 +484,15 @@ class MemoryEnv(Env):
         """
         key = self._check_key(key)
         if self._memory.pop(key, None) is None:
-            raise ToolError(f"nothing is stored under {key!r}; stored keys: {', '.join(sorted(self._memory)) or 'none'}")
+            raise ToolError(
+                f"nothing is stored under {key!r}; stored keys: {', '.join(sorted(self._memory)) or 'none'}"
+            )
         return f"Forgot {key!r}."
 
     def _check_key(self, key: str) -> str:
         normal = normalise_key(key)
         if not normal or len(normal) > MAX_KEY_CHARS:
-            raise ToolError(f"a key must be 1..{MAX_KEY_CHARS} characters, got {len(normal)}; use a short name like 'ada locker code'")
+            raise ToolError(
+                f"a key must be 1..{MAX_KEY_CHARS} characters, got {len(normal)}; use a short name like 'ada locker code'"
+            )
         return normal

@@ -24,7 +24,9 @@ from agentic_rl.envs.tool_env import reference_step_values
 MAX_FAILURES_LISTED = 10
 
 
-def run_oracle(env_name: str, n: int | None = None, split: str = "train", seed: int = 0, **options: Any) -> dict[str, Any]:
+def run_oracle(
+    env_name: str, n: int | None = None, split: str = "train", seed: int = 0, **options: Any
+) -> dict[str, Any]:
     """Build env `env_name` with `options`, take `n` tasks of `split`, run the oracle on each."""
     if has_oracle(env_name) is False:
         raise no_oracle_error(env_name, "envs oracle", "check it with `agentic-rl eval` on a model instead")
@@ -119,10 +121,18 @@ def run_oracle_episode(env: Env, task: Task) -> dict[str, Any]:
     episode = play_oracle(env, task)
     result = episode.result
     if result is None or not result.done:
-        return {"correct": False, "tool_calls": 0, "tool_errors": 0, "turns": episode.turns_planned,
-                "step_mismatches": 0, "failure": "oracle turns ran out before the episode ended"}
+        return {
+            "correct": False,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "turns": episode.turns_planned,
+            "step_mismatches": 0,
+            "failure": "oracle turns ran out before the episode ended",
+        }
     if episode.turns_played < episode.turns_planned:
-        return _episode(result.info, f"episode ended after {episode.turns_played} of {episode.turns_planned} oracle turns")
+        return _episode(
+            result.info, f"episode ended after {episode.turns_played} of {episode.turns_planned} oracle turns"
+        )
     expected = reference_step_values(task)
     mismatches = sum(1 for got, want in zip(episode.tool_results, expected) if not answers_match(got, want))
     info = episode_info(result.info)

@@ -45,8 +45,24 @@ from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
 
-ROOMS = ["atrium", "bakery", "cellar", "dock", "forge", "garden", "hangar", "library", "mill", "nursery",
-         "office", "pantry", "quarry", "studio", "tower", "vault"]
+ROOMS = [
+    "atrium",
+    "bakery",
+    "cellar",
+    "dock",
+    "forge",
+    "garden",
+    "hangar",
+    "library",
+    "mill",
+    "nursery",
+    "office",
+    "pantry",
+    "quarry",
+    "studio",
+    "tower",
+    "vault",
+]
 COLOURS = ["red", "blue", "green", "yellow"]
 SYSTEM_PROMPT = (
     "You move through a house to reach a goal room. Act with one tool call per action: move(room) goes "
@@ -114,8 +130,9 @@ class World:
         return "\n".join(lines)
 
 
-def shortest_plan(world: World, through_doors: bool = False, from_room: str | None = None,
-                  holding: frozenset[str] = frozenset()) -> list[tuple[str, str]] | None:
+def shortest_plan(
+    world: World, through_doors: bool = False, from_room: str | None = None, holding: frozenset[str] = frozenset()
+) -> list[tuple[str, str]] | None:
     """The shortest action list [("move"|"take", argument)] to the goal, by BFS over (room, keys
     held), from the world's start or from `from_room` holding `holding`; with through_doors=True,
     locks are ignored (the greedy way). None: unreachable."""
@@ -132,7 +149,11 @@ def shortest_plan(world: World, through_doors: bool = False, from_room: str | No
                 state, action = parents[state]
                 plan.append(action)
             return plan[::-1]
-        moves = [(("take", key_at[room]), (room, held | {key_at[room]}))] if room in key_at and key_at[room] not in held else []
+        moves = (
+            [(("take", key_at[room]), (room, held | {key_at[room]}))]
+            if room in key_at and key_at[room] not in held
+            else []
+        )
         for nxt in world.neighbours(room):
             colour = world.door(room, nxt)
             if through_doors or colour is None or colour in held:
@@ -151,7 +172,12 @@ def build_world(options: PlanOptions, rng: random.Random) -> World | None:
     passages = set()
     for index in range(1, n_rooms):  # a random spanning tree
         passages.add(tuple(sorted((rooms[index], rooms[rng.randrange(index)]))))
-    candidates = [tuple(sorted((a, b))) for i, a in enumerate(rooms) for b in rooms[i + 1:] if tuple(sorted((a, b))) not in passages]
+    candidates = [
+        tuple(sorted((a, b)))
+        for i, a in enumerate(rooms)
+        for b in rooms[i + 1 :]
+        if tuple(sorted((a, b))) not in passages
+    ]
     passages |= set(rng.sample(candidates, min(options.branching, len(candidates))))
     start, goal = rooms[0], rooms[-1]
     world = World(tuple(rooms), tuple(sorted(passages)), (), (), start, goal)
@@ -159,7 +185,9 @@ def build_world(options: PlanOptions, rng: random.Random) -> World | None:
     if path is None or len(path) < options.difficulty + 1:
         return None
     route = [start] + [room for _, room in path]
-    locked = sorted(rng.sample(range(1, len(route) - 1), options.difficulty)) if len(route) > options.difficulty + 1 else []
+    locked = (
+        sorted(rng.sample(range(1, len(route) - 1), options.difficulty)) if len(route) > options.difficulty + 1 else []
+    )
     if len(locked) != options.difficulty:
         return None
     colours = rng.sample(COLOURS, options.difficulty)
@@ -211,13 +239,21 @@ class PlanEnv(Env):
             if world is None or world_split(world) != split:
                 continue
             plan = shortest_plan(world)
-            tasks.append(Task(id=f"plan/{split}/{seed}/{len(tasks)}", question=world.describe(), answer=world.goal,
-                              meta={"world": dataclasses.asdict(world), "optimal_actions": len(plan)}))
+            tasks.append(
+                Task(
+                    id=f"plan/{split}/{seed}/{len(tasks)}",
+                    question=world.describe(),
+                    answer=world.goal,
+                    meta={"world": dataclasses.asdict(world), "optimal_actions": len(plan)},
+                )
+            )
         return tasks
 
     def oracle_actions(self, task: Task) -> list[str]:
         plan = shortest_plan(_world_of(task))
-        return [format_tool_call(action, {"room" if action == "move" else "key": argument}) for action, argument in plan]
+        return [
+            format_tool_call(action, {"room" if action == "move" else "key": argument}) for action, argument in plan
+        ]
 
     # --- episode ----------------------------------------------------------------------------
 
@@ -241,8 +277,13 @@ class PlanEnv(Env):
         observation, reward = [], 0.0
         for index, call in enumerate(calls):
             if index >= self.options.max_calls_per_turn:
-                observation.append({"role": "tool", "name": "error", "content":
-                                    f"Error: at most {self.options.max_calls_per_turn} actions per turn; this one was not run"})
+                observation.append(
+                    {
+                        "role": "tool",
+                        "name": "error",
+                        "content": f"Error: at most {self.options.max_calls_per_turn} actions per turn; this one was not run",
+                    }
+                )
                 self._errors += 1
                 continue
             name, content, ok = self._run(call)
@@ -250,8 +291,10 @@ class PlanEnv(Env):
             self._errors += not ok
             reward -= self.options.step_cost
             if ok:
-                left, self._left = self._left, len(shortest_plan(self._world, from_room=self._room,
-                                                                  holding=frozenset(self._held)))
+                left, self._left = (
+                    self._left,
+                    len(shortest_plan(self._world, from_room=self._room, holding=frozenset(self._held))),
+                )
                 reward += self.options.progress_reward * (left - self._left)
             observation.append({"role": "tool", "name": name, "content": content})
             if self._room == self._world.goal:
@@ -274,10 +317,18 @@ class PlanEnv(Env):
     def _finish(self, reward: float, finish: str) -> StepResult:
         self._done = True
         reached = self._room == self._world.goal  # type: ignore[union-attr]
-        info = {"correct": reached, "final_answer": None, "reference": self._world.goal,  # type: ignore[union-attr]
-                "format_ok": finish != "no_action", "tool_calls": self._actions, "tool_errors": self._errors,
-                "turns": self._turns, "finish": finish, "optimal_actions": self._task.meta["optimal_actions"],
-                "actions_left": self._left}
+        info = {
+            "correct": reached,
+            "final_answer": None,
+            "reference": self._world.goal,  # type: ignore[union-attr]
+            "format_ok": finish != "no_action",
+            "tool_calls": self._actions,
+            "tool_errors": self._errors,
+            "turns": self._turns,
+            "finish": finish,
+            "optimal_actions": self._task.meta["optimal_actions"],
+            "actions_left": self._left,
+        }
         return StepResult(None, reward, True, info)
 
     # --- the tools (bound to this episode) ----------------------------------------------------
@@ -292,7 +343,9 @@ class PlanEnv(Env):
         if room not in world.rooms:
             raise ToolError(f"there is no room {room!r}; rooms: {', '.join(sorted(world.rooms))}")
         if room not in world.neighbours(self._room):
-            raise ToolError(f"no passage from the {self._room} to the {room}; passages: {', '.join(world.neighbours(self._room))}")
+            raise ToolError(
+                f"no passage from the {self._room} to the {room}; passages: {', '.join(world.neighbours(self._room))}"
+            )
         colour = world.door(self._room, room)
         if colour is not None and colour not in self._held:
             raise ToolError(f"the door to the {room} is locked; it needs the {colour} key")
@@ -318,15 +371,25 @@ class PlanEnv(Env):
 
     def _look(self) -> str:
         world = self._world
-        exits = [f"{room} ({world.door(self._room, room)} door)" if world.door(self._room, room) else room
-                 for room in world.neighbours(self._room)]
+        exits = [
+            f"{room} ({world.door(self._room, room)} door)" if world.door(self._room, room) else room
+            for room in world.neighbours(self._room)
+        ]
         here = [f"the {colour} key" for colour, room in world.keys if room == self._room and colour not in self._held]
         held = ", ".join(sorted(self._held)) or "no keys"
-        return (f"You are in the {self._room}. Passages: {', '.join(exits)}. "
-                f"Here: {', '.join(here) or 'nothing'}. You hold: {held}.")
+        return (
+            f"You are in the {self._room}. Passages: {', '.join(exits)}. "
+            f"Here: {', '.join(here) or 'nothing'}. You hold: {held}."
+        )
 
 
 def _world_of(task: Task) -> World:
     w = task.meta["world"]
-    return World(tuple(w["rooms"]), tuple(tuple(p) for p in w["passages"]),
-                 tuple((tuple(p), c) for p, c in w["doors"]), tuple(tuple(k) for k in w["keys"]), w["start"], w["goal"])
+    return World(
+        tuple(w["rooms"]),
+        tuple(tuple(p) for p in w["passages"]),
+        tuple((tuple(p), c) for p, c in w["doors"]),
+        tuple(tuple(k) for k in w["keys"]),
+        w["start"],
+        w["goal"],
+    )

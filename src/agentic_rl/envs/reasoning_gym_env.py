@@ -42,7 +42,9 @@ SYSTEM_PROMPT = (
     "Answer the question. Reason step by step if it helps. End with a line `Final Answer: <answer>`, "
     "giving the answer in the form the question asks for."
 )
-TOOLS_PROMPT = " To compute something, call a tool ({tool_names}) with a <tool_call>...</tool_call> block and wait for its result."
+TOOLS_PROMPT = (
+    " To compute something, call a tool ({tool_names}) with a <tool_call>...</tool_call> block and wait for its result."
+)
 _FINAL_ANSWER = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
 
 
@@ -121,15 +123,21 @@ class ReasoningGymEnv(ToolEnv):
             try:
                 with offline(f"reasoning-gym dataset {what}"):
                     if options.datasets:
-                        specs = [DatasetSpec(spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("config", {})))
-                                 for spec in options.datasets]
+                        specs = [
+                            DatasetSpec(spec["name"], float(spec.get("weight", 1.0)), dict(spec.get("config", {})))
+                            for spec in options.datasets
+                        ]
                         dataset = reasoning_gym.create_dataset("composite", datasets=specs, seed=base_seed, size=size)
                     else:
-                        dataset = reasoning_gym.create_dataset(options.dataset, seed=base_seed, size=size, **options.config)
+                        dataset = reasoning_gym.create_dataset(
+                            options.dataset, seed=base_seed, size=size, **options.config
+                        )
                     dataset[0]  # a generator that needs data it does not ship fails on its first draw
             except Exception as exc:  # noqa: BLE001 - reasoning-gym raises assorted types for a bad name or config
-                raise ValueError(f"reasoning-gym cannot build {what} with config {options.datasets or options.config}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+                raise ValueError(
+                    f"reasoning-gym cannot build {what} with config {options.datasets or options.config}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             self._datasets[key] = dataset
         return self._datasets[key]
 
@@ -144,8 +152,14 @@ class ReasoningGymEnv(ToolEnv):
             source = entry.get("metadata", {}).get("source_dataset", self.options.dataset)
             task_id = f"reasoning_gym/{source}/{split}/{seed}/{index}"
             self._entries[task_id, n] = entry
-            out.append(Task(task_id, entry["question"], str(entry["answer"]),
-                            {"source_dataset": source, "split_base": base, "split_size": n, "index": index}))
+            out.append(
+                Task(
+                    task_id,
+                    entry["question"],
+                    str(entry["answer"]),
+                    {"source_dataset": source, "split_base": base, "split_size": n, "index": index},
+                )
+            )
         return out
 
     def extract_answer(self, text: str) -> str | None:
@@ -154,7 +168,7 @@ class ReasoningGymEnv(ToolEnv):
         matches = list(_FINAL_ANSWER.finditer(text))
         if not matches:
             return None
-        rest = text[matches[-1].end():].strip()
+        rest = text[matches[-1].end() :].strip()
         if not rest:
             return None
         multiline = self.task is not None and "\n" in self.task.answer.strip()

@@ -42,7 +42,9 @@ from typing import Any, Callable
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.envs.library_guard import missing_extra, offline, split_base
 
-SYSTEM_PROMPT = "You are playing a text game. Follow its rules, and write one move per turn in the form the game asks for."
+SYSTEM_PROMPT = (
+    "You are playing a text game. Follow its rules, and write one move per turn in the form the game asks for."
+)
 _GAME_LOCK = threading.Lock()
 
 
@@ -60,7 +62,9 @@ class TextArenaOptions:
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.game.endswith(("-raw", "-train")):
-            raise ValueError(f"give the game's id without a wrapper suffix (e.g. {self.game.rsplit('-', 1)[0]!r}), got {self.game!r}")
+            raise ValueError(
+                f"give the game's id without a wrapper suffix (e.g. {self.game.rsplit('-', 1)[0]!r}), got {self.game!r}"
+            )
 
 
 @register_env("textarena", TextArenaOptions)
@@ -92,8 +96,12 @@ class TextArenaEnv(Env):
     def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
         base = split_base("textarena", split, n, seed)
         game = self.options.game
-        return [Task(f"textarena/{game}/{split}/{seed}/{i}", f"{game}, game seed {base + i}", "win", {"game_seed": base + i})
-                for i in range(n)]
+        return [
+            Task(
+                f"textarena/{game}/{split}/{seed}/{i}", f"{game}, game seed {base + i}", "win", {"game_seed": base + i}
+            )
+            for i in range(n)
+        ]
 
     # --- episode ----------------------------------------------------------------------------
 
@@ -126,7 +134,9 @@ class TextArenaEnv(Env):
         `envs.oracle.play_oracle` does): it reads the game's state, so it needs no observation."""
         game = self.options.game.split("-")[0]
         if game not in ORACLES or self._game is None:
-            raise NotImplementedError(f"textarena game {self.options.game!r} has no oracle here; games with one: {sorted(ORACLES)}")
+            raise NotImplementedError(
+                f"textarena game {self.options.game!r} has no oracle here; games with one: {sorted(ORACLES)}"
+            )
         return ORACLES[game](self._game)
 
     # --- helpers ------------------------------------------------------------------------------
@@ -137,9 +147,16 @@ class TextArenaEnv(Env):
         reward = float((rewards or {}).get(0, 0.0))
         if game_info.get(0, {}).get("invalid_move", False):  # the invalid move that ended the game: no warning came
             info["invalid_moves"] += 1
-        info = {**info, "correct": reward >= 1.0, "format_ok": not game_info.get(0, {}).get("invalid_move", False),
-                "finish": finish if finish == "max_turns" else ("won" if reward >= 1.0 else "lost"),
-                "game_reward": reward, "reason": str(game_info.get(0, {}).get("reason", "")), "tool_calls": 0, "tool_errors": 0}
+        info = {
+            **info,
+            "correct": reward >= 1.0,
+            "format_ok": not game_info.get(0, {}).get("invalid_move", False),
+            "finish": finish if finish == "max_turns" else ("won" if reward >= 1.0 else "lost"),
+            "game_reward": reward,
+            "reason": str(game_info.get(0, {}).get("reason", "")),
+            "tool_calls": 0,
+            "tool_errors": 0,
+        }
         return StepResult(None, reward, True, info)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -164,7 +181,9 @@ class TextArenaEnv(Env):
         _player, observations = self._call(self._game.get_observation)
         kinds = textarena.ObservationType
         messages = [message for _from, message, kind in observations if kind != kinds.PLAYER_ACTION]
-        invalid = sum(1 for _from, message, kind in observations if kind == kinds.GAME_ADMIN and "invalid move" in message.lower())
+        invalid = sum(
+            1 for _from, message, kind in observations if kind == kinds.GAME_ADMIN and "invalid move" in message.lower()
+        )
         return "\n".join(messages).strip() or "(the game said nothing)", invalid
 
 
@@ -186,14 +205,20 @@ def _probe(game: str, game_options: tuple[tuple[str, Any], ...]) -> None:
     except ValueError:
         raise
     except AssertionError as exc:
-        raise ValueError(f"textarena game {game!r} is not a single-player game ({exc}); the bridge plays single-player games") from exc
+        raise ValueError(
+            f"textarena game {game!r} is not a single-player game ({exc}); the bridge plays single-player games"
+        ) from exc
     except LookupError as exc:  # NLTK's "Resource words not found."
         missing = re.search(r"Resource \S+ not found", str(exc))
-        raise ValueError(f"textarena game {game!r} needs data it would download at run time, which agentic-rl never does: "
-                         f"{missing.group(0) if missing else exc!r}. Install that data first (NLTK corpora: "
-                         f"python -m nltk.downloader <name>) or pick another game") from exc
+        raise ValueError(
+            f"textarena game {game!r} needs data it would download at run time, which agentic-rl never does: "
+            f"{missing.group(0) if missing else exc!r}. Install that data first (NLTK corpora: "
+            f"python -m nltk.downloader <name>) or pick another game"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - a bad option or a game bug, named
-        raise ValueError(f"textarena cannot start game {game!r} with {dict(game_options)}: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(
+            f"textarena cannot start game {game!r} with {dict(game_options)}: {type(exc).__name__}: {exc}"
+        ) from exc
     finally:
         random.setstate(outer)
     if type(instance.state).__name__ != "SinglePlayerState":
@@ -235,7 +260,9 @@ def _tower_of_hanoi(game: Any) -> list[str]:
     def plan(disks: int, source: str, target: str, spare: str) -> list[str]:
         if disks == 0:
             return []
-        return plan(disks - 1, source, spare, target) + [f"[{source} {target}]"] + plan(disks - 1, spare, target, source)
+        return (
+            plan(disks - 1, source, spare, target) + [f"[{source} {target}]"] + plan(disks - 1, spare, target, source)
+        )
 
     return plan(game.num_disks, "A", "C", "B")
 
@@ -249,7 +276,12 @@ def _frozen_lake(game: Any) -> list[str]:
         cell = queue.popleft()
         for move, (dr, dc) in steps.items():
             nxt = (cell[0] + dr, cell[1] + dc)
-            if 0 <= nxt[0] < len(grid) and 0 <= nxt[1] < len(grid[0]) and nxt not in previous and grid[nxt[0]][nxt[1]] != "H":
+            if (
+                0 <= nxt[0] < len(grid)
+                and 0 <= nxt[1] < len(grid[0])
+                and nxt not in previous
+                and grid[nxt[0]][nxt[1]] != "H"
+            ):
                 previous[nxt] = (cell, move)
                 queue.append(nxt)
     if goal not in previous:

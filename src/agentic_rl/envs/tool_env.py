@@ -72,14 +72,22 @@ SYSTEM_PROMPT = (
 class ToolEnv(Env):
     """A final-answer task solved in turns, with tools. Stateful: one episode at a time."""
 
-    def __init__(self, tools: Sequence[str | Callable[..., Any]] | None = None, max_turns: int = 8,
-                 tool_success_reward: float = 0.0, *, tool_names: Any = None):
+    def __init__(
+        self,
+        tools: Sequence[str | Callable[..., Any]] | None = None,
+        max_turns: int = 8,
+        tool_success_reward: float = 0.0,
+        *,
+        tool_names: Any = None,
+    ):
         """`tools`: registered tool names (`agentic-rl tools run --help`) and/or this env's own
         bound methods, e.g. `["calculator", self.guess]`; `max_turns`: policy turns per episode;
         `tool_success_reward`: added to a turn's reward for each call that succeeded."""
         if tool_names is not None:
-            raise TypeError("ToolEnv's `tool_names` is now `tools` (names and the env's own methods): "
-                            f"write super().__init__(tools={list(tool_names)!r}, max_turns=...)")
+            raise TypeError(
+                "ToolEnv's `tool_names` is now `tools` (names and the env's own methods): "
+                f"write super().__init__(tools={list(tool_names)!r}, max_turns=...)"
+            )
         tools = [] if tools is None else tools
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}; the answer needs a turn")
@@ -104,13 +112,17 @@ class ToolEnv(Env):
             raise ValueError(f"a tool is a registered name or a method of the env, got {quoted(tool)}")
         if not inspect.ismethod(tool) or tool.__self__ is not self:
             name = getattr(tool, "__name__", repr(tool))
-            raise ValueError(f"tool {name!r} is neither a registered name nor a method of this env: pass self.{name} "
-                             f"for per-episode state, or register it with @register_tool and pass its name")
+            raise ValueError(
+                f"tool {name!r} is neither a registered name nor a method of this env: pass self.{name} "
+                f"for per-episode state, or register it with @register_tool and pass its name"
+            )
         try:
             return Tool.from_function(tool)
         except Exception as exc:  # transformers' schema error names the missing hint or docstring
-            raise ValueError(f"env method {tool.__name__!r} cannot be a tool: {exc}. A tool method needs type hints "
-                             f"on every argument and a Google-style docstring with an Args: section") from exc
+            raise ValueError(
+                f"env method {tool.__name__!r} cannot be a tool: {exc}. A tool method needs type hints "
+                f"on every argument and a Google-style docstring with an Args: section"
+            ) from exc
 
     # --- what an env's own tools call ---------------------------------------------------------
 
@@ -262,9 +274,14 @@ class ToolEnv(Env):
             results = []
             for call in ran:
                 ended = self._solved is not None
-                results.append(("error", "Error: the episode has ended; this call was not run", False) if ended
-                               else self._run_call(call))
-        results += [("error", f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run", False)] * (len(calls) - len(ran))
+                results.append(
+                    ("error", "Error: the episode has ended; this call was not run", False)
+                    if ended
+                    else self._run_call(call)
+                )
+        results += [
+            ("error", f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run", False)
+        ] * (len(calls) - len(ran))
         for name, content, ok in results:
             observation.append({"role": "tool", "name": name, "content": content})
             succeeded.append(ok)

@@ -70,8 +70,10 @@ class VerifiersOptions:
 
     def __post_init__(self) -> None:
         if not self.env_id:
-            raise ValueError("set env.options.env_id to a verifiers environment module (`agentic-rl envs list` shows "
-                             "those installed), e.g. {env_id: vf_gsm8k, env_args: {}}")
+            raise ValueError(
+                "set env.options.env_id to a verifiers environment module (`agentic-rl envs list` shows "
+                "those installed), e.g. {env_id: vf_gsm8k, env_args: {}}"
+            )
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1 (or null: the env's own), got {self.max_turns}")
 
@@ -88,7 +90,9 @@ class VerifiersEnv(Env):
         self.vf_env = load_verifiers_env(self.options.env_id, self.options.env_args)  # refusals, downloads: here
         own = int(getattr(self.vf_env, "max_turns", -1))
         self.max_turns = self.options.max_turns or (own if own > 0 else DEFAULT_MAX_TURNS)
-        self.reward_terms = tuple(f"rubric.{name}" for name in dict.fromkeys(self.vf_env.rubric._get_reward_func_names()))
+        self.reward_terms = tuple(
+            f"rubric.{name}" for name in dict.fromkeys(self.vf_env.rubric._get_reward_func_names())
+        )
         self.tools = []
         self.state: Any = None  # verifiers' State of the running episode
         self.prompt: list[Any] = []  # the verifiers messages the policy's next turn answers
@@ -104,16 +108,20 @@ class VerifiersEnv(Env):
         except importlib.metadata.PackageNotFoundError:
             return missing_extra("verifiers", "verifiers")
         packages = ", ".join(environment_packages()) or "none (pip install one, or name a module on PYTHONPATH)"
-        return (f"verifiers {version}; environment packages installed: {packages}. Drives SingleTurnEnv, MultiTurnEnv, "
-                f"ToolEnv, StatefulToolEnv; refuses judge rubrics, group rewards, {', '.join(REFUSED_KINDS)}")
+        return (
+            f"verifiers {version}; environment packages installed: {packages}. Drives SingleTurnEnv, MultiTurnEnv, "
+            f"ToolEnv, StatefulToolEnv; refuses judge rubrics, group rewards, {', '.join(REFUSED_KINDS)}"
+        )
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The env's tools (a ToolEnv's functions; a row's own `info.tool_defs` in its episode) in the
         chat template's form."""
         defs = self.state["tool_defs"] if self.state is not None else (self.vf_env.tool_defs or [])
-        return [{"type": "function", "function": {"name": d.name, "description": d.description, "parameters": d.parameters}}
-                for d in defs]
+        return [
+            {"type": "function", "function": {"name": d.name, "description": d.description, "parameters": d.parameters}}
+            for d in defs
+        ]
 
     # --- tasks ------------------------------------------------------------------------------
 
@@ -122,20 +130,33 @@ class VerifiersEnv(Env):
         order = list(range(len(rows)))
         if seed:
             random.Random(f"verifiers/{split}/{seed}").shuffle(order)
-        return [Task(f"verifiers/{self.options.env_id}/{split}/{i}", _last_user_text(rows[i]["prompt"]),
-                     str(rows[i].get("answer", "")), {"split": split, "row": i}) for i in order[:n]]
+        return [
+            Task(
+                f"verifiers/{self.options.env_id}/{split}/{i}",
+                _last_user_text(rows[i]["prompt"]),
+                str(rows[i].get("answer", "")),
+                {"split": split, "row": i},
+            )
+            for i in order[:n]
+        ]
 
     def _dataset(self, split: str) -> Any:
         if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; verifiers envs have 'train' (dataset) and 'test' (eval_dataset)")
+            raise ValueError(
+                f"unknown split {split!r}; verifiers envs have 'train' (dataset) and 'test' (eval_dataset)"
+            )
         which = "dataset" if split == "train" else self.options.test_dataset
         rows = getattr(self.vf_env, which)
         if rows is None and split == "test":
-            raise ValueError(f"verifiers environment {self.options.env_id!r} has no eval_dataset; set "
-                             "env.options.test_dataset=dataset to evaluate on its training rows (then nothing is held out)")
+            raise ValueError(
+                f"verifiers environment {self.options.env_id!r} has no eval_dataset; set "
+                "env.options.test_dataset=dataset to evaluate on its training rows (then nothing is held out)"
+            )
         if rows is None:
-            raise ValueError(f"verifiers environment {self.options.env_id!r} has no training dataset (an evaluation-only env): "
-                             "it can be evaluated, not trained on")
+            raise ValueError(
+                f"verifiers environment {self.options.env_id!r} has no training dataset (an evaluation-only env): "
+                "it can be evaluated, not trained on"
+            )
         return rows
 
     # --- episode ----------------------------------------------------------------------------
@@ -157,7 +178,9 @@ class VerifiersEnv(Env):
         self.state = state
         prompt = await self._advance()
         if prompt is None:
-            raise RuntimeError(f"the verifiers episode ended before its first turn ({state.get('stop_condition')}: {state.get('error')})")
+            raise RuntimeError(
+                f"the verifiers episode ended before its first turn ({state.get('stop_condition')}: {state.get('error')})"
+            )
         self.prompt = prompt
         return state
 
@@ -171,10 +194,15 @@ class VerifiersEnv(Env):
         from verifiers.types import Response, ResponseMessage
 
         content, calls = self._split_tool_calls(text)
-        message = ResponseMessage(content=content, tool_calls=calls or None, finish_reason="tool_calls" if calls else "stop",
-                                  is_truncated=False)
-        await self.vf_env.add_model_response(self.state, self.prompt, Response(id=f"turn-{self.turns}", created=0, model=MODEL,
-                                                                               message=message))
+        message = ResponseMessage(
+            content=content,
+            tool_calls=calls or None,
+            finish_reason="tool_calls" if calls else "stop",
+            is_truncated=False,
+        )
+        await self.vf_env.add_model_response(
+            self.state, self.prompt, Response(id=f"turn-{self.turns}", created=0, model=MODEL, message=message)
+        )
         before = [*self.prompt, *self.state["trajectory"][-1]["completion"]]
         prompt = await self._advance()
         if prompt is None:
@@ -197,7 +225,9 @@ class VerifiersEnv(Env):
                 state.stop("agentic_rl_max_turns")
                 return None
             try:
-                prompt = maybe_normalize_messages(await self.vf_env.get_prompt_messages(state), field_name="prompt_messages")
+                prompt = maybe_normalize_messages(
+                    await self.vf_env.get_prompt_messages(state), field_name="prompt_messages"
+                )
             except vf.OverlongPromptError:
                 state["prompt_too_long"] = state["is_truncated"] = True
                 continue
@@ -213,7 +243,9 @@ class VerifiersEnv(Env):
         vf_env, state = self.vf_env, self.state
         self.done = True
         await vf_env.cleanup(state)
-        await (vf_env.rubric.score_rollout(state) if vf_env.score_rollouts else vf_env.rubric.dummy_score_rollout(state))
+        await (
+            vf_env.rubric.score_rollout(state) if vf_env.score_rollouts else vf_env.rubric.dummy_score_rollout(state)
+        )
         await vf_env.rubric.cleanup(state)
         terms = {f"rubric.{name}": _finite(value) for name, value in (state.get("metrics") or {}).items()}
         reward = _finite(state.get("reward"))
@@ -222,11 +254,18 @@ class VerifiersEnv(Env):
             answer = vf_env.parser.parse_answer(state["completion"])
         except Exception:  # noqa: BLE001 - a parser that chokes on hostile text: no answer, never a crash
             answer = None
-        info = {"correct": reward >= vf_env.pass_threshold, "score": reward, "reward_terms": terms,
-                "final_answer": None if answer is None else str(answer), "reference": self.task.answer if self.task else None,
-                "format_ok": error is None and stop != "agentic_rl_max_turns",
-                "finish": "max_turns" if stop == "agentic_rl_max_turns" else str(stop), "turns": self.turns,
-                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+        info = {
+            "correct": reward >= vf_env.pass_threshold,
+            "score": reward,
+            "reward_terms": terms,
+            "final_answer": None if answer is None else str(answer),
+            "reference": self.task.answer if self.task else None,
+            "format_ok": error is None and stop != "agentic_rl_max_turns",
+            "finish": "max_turns" if stop == "agentic_rl_max_turns" else str(stop),
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+        }
         if error is not None:
             info["error"] = f"{type(error).__name__}: {error}"
         return StepResult(None, reward, True, info)
@@ -241,8 +280,11 @@ class VerifiersEnv(Env):
             return text, []
         parsed = parse_tool_calls(text)
         names = {d.name for d in self.state["tool_defs"]}
-        calls = [ToolCall(id=f"call_{self.turns}_{i}", name=c.name, arguments=json.dumps(c.arguments))
-                 for i, c in enumerate(parsed) if c.ok]
+        calls = [
+            ToolCall(id=f"call_{self.turns}_{i}", name=c.name, arguments=json.dumps(c.arguments))
+            for i, c in enumerate(parsed)
+            if c.ok
+        ]
         self.tool_calls += len(parsed)
         self.tool_errors += sum(1 for c in parsed if not c.ok or c.name not in names)
         for call in parsed:
@@ -255,8 +297,10 @@ class VerifiersEnv(Env):
         writes it (content, then its tool calls as <tool_call> blocks)."""
         completion = self._dataset(task.meta["split"])[task.meta["row"]].get("completion")
         if not completion:
-            raise NotImplementedError(f"task {task.id} has no reference completion (a `completion` column in its row) to "
-                                      "demonstrate; SFT needs rows that carry one")
+            raise NotImplementedError(
+                f"task {task.id} has no reference completion (a `completion` column in its row) to "
+                "demonstrate; SFT needs rows that carry one"
+            )
         if isinstance(completion, str):
             return [completion]
         return [assistant_turn_text(_plain(m)) for m in completion if _plain(m).get("role") == "assistant"]
@@ -293,9 +337,17 @@ def _chat(messages: list[Any]) -> list[dict[str, Any]]:
         role = plain.get("role", "user")
         if role == "assistant":
             tool_names.update({call.get("id"): call.get("name") for call in plain.get("tool_calls") or []})
-            out.append({"role": "assistant", "content": assistant_turn_text({**plain, "content": _text(plain.get("content"))})})
+            out.append(
+                {"role": "assistant", "content": assistant_turn_text({**plain, "content": _text(plain.get("content"))})}
+            )
         elif role == "tool":
-            out.append({"role": "tool", "name": tool_names.get(plain.get("tool_call_id"), "tool"), "content": _text(plain.get("content"))})
+            out.append(
+                {
+                    "role": "tool",
+                    "name": tool_names.get(plain.get("tool_call_id"), "tool"),
+                    "content": _text(plain.get("content")),
+                }
+            )
         else:
             out.append({"role": role, "content": _text(plain.get("content"))})
     return out

@@ -68,9 +68,11 @@ def _load(env_id: str, env_args: dict[str, Any]) -> Any:
     except ImportError as exc:
         raise ValueError(missing_extra("verifiers", "verifiers")) from exc
     if not hasattr(vf, "MultiTurnEnv"):
-        raise ValueError(f"the verifiers bridge drives verifiers 0.3's classic environments (load_environment, MultiTurnEnv, "
-                         f"Rubric); the installed verifiers {getattr(vf, '__version__', '?')} has none: "
-                         "pip install 'agentic-rl[verifiers]'")
+        raise ValueError(
+            f"the verifiers bridge drives verifiers 0.3's classic environments (load_environment, MultiTurnEnv, "
+            f"Rubric); the installed verifiers {getattr(vf, '__version__', '?')} has none: "
+            "pip install 'agentic-rl[verifiers]'"
+        )
     what = f"verifiers environment {env_id!r} (env_args {env_args})"
     bars_were_on = not datasets.utils.are_progress_bars_disabled()
     datasets.utils.disable_progress_bars()
@@ -87,8 +89,10 @@ def _load(env_id: str, env_args: dict[str, Any]) -> Any:
         if bars_were_on:
             datasets.utils.enable_progress_bars()
     if refusal is not None:
-        raise ValueError(f"{what} is refused: {refusal}. The bridge drives verifiers' turn loop itself with our engine "
-                         "as the model (SingleTurnEnv, MultiTurnEnv, ToolEnv, StatefulToolEnv and their kin)")
+        raise ValueError(
+            f"{what} is refused: {refusal}. The bridge drives verifiers' turn loop itself with our engine "
+            "as the model (SingleTurnEnv, MultiTurnEnv, ToolEnv, StatefulToolEnv and their kin)"
+        )
     return env
 
 
@@ -101,7 +105,9 @@ def refusal_reason(env: Any) -> str | None:
         if kind in kinds:
             return f"{type(env).__name__} is of kind {kind}, which {why}"
     if not isinstance(env, vf.MultiTurnEnv):
-        return f"{type(env).__name__} is no MultiTurnEnv: its rollout is its own, calling the model through its own client"
+        return (
+            f"{type(env).__name__} is no MultiTurnEnv: its rollout is its own, calling the model through its own client"
+        )
     for method in ("rollout", "get_model_response"):
         if getattr(type(env), method) is not getattr(vf.MultiTurnEnv, method):
             return f"{type(env).__name__} overrides {method}, so it calls the model through its own client"
@@ -131,12 +137,16 @@ def _load_failure(what: str, exc: BaseException) -> str:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     download = next((e for e in chain if isinstance(e, ConnectionError)), None)
     if download is not None:
-        return (f"{what} needs data it would download at run time, which agentic-rl never does: {download}. "
-                "Put that data in the local Hugging Face cache first, or pick another environment")
+        return (
+            f"{what} needs data it would download at run time, which agentic-rl never does: {download}. "
+            "Put that data in the local Hugging Face cache first, or pick another environment"
+        )
     missing = next((e for e in chain if isinstance(e, ImportError)), None)
     if missing is not None:
-        return (f"cannot import {what}: {type(missing).__name__}: {missing}. Install its package, or put the folder "
-                "holding its module on PYTHONPATH (`agentic-rl envs list` shows the installed environment packages)")
+        return (
+            f"cannot import {what}: {type(missing).__name__}: {missing}. Install its package, or put the folder "
+            "holding its module on PYTHONPATH (`agentic-rl envs list` shows the installed environment packages)"
+        )
     root = chain[-1]
     return f"{what} failed to load: {type(root).__name__}: {root}"
 
@@ -184,8 +194,10 @@ def no_client() -> Any:
 
     class NoClient(Client):
         def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("this verifiers env asked a model through its own client; the bridge's policy is "
-                               "agentic-rl's engine, and it answers only the env's turns")
+            raise RuntimeError(
+                "this verifiers env asked a model through its own client; the bridge's policy is "
+                "agentic-rl's engine, and it answers only the env's turns"
+            )
 
         setup_client = _refuse
 

@@ -98,12 +98,19 @@ def check_template(chat_format: ChatFormat, cfg: AuditConfig) -> CheckResult:
             problem = prefix_problem(chat_format, messages, prompt, env.tool_schemas)
             if problem is not None:
                 where = f"task {task.id}" + (f", token sequence {number}" if len(episode.sequences) > 1 else "")
-                return CheckResult("template", False, (
-                    f"{where}: rendering {problem.after} messages rewrites the rendering of the first {problem.before}; "
-                    f"first differing token at position {problem.position}"),
-                    token_table(chat_format, problem.shorter, problem.longer, problem.position))
+                return CheckResult(
+                    "template",
+                    False,
+                    (
+                        f"{where}: rendering {problem.after} messages rewrites the rendering of the first {problem.before}; "
+                        f"first differing token at position {problem.position}"
+                    ),
+                    token_table(chat_format, problem.shorter, problem.longer, problem.position),
+                )
             checked += len(turn_cuts(messages, prompt)) - 1  # turn boundaries: pairs of consecutive renderings
-    return CheckResult("template", True, f"{checked} turn boundaries of {cfg.n} oracle episodes keep their prefix exactly")
+    return CheckResult(
+        "template", True, f"{checked} turn boundaries of {cfg.n} oracle episodes keep their prefix exactly"
+    )
 
 
 # ---------------------------------------------------------------------- masks
@@ -117,12 +124,17 @@ def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> Chec
         if problem is not None:
             number, position, message = problem
             where = f"task {trajectory.task_id}" + (f", token sequence {number}" if trajectory.previous else "")
-            return CheckResult("mask", False, f"{where}: {message}",
-                               mask_table(chat_format, trajectory.sequences()[number], position))
+            return CheckResult(
+                "mask", False, f"{where}: {message}", mask_table(chat_format, trajectory.sequences()[number], position)
+            )
         turns += sum(1 for m in trajectory.messages if m["role"] == "assistant")
         sequences += len(trajectory.previous) + 1
     over = f" in {sequences} token sequences" if sequences > len(trajectories) else ""
-    return CheckResult("mask", True, f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns{over}")
+    return CheckResult(
+        "mask",
+        True,
+        f"{len(trajectories)} sampled episodes: the masked tokens are exactly their {turns} model turns{over}",
+    )
 
 
 # ---------------------------------------------------------------------- log-probs and weights
@@ -148,18 +160,24 @@ def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], tem
     batch = collate([sequence for trajectory in trajectories for sequence in trajectory.sequences()], pad)
     batch = batch.to(next(model.parameters()).device)  # rollout.device (on the CPU this is a no-op)
     with torch.no_grad():
-        logps, _ = sequence_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature)
+        logps, _ = sequence_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.loss_mask, temperature=temperature
+        )
     return logprob_drift(logps, batch.logprobs, batch.loss_mask)
 
 
-def check_logprobs(model: Any, tokenizer: Any, trajectories: dict[str, list[Trajectory]], cfg: AuditConfig) -> CheckResult:
+def check_logprobs(
+    model: Any, tokenizer: Any, trajectories: dict[str, list[Trajectory]], cfg: AuditConfig
+) -> CheckResult:
     parts, passed = [], True
     for dtype, trajs in trajectories.items():
         gaps = logprob_gaps(model, tokenizer, trajs, cfg.rollout.sampling.temperature)
         ok = dtype != "float32" or float(gaps.max()) <= cfg.tolerance
         passed &= ok
-        parts.append(f"{dtype} decode: max {float(gaps.max()):.2e}, mean {float(gaps.mean()):.2e} over {gaps.numel()} tokens"
-                     + ("" if dtype == "float32" else " (not π_old: use old_logprobs detach or recompute)"))
+        parts.append(
+            f"{dtype} decode: max {float(gaps.max()):.2e}, mean {float(gaps.mean()):.2e} over {gaps.numel()} tokens"
+            + ("" if dtype == "float32" else " (not π_old: use old_logprobs detach or recompute)")
+        )
     summary = "; ".join(parts) + f" (float32 must stay within {cfg.tolerance:g})"
     return CheckResult("logprobs", passed, summary)
 
@@ -175,7 +193,9 @@ def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResu
     generator = torch.Generator().manual_seed(cfg.seed)
     with torch.no_grad():
         for parameter in trained.parameters():  # one "optimizer step": every weight moves by ~1%
-            noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)  # drawn on the CPU: the same on any device
+            noise = torch.randn(
+                parameter.shape, generator=generator, dtype=parameter.dtype
+            )  # drawn on the CPU: the same on any device
             parameter.mul_(1.0 + 0.01 * noise.to(parameter.device))
     version = engine.sync_weights()
     with torch.no_grad():
@@ -183,6 +203,11 @@ def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResu
     gaps = logprob_gaps(trained, tokenizer, after, cfg.rollout.sampling.temperature)
     stamped = {t.weights_version for t in after}
     passed = version == 1 and stamped == {1} and float(gaps.max()) <= cfg.tolerance
-    return CheckResult("weights", passed, (
-        f"after 1 update the engine reports version {version}, its episodes carry {sorted(stamped)}; their log-probs "
-        f"against the updated model: max gap {float(gaps.max()):.2e}"))
+    return CheckResult(
+        "weights",
+        passed,
+        (
+            f"after 1 update the engine reports version {version}, its episodes carry {sorted(stamped)}; their log-probs "
+            f"against the updated model: max gap {float(gaps.max()):.2e}"
+        ),
+    )

@@ -41,15 +41,19 @@ def load_evaluations(path: str | Path) -> dict[str, dict[str, Any]]:
     if path.is_dir():
         path = path / "DONE.json"
     if not path.exists():
-        raise ValueError(f"{path}: no such file; give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json")
+        raise ValueError(
+            f"{path}: no such file; give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json"
+        )
     payload = read_json(path, "give an `agentic-rl eval --out` file, a pipeline stage folder or its DONE.json")
     if isinstance(payload, dict) and isinstance(payload.get("evals"), dict):
         evaluations = payload["evals"]
     elif isinstance(payload, dict) and "per_task" in payload:
         evaluations = {payload.get("label") or payload.get("env", "eval"): payload}
     else:
-        raise ValueError(f"{path}: holds no evaluation with per-problem results (no 'evals' or 'per_task' key); "
-                         "evaluations written before per-problem results were recorded cannot be paired: rerun them")
+        raise ValueError(
+            f"{path}: holds no evaluation with per-problem results (no 'evals' or 'per_task' key); "
+            "evaluations written before per-problem results were recorded cannot be paired: rerun them"
+        )
     for label, result in evaluations.items():
         if "per_task" not in result:
             raise ValueError(f"{path}: evaluation '{label}' has no per-problem results ('per_task'); rerun it")
@@ -82,7 +86,9 @@ TOOL_CALLS_SOLVED = "tool calls, both solved"
 """The metric of the plan-length row: mean greedy tool calls on the problems both sides solved."""
 
 
-def _tool_calls_when_solved(a: dict[str, Any], b: dict[str, Any], b_index: list[int], label: str) -> list[dict[str, Any]]:
+def _tool_calls_when_solved(
+    a: dict[str, Any], b: dict[str, Any], b_index: list[int], label: str
+) -> list[dict[str, Any]]:
     """B − A in tool calls per episode on the problems every episode of both sides solved (in
     `plan`, the length of the plan that reached the goal): [] when there are none. A mean
     evaluation (several seeds) counts a problem as solved when all its seeds solved it."""
@@ -115,11 +121,20 @@ def compare_paths(paths_a: Sequence[str | Path], paths_b: Sequence[str | Path]) 
             rows += [{"a": name_a, "b": str(path), **row} for row in compare_evaluations(left, right[label], label)]
         if len(rights) > 1:
             mean = mean_evaluation([right[label] for right in rights], label, "B")
-            rows += [{"a": name_a, "b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left, mean, label)]
+            rows += [
+                {"a": name_a, "b": f"mean of {len(rights)}", **row} for row in compare_evaluations(left, mean, label)
+            ]
             accuracies_a = [_accuracy(side[label]) for side in lefts]
             accuracies_b = [_accuracy(side[label]) for side in rights]
-            rows.append({"a": name_a, "b": f"mean of {len(rights)}", "label": label, "metric": RUNS_AS_UNITS,
-                         **run_level_difference(accuracies_a, accuracies_b).as_dict()})
+            rows.append(
+                {
+                    "a": name_a,
+                    "b": f"mean of {len(rights)}",
+                    "label": label,
+                    "metric": RUNS_AS_UNITS,
+                    **run_level_difference(accuracies_a, accuracies_b).as_dict(),
+                }
+            )
     return rows
 
 
@@ -138,7 +153,9 @@ def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: st
     ids = evaluations[0]["per_task"]["id"]
     for evaluation in evaluations:
         if sorted(evaluation["per_task"]["id"]) != sorted(ids):
-            raise ValueError(f"evaluation '{label}': the {side} inputs hold different problems; evaluate them on the same ones")
+            raise ValueError(
+                f"evaluation '{label}': the {side} inputs hold different problems; evaluate them on the same ones"
+            )
     keys = ["greedy"] + (["tool_calls"] if all("tool_calls" in e["per_task"] for e in evaluations) else [])
     per_task = {"id": list(ids)}
     for key in keys:
@@ -150,12 +167,16 @@ def mean_evaluation(evaluations: list[dict[str, Any]], label: str = "", side: st
 def format_rows(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> list[str]:
     """A Markdown table of comparison rows (with a column naming B when the rows compare several)."""
     several = len({row.get("b") for row in rows}) > 1
-    lines = [f"| evaluation |{' B |' if several else ''} metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | {name_b} higher / lower | McNemar p | verdict |",
-             "|---|" + ("---|" if several else "") + "---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| evaluation |{' B |' if several else ''} metric | n | {name_a} | {name_b} | {name_b} − {name_a} [95% CI] | {name_b} higher / lower | McNemar p | verdict |",
+        "|---|" + ("---|" if several else "") + "---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         p = "" if row["mcnemar_p"] is None else "< 0.001" if row["mcnemar_p"] < 0.001 else f"{row['mcnemar_p']:.3f}"
         b_cell = f" {row.get('b')} |" if several else ""
-        value, change = (".2f", "+.2f") if row["metric"] == TOOL_CALLS_SOLVED else (".1%", "+.1%")  # a count, not an accuracy
+        value, change = (
+            (".2f", "+.2f") if row["metric"] == TOOL_CALLS_SOLVED else (".1%", "+.1%")
+        )  # a count, not an accuracy
         lines.append(
             f"| {row['label']} |{b_cell} {row['metric']} | {row['n']} | {row['mean_a']:{value}} | {row['mean_b']:{value}} | "
             f"{row['difference']:{change}} [{row['ci_low']:{change}}, {row['ci_high']:{change}}] | {row['b_better']} / {row['a_better']} | {p} | "

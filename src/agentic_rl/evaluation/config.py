@@ -40,8 +40,9 @@ class EvalConfig(Config):
 
     def __post_init__(self) -> None:
         if self.k == 1:  # pass@1 decodes greedily: the sampling settings are only for the k samples
-            refuse_unused(self.rollout, ["sampling"], prefix="rollout.", used_with="k > 1",
-                          now="k is 1: pass@1 decodes greedily")
+            refuse_unused(
+                self.rollout, ["sampling"], prefix="rollout.", used_with="k > 1", now="k is 1: pass@1 decodes greedily"
+            )
 
     @property
     def name(self) -> str:
@@ -95,8 +96,12 @@ class AuditConfig(PluginsConfig):
 
     def __post_init__(self) -> None:
         if has_oracle(self.env.name) is False:
-            raise no_oracle_error(self.env.name, "audit", "audit replays oracle episodes to check the chat template; "
-                                  "run `agentic-rl eval` to check the env instead")
+            raise no_oracle_error(
+                self.env.name,
+                "audit",
+                "audit replays oracle episodes to check the chat template; "
+                "run `agentic-rl eval` to check the env instead",
+            )
         require_model(self.model)
         if not self.dtypes:
             raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")

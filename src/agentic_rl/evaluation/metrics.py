@@ -26,7 +26,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def maj_at_k(answers: Sequence[str | None], is_correct: Callable[[str], bool], canonical: Callable[[str], str] = str) -> float:
+def maj_at_k(
+    answers: Sequence[str | None], is_correct: Callable[[str], bool], canonical: Callable[[str], str] = str
+) -> float:
     """Majority-vote accuracy of one problem's sampled answers (ties: expected value, see module doc)."""
     votes = Counter(canonical(a) for a in answers if a is not None)
     if not votes:

@@ -30,15 +30,32 @@ from typing import Any
 from agentic_rl.strict_json import write_json
 from agentic_rl.training.metric_keys import describe_metric
 
-_STAGE_NAMES = {"eval_base": "base", "eval_sft": "after SFT", "eval_grpo": "after GRPO", "eval_ppo": "after PPO",
-                "eval_control": "SFT control"}
+_STAGE_NAMES = {
+    "eval_base": "base",
+    "eval_sft": "after SFT",
+    "eval_grpo": "after GRPO",
+    "eval_ppo": "after PPO",
+    "eval_control": "SFT control",
+}
 _COLUMNS = ("format_error_rate", "truncated_rate", "mean_tokens", "tool_calls_per_episode", "tool_success_rate")
-COMPARISONS = (("eval_base", "eval_sft"), ("eval_sft", "eval_grpo"), ("eval_sft", "eval_ppo"), ("eval_sft", "eval_control"),
-               ("eval_control", "eval_grpo"), ("eval_control", "eval_ppo"))
+COMPARISONS = (
+    ("eval_base", "eval_sft"),
+    ("eval_sft", "eval_grpo"),
+    ("eval_sft", "eval_ppo"),
+    ("eval_sft", "eval_control"),
+    ("eval_control", "eval_grpo"),
+    ("eval_control", "eval_ppo"),
+)
 """(A, B) stage pairs the report compares, B − A: each stage against the one it started from,
 and the RL stage (GRPO or PPO) against the compute-matched control."""
-PLOTTED_METRICS = ("reward/{term}/mean", "loss/kl", "rollout/mismatch_kl", "rollout/completion_tokens/mean",
-                   "rollout/groups_with_variance", "train/groups_with_variance")
+PLOTTED_METRICS = (
+    "reward/{term}/mean",
+    "loss/kl",
+    "rollout/mismatch_kl",
+    "rollout/completion_tokens/mean",
+    "rollout/groups_with_variance",
+    "train/groups_with_variance",
+)
 """The RL metrics the plots show; the report defines each it plotted under the plots (training/metric_keys.py)."""
 
 MISMATCH_SHOWN_ABOVE = 1e-8
@@ -63,7 +80,9 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     lines += _eval_table(results)
     lines += _comparison_lines(summary["comparisons"])
     lines += _stage_table(results)
-    rl_metrics = next((root / name / "metrics.jsonl" for name in ("grpo", "ppo") if (root / name / "metrics.jsonl").exists()), None)
+    rl_metrics = next(
+        (root / name / "metrics.jsonl" for name in ("grpo", "ppo") if (root / name / "metrics.jsonl").exists()), None
+    )
     if rl_metrics is not None:
         lines += _rl_plots(rl_metrics, plots)
     if _plot_accuracy(results, plots / "accuracy_by_stage.png"):
@@ -72,7 +91,9 @@ def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     if plot_minutes(series, plots / "accuracy_by_minutes.png"):
         lines += ["![accuracy against training minutes](plots/accuracy_by_minutes.png)"]
     else:
-        (plots / "accuracy_by_minutes.png").unlink(missing_ok=True)  # an earlier report's plot would describe another run
+        (plots / "accuracy_by_minutes.png").unlink(
+            missing_ok=True
+        )  # an earlier report's plot would describe another run
     failures = _failures(results)
     if failures:
         lines += ["", "## Sample failures after the last evaluated stage", ""] + failures
@@ -96,36 +117,66 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             entry: dict[str, Any] = {"n": metrics.get("n"), "k": metrics.get("k", 1)}
             for metric in compared_metrics(metrics) if "per_task" in metrics else ["pass@1"]:
                 entry[metric] = {"value": metrics.get(metric), "ci95": (metrics.get("ci95") or {}).get(metric)}
-            entry.update({key: metrics[key] for key in ("solved/never", "solved/sometimes", "solved/always", "decoded_in") if key in metrics})
+            entry.update(
+                {
+                    key: metrics[key]
+                    for key in ("solved/never", "solved/sometimes", "solved/always", "decoded_in")
+                    if key in metrics
+                }
+            )
             stages.setdefault(stage, {})[label] = entry
     comparisons = []
     for a, b in COMPARISONS:
         left, right = (results.get(a) or {}).get("evals") or {}, (results.get(b) or {}).get("evals") or {}
         for label in [label for label in left if label in right]:
             if "per_task" in left[label] and "per_task" in right[label]:
-                comparisons += [{"a": a, "b": b, **row} for row in compare_evaluations(left[label], right[label], label)]
+                comparisons += [
+                    {"a": a, "b": b, **row} for row in compare_evaluations(left[label], right[label], label)
+                ]
     return {"stages": stages, "comparisons": comparisons}
 
 
 def _eval_table(results: dict[str, Any]) -> list[str]:
-    evaluated = [(stage, name, label, metrics) for stage, name in _STAGE_NAMES.items()
-                 for label, metrics in (results.get(stage, {}).get("evals") or {}).items()]
+    evaluated = [
+        (stage, name, label, metrics)
+        for stage, name in _STAGE_NAMES.items()
+        for label, metrics in (results.get(stage, {}).get("evals") or {}).items()
+    ]
     sampled = any(metrics.get("k", 1) > 1 for *_, metrics in evaluated)  # k = 1 everywhere: nothing was sampled
-    header = "| evaluation | stage | n | pass@1 (greedy) |" + (" sampled accuracy | pass@k | maj@k | never / sometimes / always solved |" if sampled else "")
-    lines = ["## Evaluation", "",
-             "Accuracies with their 95% intervals (Wilson for greedy pass@1" + (", a bootstrap over problems for the sampled ones)." if sampled else ")."), "",
-             header + " " + " | ".join(_COLUMNS) + " | extra |",
-             "|---|---|---|---|" + ("---|" * 4 if sampled else "") + "---|" * (len(_COLUMNS) + 1)]
+    header = "| evaluation | stage | n | pass@1 (greedy) |" + (
+        " sampled accuracy | pass@k | maj@k | never / sometimes / always solved |" if sampled else ""
+    )
+    lines = [
+        "## Evaluation",
+        "",
+        "Accuracies with their 95% intervals (Wilson for greedy pass@1"
+        + (", a bootstrap over problems for the sampled ones)." if sampled else ")."),
+        "",
+        header + " " + " | ".join(_COLUMNS) + " | extra |",
+        "|---|---|---|---|" + ("---|" * 4 if sampled else "") + "---|" * (len(_COLUMNS) + 1),
+    ]
     for stage, name, label, metrics in evaluated:
         k = metrics.get("k", 1)
         keys = ("pass@1", "sampled_accuracy@T", f"pass@{k}", f"maj@{k}") if sampled else ("pass@1",)
         accuracies = [_with_ci(metrics, key) for key in keys]
         if sampled:
-            accuracies.append(" / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always")) if "solved/never" in metrics else "")
+            accuracies.append(
+                " / ".join(str(metrics[key]) for key in ("solved/never", "solved/sometimes", "solved/always"))
+                if "solved/never" in metrics
+                else ""
+            )
         cells = [_fmt(metrics.get(column)) for column in _COLUMNS]
-        extra = ", ".join([f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps"))]
-                          + ([f"decoded in {metrics['decoded_in']}"] if "decoded_in" in metrics else []))
-        lines.append(f"| {label} | {name} | {metrics.get('n', '')} | " + " | ".join(accuracies) + " | " + " | ".join(cells) + f" | {extra} |")
+        extra = ", ".join(
+            [f"{k} {_fmt(v)}" for k, v in metrics.items() if k.startswith(("accuracy/", "solution_steps"))]
+            + ([f"decoded in {metrics['decoded_in']}"] if "decoded_in" in metrics else [])
+        )
+        lines.append(
+            f"| {label} | {name} | {metrics.get('n', '')} | "
+            + " | ".join(accuracies)
+            + " | "
+            + " | ".join(cells)
+            + f" | {extra} |"
+        )
     return lines
 
 
@@ -141,14 +192,31 @@ def verdict_lines(comparisons: list[dict[str, Any]]) -> list[str]:
     lines = []
     for a, b in COMPARISONS:
         for row in [row for row in comparisons if row["a"] == a and row["b"] == b and row["metric"] == "pass@1"]:
-            p = "" if row["mcnemar_p"] is None else " (p < 0.001)" if row["mcnemar_p"] < 0.001 else f" (p = {row['mcnemar_p']:.3f})"
-            lines.append(f"- **{_STAGE_NAMES[b]}** against **{_STAGE_NAMES[a]}**, {row['label']}: "
-                         f"{row['mean_b']:.1%} against {row['mean_a']:.1%}, {100 * row['difference']:+.1f} points "
-                         f"[{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], {_VERDICT_WORDS[row['verdict']]}{p}")
+            p = (
+                ""
+                if row["mcnemar_p"] is None
+                else " (p < 0.001)"
+                if row["mcnemar_p"] < 0.001
+                else f" (p = {row['mcnemar_p']:.3f})"
+            )
+            lines.append(
+                f"- **{_STAGE_NAMES[b]}** against **{_STAGE_NAMES[a]}**, {row['label']}: "
+                f"{row['mean_b']:.1%} against {row['mean_a']:.1%}, {100 * row['difference']:+.1f} points "
+                f"[{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}], {_VERDICT_WORDS[row['verdict']]}{p}"
+            )
     if not lines:
         return []
-    return ["## Verdict", "", "Greedy pass@1 of B against A on the same problems: B − A with its 95% paired-bootstrap interval "
-            "and the exact McNemar p; \"within noise\" when the interval contains 0.", ""] + lines + [""]
+    return (
+        [
+            "## Verdict",
+            "",
+            "Greedy pass@1 of B against A on the same problems: B − A with its 95% paired-bootstrap interval "
+            'and the exact McNemar p; "within noise" when the interval contains 0.',
+            "",
+        ]
+        + lines
+        + [""]
+    )
 
 
 def _with_ci(metrics: dict[str, Any], key: str) -> str:
@@ -165,11 +233,16 @@ def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
 
     if not comparisons:
         return []
-    lines = ["", "## Paired comparisons", "",
-             "Each row compares two stages on the same problems: B − A, the mean per-problem difference with its 95% "
-             "paired-bootstrap interval, the problems each side solved and the other did not, and the exact McNemar p-value "
-             "(binary outcomes). A difference whose interval contains 0 is within the noise. A \"tool calls, both solved\" row "
-             "counts calls per episode on the problems both stages solved (in plan: the length of the plan), not an accuracy.", ""]
+    lines = [
+        "",
+        "## Paired comparisons",
+        "",
+        "Each row compares two stages on the same problems: B − A, the mean per-problem difference with its 95% "
+        "paired-bootstrap interval, the problems each side solved and the other did not, and the exact McNemar p-value "
+        '(binary outcomes). A difference whose interval contains 0 is within the noise. A "tool calls, both solved" row '
+        "counts calls per episode on the problems both stages solved (in plan: the length of the plan), not an accuracy.",
+        "",
+    ]
     for a, b in COMPARISONS:
         rows = [row for row in comparisons if row["a"] == a and row["b"] == b]
         if rows:
@@ -180,7 +253,9 @@ def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
 def _stage_table(results: dict[str, Any]) -> list[str]:
     lines = ["", "## Stages", "", "| stage | seconds | notes |", "|---|---|---|"]
     for stage, result in results.items():
-        notes = ", ".join(f"{k} {_fmt(v)}" for k, v in result.items() if k not in ("evals", "seconds", "final", "model", "inputs"))
+        notes = ", ".join(
+            f"{k} {_fmt(v)}" for k, v in result.items() if k not in ("evals", "seconds", "final", "model", "inputs")
+        )
         lines.append(f"| {stage} | {_fmt(result.get('seconds'))} | {notes} |")
     return lines
 
@@ -197,7 +272,11 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     keys = sorted({k for row in rows for k in row if k.startswith("reward/") and k.endswith("/mean")})
     for key in keys:
-        ax.plot([r["step"] for r in rows if key in r], [r[key] for r in rows if key in r], label=key[len("reward/"):-len("/mean")])
+        ax.plot(
+            [r["step"] for r in rows if key in r],
+            [r[key] for r in rows if key in r],
+            label=key[len("reward/") : -len("/mean")],
+        )
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
     ax.legend(fontsize=8)
@@ -214,8 +293,11 @@ def _rl_plots(metrics_file: Path, plots: Path) -> list[str]:
     rows = read_metrics(metrics_file)
     _plot_rewards(rows, plots / "reward_components.png")
     _plot_length_variance(rows, plots / "length_and_variance.png")
-    lines = ["", "![reward components](plots/reward_components.png)",
-             "![policy tokens and groups with reward variance](plots/length_and_variance.png)"]
+    lines = [
+        "",
+        "![reward components](plots/reward_components.png)",
+        "![policy tokens and groups with reward variance](plots/length_and_variance.png)",
+    ]
     if _kl_measured(rows):
         _plot_kl(rows, plots / "kl.png")
         lines.append("![KL to the reference](plots/kl.png)")
@@ -245,7 +327,9 @@ def _kl_measured(rows: list[dict[str, Any]]) -> bool:
 
 def _mismatch_measured(rows: list[dict[str, Any]]) -> bool:
     """Some step logged a sampler/trainer mismatch above rounding (MISMATCH_SHOWN_ABOVE)."""
-    return any(_finite(row.get("rollout/mismatch_kl")) and row["rollout/mismatch_kl"] > MISMATCH_SHOWN_ABOVE for row in rows)
+    return any(
+        _finite(row.get("rollout/mismatch_kl")) and row["rollout/mismatch_kl"] > MISMATCH_SHOWN_ABOVE for row in rows
+    )
 
 
 def _finite(value: Any) -> bool:
@@ -298,11 +382,18 @@ def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5))
     width = 0.8 / len(series)
-    stage_names = [name for name in _STAGE_NAMES.values() if any(point[0] == name for points in series.values() for point in points)]
+    stage_names = [
+        name
+        for name in _STAGE_NAMES.values()
+        if any(point[0] == name for points in series.values() for point in points)
+    ]
     for i, (label, points) in enumerate(series.items()):
         xs = [stage_names.index(name) + i * width for name, _, _ in points]
         values = [value for _, value, _ in points]
-        errors = [[value - ci[0] if ci else 0.0 for _, value, ci in points], [ci[1] - value if ci else 0.0 for _, value, ci in points]]
+        errors = [
+            [value - ci[0] if ci else 0.0 for _, value, ci in points],
+            [ci[1] - value if ci else 0.0 for _, value, ci in points],
+        ]
         ax.bar(xs, values, width=width, label=label, yerr=errors, capsize=3)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(stage_names))], stage_names)
     ax.set_ylabel("pass@1 (greedy), 95% CI")
@@ -339,7 +430,10 @@ def minutes_series(results: dict[str, Any]) -> dict[str, dict[str, list[tuple[fl
             metrics = ((results.get(f"eval_{stage}") or {}).get("evals") or {}).get(label)
             seconds = (results.get(stage) or {}).get("train_seconds")
             if metrics is not None and seconds:
-                lines[name] = [start[-1], (sft_minutes + seconds / 60, metrics["pass@1"], (metrics.get("ci95") or {}).get("pass@1"))]
+                lines[name] = [
+                    start[-1],
+                    (sft_minutes + seconds / 60, metrics["pass@1"], (metrics.get("ci95") or {}).get("pass@1")),
+                ]
         out[label] = lines
     return out
 
@@ -356,7 +450,10 @@ def plot_minutes(series: dict[str, dict[str, list[tuple[float, float, Any]]]], p
     for ax, label in zip(axes[0], labels):
         for name, points in series[label].items():
             xs, ys = [x for x, _, _ in points], [y for _, y, _ in points]
-            errors = [[y - ci[0] if ci else 0.0 for _, y, ci in points], [ci[1] - y if ci else 0.0 for _, y, ci in points]]
+            errors = [
+                [y - ci[0] if ci else 0.0 for _, y, ci in points],
+                [ci[1] - y if ci else 0.0 for _, y, ci in points],
+            ]
             ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
         ax.set_title(label)
         ax.set_xlabel("training minutes")
@@ -373,8 +470,11 @@ def plot_minutes(series: dict[str, dict[str, list[tuple[float, float, Any]]]], p
 
 def failure_headline(failure: dict[str, Any]) -> str:
     """`task (finish_reason): answered X, expected Y`, or the error of an episode that broke."""
-    outcome = (f"error: {failure['error']}" if failure.get("error") else
-               f"answered {failure['final_answer']!r}, expected {failure['reference']!r}")
+    outcome = (
+        f"error: {failure['error']}"
+        if failure.get("error")
+        else f"answered {failure['final_answer']!r}, expected {failure['reference']!r}"
+    )
     return f"{failure['task_id']} ({failure['finish_reason']}): {outcome}"
 
 
@@ -387,7 +487,9 @@ def _failures(results: dict[str, Any]) -> list[str]:
                 for failure in metrics.get("failures", [])[:1]:
                     lines.append(f"**{label}**, task {failure_headline(failure)}:")
                     lines.append("```")
-                    lines += [f"[{m['role']}] {m.get('content', '')}" for m in failure["messages"] if m["role"] != "system"]
+                    lines += [
+                        f"[{m['role']}] {m.get('content', '')}" for m in failure["messages"] if m["role"] != "system"
+                    ]
                     lines.append("```")
             return lines
     return []

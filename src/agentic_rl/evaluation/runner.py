@@ -39,11 +39,22 @@ def evaluate(model: Any, tokenizer: Any, cfg: EvalConfig, progress: bool = True)
     greedy = _run(model, tokenizer, cfg, tasks, temperature=0.0, desc=f"eval {cfg.name} greedy", progress=progress)
     result = episode_statistics(greedy, tasks)
     result["n"] = len(tasks)
-    per_task: dict[str, list] = {"id": [t.id for t in tasks], "greedy": [int(bool(t.info.get("correct"))) for t in greedy],
-                                 "tool_calls": [int(t.info.get("tool_calls", 0)) for t in greedy]}
+    per_task: dict[str, list] = {
+        "id": [t.id for t in tasks],
+        "greedy": [int(bool(t.info.get("correct"))) for t in greedy],
+        "tool_calls": [int(t.info.get("tool_calls", 0)) for t in greedy],
+    }
     if cfg.k > 1:
         repeated = [t for t in tasks for _ in range(cfg.k)]
-        sampled = _run(model, tokenizer, cfg, repeated, temperature=cfg.rollout.sampling.temperature, desc=f"eval {cfg.name} k={cfg.k}", progress=progress)
+        sampled = _run(
+            model,
+            tokenizer,
+            cfg,
+            repeated,
+            temperature=cfg.rollout.sampling.temperature,
+            desc=f"eval {cfg.name} k={cfg.k}",
+            progress=progress,
+        )
         metrics, per_task["correct_of_k"], maj = sampled_metrics(sampled, tasks, cfg.k, vote=env.final_answers)
         if maj is not None:
             per_task["maj"] = maj
@@ -65,8 +76,7 @@ def per_problem_scores(result: dict[str, Any], metric: str) -> list[float]:
     per_task, k = result["per_task"], int(result.get("k", 1))
     supported = compared_metrics(result)
     if metric not in supported:
-        raise ValueError(f"unknown metric {metric!r} for this evaluation (k = {k}); "
-                         f"use {', '.join(supported)}")
+        raise ValueError(f"unknown metric {metric!r} for this evaluation (k = {k}); use {', '.join(supported)}")
     if metric == "pass@1":
         return [float(v) for v in per_task["greedy"]]
     if metric == "sampled_accuracy@T":
@@ -96,7 +106,9 @@ def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[fl
 def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
     from agentic_rl.rollout.factory import build_engine
 
-    engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent, temperature=temperature)
+    engine = build_engine(
+        model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent, temperature=temperature
+    )
     out: list[Trajectory] = []
     for start in tqdm(range(0, len(tasks), cfg.max_concurrent), desc=desc, disable=not progress):
         chunk = tasks[start : start + cfg.max_concurrent]
@@ -119,7 +131,9 @@ def episode_statistics(trajs: list[Trajectory], tasks: list) -> dict[str, Any]:
         "tool_calls_per_episode": mean(calls),
         "tool_success_rate": (sum(calls) - sum(errors)) / sum(calls) if sum(calls) else float("nan"),
         "failed_episodes": sum(t.finish_reason == "error" for t in trajs),
-        "finish_reasons": {reason: count / len(trajs) for reason, count in sorted(Counter(t.finish_reason for t in trajs).items())},
+        "finish_reasons": {
+            reason: count / len(trajs) for reason, count in sorted(Counter(t.finish_reason for t in trajs).items())
+        },
     }
     # cut off by a rollout limit (max_episode_tokens, max_turn_tokens, max_turns) before they could
     # finish: a high share means the limits, not the model, decide the accuracy
@@ -149,8 +163,9 @@ def _difficulty_key(task) -> str | None:
     return None
 
 
-def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int,
-                    vote: bool = True) -> tuple[dict[str, float], list[int], list[float] | None]:
+def sampled_metrics(
+    trajs: list[Trajectory], tasks: list, k: int, vote: bool = True
+) -> tuple[dict[str, float], list[int], list[float] | None]:
     """pass@k, maj@k, the mean sampled accuracy, and the success histogram from k sampled
     episodes per task (tasks in order, k consecutive each); also the per-task correct counts
     and majority-vote scores. vote=False (an env without final answers): no maj@k, and None for
@@ -165,11 +180,15 @@ def sampled_metrics(trajs: list[Trajectory], tasks: list, k: int,
         pass_k.append(pass_at_k(k, correct, k))
         answers = [t.info.get("final_answer") for t in group]
         maj_k.append(maj_at_k(answers, lambda a, ref=task.answer: answers_match(a, ref), canonical=_canonical))
-    metrics = {f"pass@{k}": mean(pass_k), "sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs]),
-               # how many problems the policy never / sometimes / always solves in k samples: only
-               # "sometimes" problems give GRPO a group with reward variance
-               "solved/never": sum(c == 0 for c in counts), "solved/sometimes": sum(0 < c < k for c in counts),
-               "solved/always": sum(c == k for c in counts)}
+    metrics = {
+        f"pass@{k}": mean(pass_k),
+        "sampled_accuracy@T": mean([float(bool(t.info.get("correct"))) for t in trajs]),
+        # how many problems the policy never / sometimes / always solves in k samples: only
+        # "sometimes" problems give GRPO a group with reward variance
+        "solved/never": sum(c == 0 for c in counts),
+        "solved/sometimes": sum(0 < c < k for c in counts),
+        "solved/always": sum(c == k for c in counts),
+    }
     if not vote:
         return metrics, counts, None
     metrics[f"maj@{k}"] = mean(maj_k)
@@ -186,6 +205,11 @@ def _canonical(answer: str) -> str:
 def transcript(traj: Trajectory) -> dict[str, Any]:
     """A failure as a readable record: the task, the answer given (or, for an episode the env or a tool
     broke, the exception's type and message: `error`) and the whole conversation."""
-    return {"task_id": traj.task_id, "finish_reason": traj.finish_reason, "final_answer": traj.info.get("final_answer"),
-            "reference": traj.info.get("reference"), "error": traj.info.get("error"), "messages": traj.messages}
-
+    return {
+        "task_id": traj.task_id,
+        "finish_reason": traj.finish_reason,
+        "final_answer": traj.info.get("final_answer"),
+        "reference": traj.info.get("reference"),
+        "error": traj.info.get("error"),
+        "messages": traj.messages,
+    }

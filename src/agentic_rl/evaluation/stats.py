@@ -107,14 +107,22 @@ def paired_difference(a: Sequence[float], b: Sequence[float], level: float = 0.9
     """Compare two models' per-problem scores (same problems, same order): B − A with its CI."""
     left, right = _as_array(a, "a"), _as_array(b, "b")
     if left.shape != right.shape:
-        raise ValueError(f"paired_difference needs the same problems on both sides: got {left.size} and {right.size} scores")
+        raise ValueError(
+            f"paired_difference needs the same problems on both sides: got {left.size} and {right.size} scores"
+        )
     differences = right - left  # (n,)
     low, high = _percentiles(_bootstrap_means(differences), level)
     binary = bool(np.all(np.isin(left, (0.0, 1.0))) and np.all(np.isin(right, (0.0, 1.0))))
     b_better, a_better = int((differences > 0).sum()), int((differences < 0).sum())
     return PairedDifference(
-        n=int(left.size), mean_a=float(left.mean()), mean_b=float(right.mean()), difference=float(differences.mean()),
-        ci_low=low, ci_high=high, b_better=b_better, a_better=a_better,
+        n=int(left.size),
+        mean_a=float(left.mean()),
+        mean_b=float(right.mean()),
+        difference=float(differences.mean()),
+        ci_low=low,
+        ci_high=high,
+        b_better=b_better,
+        a_better=a_better,
         mcnemar_p=mcnemar_exact(b_better, a_better) if binary else None,
     )
 
@@ -138,9 +146,15 @@ def run_level_difference(a: Sequence[float], b: Sequence[float], level: float = 
         df = variance**2 / (share_a**2 / (left.size - 1) + share_b**2 / (right.size - 1)) if variance > 0 else math.inf
     half = (student_t_quantile(0.5 + level / 2.0, df) if math.isfinite(df) else 0.0) * math.sqrt(variance)
     return PairedDifference(
-        n=int(right.size), mean_a=float(left.mean()), mean_b=float(right.mean()), difference=difference,
-        ci_low=difference - half, ci_high=difference + half,
-        b_better=int((right > left.mean()).sum()), a_better=int((right < left.mean()).sum()), mcnemar_p=None,
+        n=int(right.size),
+        mean_a=float(left.mean()),
+        mean_b=float(right.mean()),
+        difference=difference,
+        ci_low=difference - half,
+        ci_high=difference + half,
+        b_better=int((right > left.mean()).sum()),
+        a_better=int((right < left.mean()).sum()),
+        mcnemar_p=None,
     )
 
 

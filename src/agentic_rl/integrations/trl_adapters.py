@@ -80,8 +80,14 @@ def task_from_json(text: str) -> Task:
     return Task(record["id"], record["question"], record["answer"], record.get("meta", {}))
 
 
-def make_trl_dataset(env_name: str, options: dict[str, Any] | None = None, n: int = 1000, seed: int = 0, split: str = "train",
-                     prompt_fn: Callable[[Env, list[dict[str, Any]]], Any] | None = None):
+def make_trl_dataset(
+    env_name: str,
+    options: dict[str, Any] | None = None,
+    n: int = 1000,
+    seed: int = 0,
+    split: str = "train",
+    prompt_fn: Callable[[Env, list[dict[str, Any]]], Any] | None = None,
+):
     """A `datasets.Dataset` with `prompt` (the env's reset messages, or `prompt_fn(env, messages)`)
     and `task` (JSON) columns: the first `n` tasks of `split` for `seed`."""
     from datasets import Dataset
@@ -126,7 +132,9 @@ class TRLToolEnv:
 
     def reset(self, **row: Any) -> None:
         if TASK_COLUMN not in row:
-            raise ValueError(f"the dataset row has no '{TASK_COLUMN}' column (got {sorted(row)}); build it with make_trl_dataset")
+            raise ValueError(
+                f"the dataset row has no '{TASK_COLUMN}' column (got {sorted(row)}); build it with make_trl_dataset"
+            )
         self._task = task_from_json(row[TASK_COLUMN])
         self._env.reset(self._task)
         self._last, self._final = None, None
@@ -212,8 +220,12 @@ def make_trl_environment_factory(env_name: str, options: dict[str, Any] | None =
 class _Grader:
     """Turns one TRL batch into our Trajectories, once per batch (shared by all reward functions)."""
 
-    def __init__(self, env_name: str | None, options: dict[str, Any] | None,
-                 count_tool_tokens: Callable[[list[dict[str, Any]]], int] | None = None):
+    def __init__(
+        self,
+        env_name: str | None,
+        options: dict[str, Any] | None,
+        count_tool_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
+    ):
         self.env_name, self.options = env_name, dict(options or {})
         self.count_tool_tokens = count_tool_tokens
         """Multi-turn only: tokens of one run of tool messages in the completion ids (TRL's tool_mask 0
@@ -224,8 +236,17 @@ class _Grader:
     def __call__(self, prompts, completions, completion_ids=None, environments=None, **kwargs) -> list[Trajectory]:
         if self._key is completions:  # same batch, another reward term: grade once
             return self._trajectories
-        trajs = [self._one(i, prompts[i], completions[i], completion_ids[i] if completion_ids is not None else None,
-                           environments[i] if environments is not None else None, kwargs) for i in range(len(completions))]
+        trajs = [
+            self._one(
+                i,
+                prompts[i],
+                completions[i],
+                completion_ids[i] if completion_ids is not None else None,
+                environments[i] if environments is not None else None,
+                kwargs,
+            )
+            for i in range(len(completions))
+        ]
         self._key, self._trajectories = completions, trajs
         return trajs
 
@@ -234,8 +255,10 @@ class _Grader:
             info = environment._finalize(completion)
         else:
             if TASK_COLUMN not in kwargs:
-                raise ValueError(f"reward functions need the dataset's '{TASK_COLUMN}' column (got {sorted(kwargs)}); "
-                                 "build the dataset with make_trl_dataset")
+                raise ValueError(
+                    f"reward functions need the dataset's '{TASK_COLUMN}' column (got {sorted(kwargs)}); "
+                    "build the dataset with make_trl_dataset"
+                )
             if self.env_name is None:
                 raise ValueError("no environment: pass env_name to make_trl_reward_funcs, or use environment_factory")
             env = make_env(self.env_name, **self.options)
@@ -259,9 +282,18 @@ class _Grader:
             mask = [1] * policy + [0] * (len(ids) - policy)  # counts only: positions are not token-exact
         turn_rewards = [1.0 if info.get("correct") else 0.0]
         spans = [Span("policy", 0, len(ids))] if ids else []
-        return Trajectory(input_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids), spans=spans, turn_rewards=turn_rewards,
-                          env=self.env_name or "", task_id="", finish_reason=str(info.get("finish", "")),
-                          messages=messages, info=info)
+        return Trajectory(
+            input_ids=ids,
+            loss_mask=mask,
+            logprobs=[0.0] * len(ids),
+            spans=spans,
+            turn_rewards=turn_rewards,
+            env=self.env_name or "",
+            task_id="",
+            finish_reason=str(info.get("finish", "")),
+            messages=messages,
+            info=info,
+        )
 
 
 def _tool_runs(completion: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -277,10 +309,12 @@ def _tool_runs(completion: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
     return runs
 
 
-def make_trl_reward_funcs(reward_specs: Sequence[RewardSpec], env_name: str | None = None,
-                          options: dict[str, Any] | None = None,
-                          count_tool_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
-                          ) -> tuple[list[Callable[..., list[float]]], list[float]]:
+def make_trl_reward_funcs(
+    reward_specs: Sequence[RewardSpec],
+    env_name: str | None = None,
+    options: dict[str, Any] | None = None,
+    count_tool_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
+) -> tuple[list[Callable[..., list[float]]], list[float]]:
     """(reward_funcs, reward_weights) for TRL: one function per reward term, named after it.
 
     Each function has TRL's signature `fn(prompts, completions, **kwargs) -> list[float]` and returns
@@ -308,6 +342,11 @@ def make_trl_reward_funcs(reward_specs: Sequence[RewardSpec], env_name: str | No
 
 
 __all__ = [
-    "TASK_COLUMN", "TRLToolEnv", "make_trl_dataset", "make_trl_environment_factory", "make_trl_reward_funcs",
-    "task_from_json", "task_to_json",
+    "TASK_COLUMN",
+    "TRLToolEnv",
+    "make_trl_dataset",
+    "make_trl_environment_factory",
+    "make_trl_reward_funcs",
+    "task_from_json",
+    "task_to_json",
 ]

@@ -79,12 +79,18 @@ def _check_unmappable(cfg) -> None:
     errors = []
     defaults = RolloutConfig()
     if cfg.reward_model.path or cfg.reward_model.weight:
-        errors.append("reward_model: the learned reward term is not wired into the TRL backend; remove it or use backend: agentic_rl")
+        errors.append(
+            "reward_model: the learned reward term is not wired into the TRL backend; remove it or use backend: agentic_rl"
+        )
     if cfg.env.mix:
-        errors.append("env.mix: the TRL backend builds its dataset and environment_factory from one set of env.options; "
-                      "remove the mix or use backend: agentic_rl")
+        errors.append(
+            "env.mix: the TRL backend builds its dataset and environment_factory from one set of env.options; "
+            "remove the mix or use backend: agentic_rl"
+        )
     if cfg.advantage.mode != "episode":
-        errors.append(f"advantage.mode={cfg.advantage.mode}: TRL's GRPOTrainer has one advantage per completion; use mode: episode")
+        errors.append(
+            f"advantage.mode={cfg.advantage.mode}: TRL's GRPOTrainer has one advantage per completion; use mode: episode"
+        )
     if cfg.advantage.gamma != 1.0:
         errors.append(f"advantage.gamma={cfg.advantage.gamma}: only per-turn advantages discount; TRL has none")
     if cfg.rollout.backend == "fast":
@@ -94,14 +100,20 @@ def _check_unmappable(cfg) -> None:
     if cfg.rollout.dtype != "float32":
         errors.append(f"rollout.dtype={cfg.rollout.dtype}: TRL generates with the training weights; use float32")
     if cfg.rollout.device.startswith("cuda:"):
-        errors.append(f"rollout.device={cfg.rollout.device}: TRL puts the model on accelerate's device, one GPU per process; "
-                      "use auto, cuda or cpu and pick GPUs with CUDA_VISIBLE_DEVICES")
+        errors.append(
+            f"rollout.device={cfg.rollout.device}: TRL puts the model on accelerate's device, one GPU per process; "
+            "use auto, cuda or cpu and pick GPUs with CUDA_VISIBLE_DEVICES"
+        )
     if cfg.rollout_correction.mode != "off":
-        errors.append(f"rollout_correction.mode={cfg.rollout_correction.mode}: TRL generates with the training weights, "
-                      "so there is no sampler/trainer mismatch to correct; use mode: off")
+        errors.append(
+            f"rollout_correction.mode={cfg.rollout_correction.mode}: TRL generates with the training weights, "
+            "so there is no sampler/trainer mismatch to correct; use mode: off"
+        )
     if cfg.updates_per_batch > 1 and cfg.old_logprobs == "sampling":
-        errors.append("old_logprobs=sampling with updates_per_batch > 1: TRL re-scores pi_old with a forward pass; "
-                      "set old_logprobs: recompute")
+        errors.append(
+            "old_logprobs=sampling with updates_per_batch > 1: TRL re-scores pi_old with a forward pass; "
+            "set old_logprobs: recompute"
+        )
     if errors:
         raise TRLConfigError("backend: trl cannot honour these settings:\n  - " + "\n  - ".join(errors))
 
@@ -143,7 +155,11 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     from trl import GRPOTrainer
     from trl.chat_template_utils import supports_tool_calling
 
-    from agentic_rl.integrations.trl_adapters import make_trl_dataset, make_trl_environment_factory, make_trl_reward_funcs
+    from agentic_rl.integrations.trl_adapters import (
+        make_trl_dataset,
+        make_trl_environment_factory,
+        make_trl_reward_funcs,
+    )
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.models.device import resolve_device
 
@@ -161,7 +177,8 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     if (r.batch_size // processes) % cfg.micro_batch_size or r.batch_size % processes:
         raise TRLConfigError(
             f"micro_batch_size={cfg.micro_batch_size} must divide rollout.batch_size / processes = {r.batch_size}/{processes}: "
-            "TRL trains one generation batch of B = P*G as gradient_accumulation_steps micro-batches")
+            "TRL trains one generation batch of B = P*G as gradient_accumulation_steps micro-batches"
+        )
     accumulation = r.batch_size // processes // cfg.micro_batch_size
 
     turns = _effective_max_turns(cfg)
@@ -173,25 +190,33 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
             raise TRLConfigError(
                 f"rollout.max_turns={r.max_turns} needs TRL's multi-turn tool loop, but this tokenizer's chat template "
                 "cannot render tool calls (e.g. SmolLM2's ChatML). Set rollout.max_turns: 1 for the single-turn path, "
-                "or use backend: agentic_rl, whose chat format renders tools for any template")
+                "or use backend: agentic_rl, whose chat format renders tools for any template"
+            )
         dataset = make_trl_dataset(cfg.env.name, cfg.env.options, n=cfg.env.task_pool, seed=train.seed)
         longest_prompt = max(len(chat.prompt_ids(p, env.tool_schemas)) for p in dataset["prompt"])
         completion_budget = r.max_episode_tokens - longest_prompt
         if completion_budget < r.max_turn_tokens:
-            raise TRLConfigError(f"rollout.max_episode_tokens={r.max_episode_tokens} leaves {completion_budget} tokens after "
-                                 f"the longest prompt ({longest_prompt}), less than one turn (max_turn_tokens={r.max_turn_tokens})")
+            raise TRLConfigError(
+                f"rollout.max_episode_tokens={r.max_episode_tokens} leaves {completion_budget} tokens after "
+                f"the longest prompt ({longest_prompt}), less than one turn (max_turn_tokens={r.max_turn_tokens})"
+            )
         max_completion_length = completion_budget
         generation_kwargs = {"max_new_tokens": r.max_turn_tokens}
         environment_factory = make_trl_environment_factory(cfg.env.name, cfg.env.options)
     else:
+
         def render(env_, messages):
             return chat.render(messages, env_.tool_schemas, add_generation_prompt=True)
 
-        dataset = make_trl_dataset(cfg.env.name, cfg.env.options, n=cfg.env.task_pool, seed=train.seed, prompt_fn=render)
+        dataset = make_trl_dataset(
+            cfg.env.name, cfg.env.options, n=cfg.env.task_pool, seed=train.seed, prompt_fn=render
+        )
         longest_prompt = max(len(chat.encode(p)) for p in dataset["prompt"])
         if longest_prompt + r.max_turn_tokens > r.max_episode_tokens:
-            raise TRLConfigError(f"the longest prompt ({longest_prompt} tokens) + max_turn_tokens={r.max_turn_tokens} exceeds "
-                                 f"max_episode_tokens={r.max_episode_tokens}: our engine would cut turns TRL does not cut")
+            raise TRLConfigError(
+                f"the longest prompt ({longest_prompt} tokens) + max_turn_tokens={r.max_turn_tokens} exceeds "
+                f"max_episode_tokens={r.max_episode_tokens}: our engine would cut turns TRL does not cut"
+            )
         max_completion_length = r.max_turn_tokens
         generation_kwargs = {}
         environment_factory = None
@@ -204,42 +229,81 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
         per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=accumulation,
         max_completion_length=max_completion_length,
-        temperature=r.sampling.temperature, top_p=r.sampling.top_p, top_k=r.sampling.top_k,
+        temperature=r.sampling.temperature,
+        top_p=r.sampling.top_p,
+        top_k=r.sampling.top_k,
         generation_kwargs=generation_kwargs or None,
         max_tool_calling_iterations=(turns - 1) if multi_turn else None,
-        beta=loss.beta, epsilon=loss.epsilon, epsilon_high=loss.epsilon_high,
+        beta=loss.beta,
+        epsilon=loss.epsilon,
+        epsilon_high=loss.epsilon_high,
         loss_type="dapo" if loss.loss_type == "token" else loss.loss_type,
         scale_rewards=loss.scale_rewards,
         importance_sampling_level=loss.importance_sampling_level,
         use_bias_correction_kl=loss.kl_importance_correction,
         num_iterations=cfg.updates_per_batch,
         reward_weights=weights,
-        learning_rate=optim.lr, weight_decay=optim.weight_decay,
-        adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_epsilon=optim.eps,
-        lr_scheduler_type=schedule, warmup_steps=optim.warmup_steps, max_grad_norm=optim.max_grad_norm,
-        max_steps=train.steps, seed=train.seed, data_seed=train.seed,
+        learning_rate=optim.lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.betas[0],
+        adam_beta2=optim.betas[1],
+        adam_epsilon=optim.eps,
+        lr_scheduler_type=schedule,
+        warmup_steps=optim.warmup_steps,
+        max_grad_norm=optim.max_grad_norm,
+        max_steps=train.steps,
+        seed=train.seed,
+        data_seed=train.seed,
         save_strategy="steps" if train.checkpoint_every else "no",
-        save_steps=train.checkpoint_every or 500, save_total_limit=train.keep_checkpoints,
-        bf16=train.mixed_precision == "bf16", fp16=False,
+        save_steps=train.checkpoint_every or 500,
+        save_total_limit=train.keep_checkpoints,
+        bf16=train.mixed_precision == "bf16",
+        fp16=False,
         use_cpu=device.type == "cpu",
         model_init_kwargs={"dtype": cfg.model.dtype},
         chat_template_kwargs=None if r.enable_thinking is None else {"enable_thinking": r.enable_thinking},
-        logging_steps=train.log_every, disable_tqdm=not train.progress,
-        report_to="none", disable_dropout=False, log_completions=False,
+        logging_steps=train.log_every,
+        disable_tqdm=not train.progress,
+        report_to="none",
+        disable_dropout=False,
+        log_completions=False,
     )
     if cfg.model.gradient_checkpointing:  # passed only when on: the key is deprecated (warns) in transformers 5.24
         args["gradient_checkpointing"] = True
     args.update(extra_args or {})
     trl_args = TRLGRPOConfig(**args)
     lora = cfg.model.lora
-    peft_config = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM", bias="none") if lora.enabled else None
-    trainer = GRPOTrainer(model=model_path, reward_funcs=funcs, args=trl_args, train_dataset=dataset, processing_class=tokenizer,
-                          peft_config=peft_config, environment_factory=environment_factory, callbacks=callbacks)
+    peft_config = (
+        PeftLoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+            bias="none",
+        )
+        if lora.enabled
+        else None
+    )
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=funcs,
+        args=trl_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        environment_factory=environment_factory,
+        callbacks=callbacks,
+    )
     if multi_turn:  # count policy tokens only: the tool-result tokens are exactly TRL's tool suffix ids
         funcs[0].grader.count_tool_tokens = lambda run: len(trainer._get_tool_suffix_ids(run))
-    info = {"multi_turn": multi_turn, "max_turns": turns, "base_name": base_name, "model_path": model_path,
-            "max_completion_length": max_completion_length}
+    info = {
+        "multi_turn": multi_turn,
+        "max_turns": turns,
+        "base_name": base_name,
+        "model_path": model_path,
+        "max_completion_length": max_completion_length,
+    }
     return trainer, info
 
 

@@ -97,7 +97,9 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return prefix if prefix >= MIN_SHARED_PREFIX else 0
 
 
-def backbone_hidden(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+def backbone_hidden(
+    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int = 0
+) -> torch.Tensor:
     """The backbone's last hidden states at positions prefix..T-1: (B, T-prefix, H).
 
     With prefix = P > 0 (the first P tokens are the same real tokens in every row, see
@@ -107,8 +109,14 @@ def backbone_hidden(backbone: nn.Module, input_ids: torch.Tensor, attention_mask
     transformers, so it falls back to the plain pass (and returns positions prefix..T-1 of it).
     """
     if prefix <= 0 or getattr(backbone, "gradient_checkpointing", False):
-        return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[:, prefix:]
+        return backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state[
+            :, prefix:
+        ]
     name = cache_name(backbone)
-    cache = getattr(backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True), name)
+    cache = getattr(
+        backbone(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True), name
+    )
     cache.batch_repeat_interleave(input_ids.shape[0])  # (1, heads, P, d) -> (B, heads, P, d) per layer
-    return backbone(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True, **{name: cache}).last_hidden_state
+    return backbone(
+        input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True, **{name: cache}
+    ).last_hidden_state

@@ -78,7 +78,16 @@ from typing import Any, Callable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from agentic_rl.models.data_tokens import DATA, POLICY, STRUCTURE, DataSafeEncoder, DataTokensError, Kind, Piece, drop_prefix
+from agentic_rl.models.data_tokens import (
+    DATA,
+    POLICY,
+    STRUCTURE,
+    DataSafeEncoder,
+    DataTokensError,
+    Kind,
+    Piece,
+    drop_prefix,
+)
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 Message = dict[str, Any]
@@ -111,13 +120,16 @@ class ChatFormatError(ValueError):
 class ChatFormat:
     """Renders prompts and observations to token ids for one tokenizer (see module docstring)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, end_of_turn: str = "<|im_end|>",
-                 enable_thinking: bool | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, end_of_turn: str = "<|im_end|>", enable_thinking: bool | None = None
+    ) -> None:
         if tokenizer.chat_template is None:
             raise ChatFormatError("the tokenizer has no chat template; ChatFormat needs one to render turns")
         if enable_thinking is not None and "enable_thinking" not in str(tokenizer.chat_template):
-            raise ChatFormatError(f"enable_thinking={str(enable_thinking).lower()}, but this tokenizer's chat template has no "
-                                  "enable_thinking switch, so the setting would be ignored; leave enable_thinking unset (null)")
+            raise ChatFormatError(
+                f"enable_thinking={str(enable_thinking).lower()}, but this tokenizer's chat template has no "
+                "enable_thinking switch, so the setting would be ignored; leave enable_thinking unset (null)"
+            )
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
         """The template's `enable_thinking` variable (None: not passed, the template's default)."""
@@ -138,8 +150,9 @@ class ChatFormat:
         """True when the template renders `tools=` and role "tool" itself (Qwen3); else Hermes injection."""
         self._splits_reasoning = "reasoning_content" in str(tokenizer.chat_template)
         try:
-            self.data_encoder = DataSafeEncoder(tokenizer, policy_tokens=(_THINK_OPEN, _THINK_CLOSE),
-                                                call=(TOOL_CALL_OPEN, TOOL_CALL_CLOSE))
+            self.data_encoder = DataSafeEncoder(
+                tokenizer, policy_tokens=(_THINK_OPEN, _THINK_CLOSE), call=(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+            )
             """Encodes rendered pieces so message contents never become control tokens."""
         except DataTokensError as exc:
             raise ChatFormatError(str(exc)) from None
@@ -155,7 +168,10 @@ class ChatFormat:
     # ------------------------------------------------------------------ rendering
 
     def render(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
     ) -> str:
         """The template's text for `messages` (tool messages and schemas adapted for ChatML-only templates)."""
         messages = [dict(m) for m in messages]
@@ -169,7 +185,10 @@ class ChatFormat:
         )
 
     def render_pieces(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
     ) -> list[Piece]:
         """`render`'s text as pieces (models/data_tokens.py): what comes from outside the template is
         DATA (contents, names, tool-schema strings) or POLICY (assistant contents); the rest is STRUCTURE.
@@ -185,22 +204,29 @@ class ChatFormat:
             return head + sentinel + tail
 
         marked = [self._marked_message(message, mark) for message in messages]
-        text = self.render(marked, _marked_tools(tools, mark, self.data_encoder.holds_control) if tools else tools,
-                           add_generation_prompt)
+        text = self.render(
+            marked,
+            _marked_tools(tools, mark, self.data_encoder.holds_control) if tools else tools,
+            add_generation_prompt,
+        )
         pieces: list[Piece] = []
         at = 0
         for match in _SENTINEL_PATTERN.finditer(text):
             piece, head, tail = values[match.group()]
             start, end = match.start() - len(head), match.end() + len(tail)
-            if start < at or text[start:match.start()] != head or text[match.end():end] != tail:
-                raise ChatFormatError("the chat template split a message content from its <tool_response> ends; contents "
-                                      "cannot be kept apart from its control tokens")
+            if start < at or text[start : match.start()] != head or text[match.end() : end] != tail:
+                raise ChatFormatError(
+                    "the chat template split a message content from its <tool_response> ends; contents "
+                    "cannot be kept apart from its control tokens"
+                )
             pieces += [(text[at:start], STRUCTURE), piece]
             at = end
         pieces.append((text[at:], STRUCTURE))
         if "".join(piece for piece, _ in pieces) != self.render(messages, tools, add_generation_prompt):
-            raise ChatFormatError("the chat template rewrites message contents (it does not write each one as it is), so "
-                                  "contents cannot be kept apart from its control tokens; only such templates are supported")
+            raise ChatFormatError(
+                "the chat template rewrites message contents (it does not write each one as it is), so "
+                "contents cannot be kept apart from its control tokens; only such templates are supported"
+            )
         return [piece for piece in pieces if piece[0]]
 
     def _marked_message(self, message: Message, mark: Callable[..., str]) -> Message:
@@ -228,7 +254,10 @@ class ChatFormat:
         return out
 
     def render_ids(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
     ) -> list[int]:
         """The whole conversation as token ids, contents as data: what the engine's incremental ids add up to."""
         return self.data_encoder.encode(self.render_pieces(messages, tools, add_generation_prompt))
@@ -282,11 +311,13 @@ class ChatFormat:
             raise ChatFormatError(
                 "the chat template does not preserve the rendered prefix when an assistant turn and an "
                 "observation are appended, so observations cannot be rendered incrementally. Prefix:\n"
-                f"{before[-200:]!r}\nre-rendered:\n{after[max(0, len(opened) - 200):len(opened) + 60]!r}"
+                f"{before[-200:]!r}\nre-rendered:\n{after[max(0, len(opened) - 200) : len(opened) + 60]!r}"
             )
         start = len(opened) + len(placeholder)
         if not after[start:].startswith(self.end_of_turn):
-            raise ChatFormatError(f"expected the template to close the assistant turn with {self.end_of_turn!r}, got {after[start:start + 40]!r}")
+            raise ChatFormatError(
+                f"expected the template to close the assistant turn with {self.end_of_turn!r}, got {after[start : start + 40]!r}"
+            )
         if assistant_text.endswith(self.end_of_turn):
             start += len(self.end_of_turn)  # the policy generated (and owns) the marker
         return self.data_encoder.encode(drop_prefix(after_pieces, start))
@@ -319,12 +350,17 @@ class ChatFormat:
         default = self.tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
         prompt = self.render(probe, add_generation_prompt=True)
         if not prompt.startswith(default):
-            raise ChatFormatError(f"enable_thinking={str(self.enable_thinking).lower()} rewrites the template's generation "
-                                  f"prompt ({default[-40:]!r} -> {prompt[-40:]!r}) instead of adding to it; not supported")
-        return prompt[len(default):]
+            raise ChatFormatError(
+                f"enable_thinking={str(self.enable_thinking).lower()} rewrites the template's generation "
+                f"prompt ({default[-40:]!r} -> {prompt[-40:]!r}) instead of adding to it; not supported"
+            )
+        return prompt[len(default) :]
 
     def _check_end_of_turn_follows_assistant(self) -> None:
-        probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _ASSISTANT_PLACEHOLDER.format(index=0)}]
+        probe = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": _ASSISTANT_PLACEHOLDER.format(index=0)},
+        ]
         text = self.render(probe)
         marker_at = text.find(_ASSISTANT_PLACEHOLDER.format(index=0)) + len(_ASSISTANT_PLACEHOLDER.format(index=0))
         if not text[marker_at:].startswith(self.end_of_turn):
@@ -349,11 +385,14 @@ def with_placeholder_assistants(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
-def _marked_tools(tools: Sequence[dict[str, Any]], mark: Callable[..., str], holds_control: Callable[[str], bool]) -> list[Any]:
+def _marked_tools(
+    tools: Sequence[dict[str, Any]], mark: Callable[..., str], holds_control: Callable[[str], bool]
+) -> list[Any]:
     """The tool schemas with each key and string that holds a control string (or looks like a sentinel) as a DATA sentinel
     (`render_pieces`), written back as JSON writes it: templates write tool schemas as JSON. Others
     are left as they are (their ids are the same either way), so a template that reads a schema's
     keys still finds them."""
+
     def walk(value: Any) -> Any:
         if isinstance(value, str):
             outside = holds_control(value) or "\u2983VALUE-" in value  # a control string, or a sentinel look-alike
@@ -386,7 +425,9 @@ def _inject_tools_hermes(messages: list[Message], tools: list[dict[str, Any]] | 
     """Append the Hermes tool block to the system message (creating one if needed)."""
     if not tools:
         return messages
-    block = _HERMES_TOOLS_HEADER + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _HERMES_TOOLS_FOOTER
+    block = (
+        _HERMES_TOOLS_HEADER + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + _HERMES_TOOLS_FOOTER
+    )
     if messages and messages[0].get("role") == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + block}, *messages[1:]]
     return [{"role": "system", "content": block}, *messages]

@@ -69,14 +69,16 @@ class DataSafeEncoder:
         if not getattr(tokenizer, "is_fast", False):
             raise DataTokensError(
                 f"{type(tokenizer).__name__} is a slow (Python) tokenizer; the chat format needs a fast one "
-                "(tokenizer.json) to keep control strings in observations as plain text. Load it with use_fast=True")
+                "(tokenizer.json) to keep control strings in observations as plain text. Load it with use_fast=True"
+            )
         self._added_ids: dict[str, int] = {}
         for token_id, token in tokenizer.added_tokens_decoder.items():
             if token.lstrip or token.rstrip or token.single_word or token.normalized:
                 raise DataTokensError(
                     f"added token {token.content!r} (id {token_id}) matches with lstrip/rstrip/single_word/normalized "
                     "options, which this encoder does not reproduce; only tokenizers whose added tokens match as plain "
-                    "strings (SmolLM2, Qwen3) are supported")
+                    "strings (SmolLM2, Qwen3) are supported"
+                )
             self._added_ids[token.content] = token_id
         self.control_ids: frozenset[int] = frozenset(self._added_ids.values())
         """Every added token id: the ids that data never produces."""
@@ -108,7 +110,9 @@ class DataSafeEncoder:
                 run, at = [], match.end()
             run.append(text[at:])
         runs.append("".join(run))
-        encoded = self._plain.encode_batch(runs, add_special_tokens=False)  # one call: the per-call cost dominates short runs
+        encoded = self._plain.encode_batch(
+            runs, add_special_tokens=False
+        )  # one call: the per-call cost dominates short runs
         ids: list[int] = []
         for run_encoding, control in zip(encoded, [*controls, None]):
             ids += run_encoding.ids

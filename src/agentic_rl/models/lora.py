@@ -51,7 +51,9 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, task_type: str = "CAUSAL
     """
     if not cfg.enabled:
         return model
-    linear_names = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    linear_names = sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
     missing = sorted(set(cfg.target_modules) - set(linear_names))
     if missing:
         raise ValueError(

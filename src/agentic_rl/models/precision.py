@@ -21,8 +21,10 @@ import warnings
 
 import torch
 
-SLOW_BF16 = ("bf16 matmuls on this CPU run through torch's scalar fallback (its oneDNN has no bf16 "
-             "linear: no AVX512, AMX or ARM bf16), measured 60x slower than float32 on an AVX2 CPU")
+SLOW_BF16 = (
+    "bf16 matmuls on this CPU run through torch's scalar fallback (its oneDNN has no bf16 "
+    "linear: no AVX512, AMX or ARM bf16), measured 60x slower than float32 on an AVX2 CPU"
+)
 
 
 @functools.cache

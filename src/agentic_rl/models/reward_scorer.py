@@ -63,7 +63,13 @@ def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
     (merged first)."""
     from transformers import AutoModelForSequenceClassification
 
-    from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
+    from agentic_rl.models.loader import (
+        BUILTIN_MODELS,
+        TINY_QWEN3,
+        build_tiny_qwen3,
+        load_tokenizer,
+        resolve_model_path,
+    )
 
     if name == TINY_QWEN3:
         from transformers import Qwen3ForSequenceClassification
@@ -74,7 +80,9 @@ def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
         classifier, tokenizer = Qwen3ForSequenceClassification(config).to(DTYPES[dtype]), load_tokenizer(TINY_QWEN3)
     elif (Path(name) / "config.json").exists() or name in BUILTIN_MODELS or "/" in name and not Path(name).exists():
         tokenizer = load_tokenizer(name)
-        classifier = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(name), num_labels=1, dtype=DTYPES[dtype])
+        classifier = AutoModelForSequenceClassification.from_pretrained(
+            resolve_model_path(name), num_labels=1, dtype=DTYPES[dtype]
+        )
     else:  # a previous stage's LoRA folder: merge it, then add a score head
         base_model, tokenizer, _ = load_base_and_tokenizer(name, dtype, device)
         with tempfile.TemporaryDirectory() as staging:
@@ -106,7 +114,9 @@ def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[
         from agentic_rl.models.lora import quiet_peft
 
         if not meta.get("base"):
-            raise ValueError(f"{folder / RM_RECORD} has no 'base' (the model its adapters sit on); train it again with `agentic-rl rm`")
+            raise ValueError(
+                f"{folder / RM_RECORD} has no 'base' (the model its adapters sit on); train it again with `agentic-rl rm`"
+            )
         classifier, _ = base_classifier(meta["base"], "float32", device)
         with quiet_peft():
             classifier = PeftModel.from_pretrained(classifier, folder).merge_and_unload()
@@ -130,8 +140,10 @@ def load_reward_backbone(folder: str | Path, cfg: ModelConfig, device: Any = "cp
     classifier = scorer.classifier
     score = classifier.score
     if score.bias is not None or score.out_features != 1:
-        raise ValueError(f"{folder}: the reward model's score head is {score}; a critic starts from a bias-free "
-                         "Linear(hidden, 1), as `agentic-rl rm` trains")
+        raise ValueError(
+            f"{folder}: the reward model's score head is {score}; a critic starts from a bias-free "
+            "Linear(hidden, 1), as `agentic-rl rm` trains"
+        )
     weight = score.weight.detach().clone().float()  # (1, H)
     critic = make_trainable(backbone_of(classifier).to(DTYPES[cfg.dtype]), cfg, "FEATURE_EXTRACTION", log)
     return critic, tokenizer, weight

@@ -43,10 +43,15 @@ def read_stage_record(folder: str | Path) -> dict[str, Any] | None:
         return None
     fix = f"restore it, or delete it if '{folder}' is a plain Hugging Face model folder"
     record = read_json(path, fix)
-    if not (isinstance(record, dict) and record.get("kind") in ("lora", "full") and isinstance(record.get("base"), str)
-            and record["base"]):
-        raise ValueError(f'{path}: a stage record is {{"kind": "lora" | "full", "base": "<model>"}}, got '
-                         f"{quoted(record)}; {fix}")
+    if not (
+        isinstance(record, dict)
+        and record.get("kind") in ("lora", "full")
+        and isinstance(record.get("base"), str)
+        and record["base"]
+    ):
+        raise ValueError(
+            f'{path}: a stage record is {{"kind": "lora" | "full", "base": "<model>"}}, got {quoted(record)}; {fix}'
+        )
     if record["base"].startswith(("./", "../")):
         return {**record, "base": os.path.normpath(Path(folder) / record["base"])}
     return record
@@ -78,10 +83,12 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
     if record is not None:
         here = os.path.realpath(name)
         if here in _chain:
-            loop = " -> ".join([*_chain[_chain.index(here):], here])
-            raise ValueError(f"{Path(_chain[-1]) / STAGE_RECORD}: the stage records' bases form a loop ({loop}); set "
-                             "\"base\" in the record to the model these weights were trained on (e.g. tiny-qwen3, "
-                             "or the previous stage's final/ folder)")
+            loop = " -> ".join([*_chain[_chain.index(here) :], here])
+            raise ValueError(
+                f"{Path(_chain[-1]) / STAGE_RECORD}: the stage records' bases form a loop ({loop}); set "
+                '"base" in the record to the model these weights were trained on (e.g. tiny-qwen3, '
+                "or the previous stage's final/ folder)"
+            )
         if record["kind"] == "lora":
             from peft import PeftModel
 
@@ -120,20 +127,30 @@ def _require_finite(model: torch.nn.Module, folder: str) -> None:
     bad = first_non_finite(model, trainable_only=False)
     if bad is not None:
         what = "the norm of its weights overflows" if bad == NORM_OVERFLOW else f"its weight {bad!r} is not finite"
-        raise ValueError(f"'{folder}': {what}, so the run that wrote it diverged; nothing is loaded from it. Use an "
-                         "earlier checkpoint's weights, or rerun the stage")
+        raise ValueError(
+            f"'{folder}': {what}, so the run that wrote it diverged; nothing is loaded from it. Use an "
+            "earlier checkpoint's weights, or rerun the stage"
+        )
 
 
 def _require_adapters(folder: Path) -> None:
     """ValueError naming `folder` when its record says LoRA but its adapter files are missing."""
     missing = [name for name in ("adapter_config.json", "adapter_model.safetensors") if not (folder / name).is_file()]
     if missing and not (missing == ["adapter_model.safetensors"] and (folder / "adapter_model.bin").is_file()):
-        raise ValueError(f"'{folder}': its {STAGE_RECORD} says LoRA adapters, but {' and '.join(missing)} "
-                         "is missing; copy the stage's final/ folder whole, or rerun the stage")
+        raise ValueError(
+            f"'{folder}': its {STAGE_RECORD} says LoRA adapters, but {' and '.join(missing)} "
+            "is missing; copy the stage's final/ folder whole, or rerun the stage"
+        )
 
 
-def save_final(model: torch.nn.Module, tokenizer: Any, folder: Path, base_name: str, accelerator: Any,
-               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+def save_final(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    folder: Path,
+    base_name: str,
+    accelerator: Any,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write `folder/final`: LoRA adapters (small) or the full model, plus the tokenizer.
 
     `state_dict`: the model's whole weights when the model itself only holds a shard of them

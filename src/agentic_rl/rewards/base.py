@@ -58,6 +58,7 @@ def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable],
             raise duplicate_registration("reward", name, _ORIGINS[name], registration_origin(fn))
         _ORIGINS[name] = registration_origin(fn)
         if per_episode:
+
             def batched(trajectories: Sequence[Trajectory], **params: Any) -> list[float]:
                 return [float(fn(t, **params)) for t in trajectories]
 
@@ -88,7 +89,9 @@ def reward_parameters(name: str) -> list[str]:
     fn = get_reward(name)
     target = getattr(fn, "__wrapped__", fn)
     params = list(inspect.signature(target).parameters.values())[1:]
-    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty]
+    return [
+        p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty
+    ]
 
 
 @dataclasses.dataclass
@@ -113,8 +116,10 @@ class RewardSpec(Config):
             wanted = types_of.get(key)
             if wanted is not None and not _is_a(value, wanted):
                 names = " or ".join(_TYPE_NAMES[kind] for kind in wanted)
-                raise ValueError(f"reward '{self.name}': params.{key} must be {names}, got {value!r}; "
-                                 f"`agentic-rl rewards list` shows each term's parameters")
+                raise ValueError(
+                    f"reward '{self.name}': params.{key} must be {names}, got {value!r}; "
+                    f"`agentic-rl rewards list` shows each term's parameters"
+                )
 
 
 _TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", type(None): "null"}
@@ -153,8 +158,10 @@ class RewardComposer:
             raise ValueError("at least one reward term is needed, e.g. rewards: [{name: accuracy}]")
         clashes = sorted({spec.name for spec in specs} & set(extra_terms or {}))
         if clashes:
-            raise ValueError(f"reward term(s) {clashes} are both in the reward list and reported by the env or the reward "
-                             "model; rename the registered term")
+            raise ValueError(
+                f"reward term(s) {clashes} are both in the reward list and reported by the env or the reward "
+                "model; rename the registered term"
+            )
         self.specs = list(specs)
         self.extra_terms = dict(extra_terms or {})
 
@@ -204,7 +211,8 @@ def refuse_unpaid_step_rewards(traj: Trajectory) -> None:
         f"{traj.task_id!r}, beyond its success payout, and the reward list has no env_steps term, so they would "
         f"count for nothing. Add `{{name: env_steps}}` to `rewards` (the env's return Σ γ^t r_t, success payout "
         f"included: drop `accuracy` beside it unless you mean to pay success twice), or `{{name: env_steps, "
-        f"weight: 0}}` to leave them out on purpose")
+        f"weight: 0}}` to leave them out on purpose"
+    )
 
 
 def _ensure_builtin_rewards() -> None:

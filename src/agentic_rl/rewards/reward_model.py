@@ -29,6 +29,8 @@ class RewardModelReward:
     def __call__(self, trajectories: Sequence[Trajectory]) -> list[float]:
         scores: list[float] = []
         for start in range(0, len(trajectories), self.batch_size):
-            tensors = collate(trajectories[start : start + self.batch_size], self.tokenizer.pad_token_id).to(self.device)
+            tensors = collate(trajectories[start : start + self.batch_size], self.tokenizer.pad_token_id).to(
+                self.device
+            )
             scores.extend(self.scorer(tensors.input_ids, tensors.attention_mask).tolist())
         return scores

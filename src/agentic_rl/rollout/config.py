@@ -118,4 +118,3 @@ class RolloutConfig(TemplateOptions):
         """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""
         chosen = self.sampling if temperature is None else dataclasses.replace(self.sampling, temperature=temperature)
         return SamplingParams(**dataclasses.asdict(chosen), seed=seed)
-

@@ -48,14 +48,20 @@ class DemoError(ValueError):
 def check_demo_record(record: Any, where: str) -> None:
     """Raise DemoError (prefixed by `where`, e.g. "demos.jsonl:3") for the first problem of one line."""
     if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
-        raise DemoError(f'{where}: each line needs a non-empty "messages" list of chat messages, e.g. '
-                        '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}')
+        raise DemoError(
+            f'{where}: each line needs a non-empty "messages" list of chat messages, e.g. '
+            '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}'
+        )
     unknown = sorted(set(record) - set(RECORD_KEYS))
     if unknown:
-        raise DemoError(f"{where}: unknown key {unknown[0]!r} in the line; a line may only hold {', '.join(RECORD_KEYS)}")
+        raise DemoError(
+            f"{where}: unknown key {unknown[0]!r} in the line; a line may only hold {', '.join(RECORD_KEYS)}"
+        )
     if len(record["messages"]) > MAX_MESSAGES:
-        raise DemoError(f"{where}: {len(record['messages'])} messages in one demonstration, more than {MAX_MESSAGES}; "
-                        "split the conversation into shorter demonstrations")
+        raise DemoError(
+            f"{where}: {len(record['messages'])} messages in one demonstration, more than {MAX_MESSAGES}; "
+            "split the conversation into shorter demonstrations"
+        )
     tools = record.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(name, str) for name in tools):
         raise DemoError(f'{where}: "tools" must be a list of registered tool names, e.g. ["calculator"], got {tools!r}')
@@ -67,13 +73,17 @@ def check_demo_record(record: Any, where: str) -> None:
             unanswered = [call.name for call in parse_tool_calls(_turn_text(message, at))]
         elif role == "tool":
             if not unanswered:
-                raise DemoError(f"{at} is a tool result that answers no call: the assistant turn before it has no "
-                                "<tool_call> left unanswered. Add the call to that assistant message (content or "
-                                'tool_calls), or make this a "user" message')
+                raise DemoError(
+                    f"{at} is a tool result that answers no call: the assistant turn before it has no "
+                    "<tool_call> left unanswered. Add the call to that assistant message (content or "
+                    'tool_calls), or make this a "user" message'
+                )
             called = unanswered.pop(0)
             if "name" in message and called is not None and message["name"] != called:
-                raise DemoError(f"{at} has name {message['name']!r}, but the call it answers is to {called!r}; "
-                                "tool results answer the calls in order: fix the name or the order")
+                raise DemoError(
+                    f"{at} has name {message['name']!r}, but the call it answers is to {called!r}; "
+                    "tool results answer the calls in order: fix the name or the order"
+                )
         else:
             unanswered = []
 
@@ -85,15 +95,21 @@ def _check_message(message: Any, at: str) -> str:
     role = message["role"]
     unknown = sorted(set(message) - set(MESSAGE_KEYS[role]))
     if unknown:
-        raise DemoError(f"{at}: unknown key {unknown[0]!r} in a {role} message; it may only hold {', '.join(MESSAGE_KEYS[role])}")
+        raise DemoError(
+            f"{at}: unknown key {unknown[0]!r} in a {role} message; it may only hold {', '.join(MESSAGE_KEYS[role])}"
+        )
     optional = role == "assistant" and bool(message.get("tool_calls"))
     if "content" not in message or (message["content"] is None and optional):
         if not optional:
-            raise DemoError(f'{at}: a {role} message needs "content", a string' +
-                            (' (or "tool_calls" for an assistant turn that only calls tools)' if role == "assistant" else ""))
+            raise DemoError(
+                f'{at}: a {role} message needs "content", a string'
+                + (' (or "tool_calls" for an assistant turn that only calls tools)' if role == "assistant" else "")
+            )
     elif not isinstance(message["content"], str):
-        raise DemoError(f'{at}: "content" must be a string, got {type(message["content"]).__name__} {_short(message["content"])}; '
-                        "write the text as one JSON string")
+        raise DemoError(
+            f'{at}: "content" must be a string, got {type(message["content"]).__name__} {_short(message["content"])}; '
+            "write the text as one JSON string"
+        )
     if "name" in message and not isinstance(message["name"], str):
         raise DemoError(f'{at}: "name" must be the tool\'s name as a string, got {_short(message["name"])}')
     return role
@@ -103,7 +119,9 @@ def _turn_text(message: dict[str, Any], at: str) -> str:
     """The assistant turn as the policy writes it, after checking each of its tool_calls."""
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
-        raise DemoError(f'{at}: "tool_calls" must be a list of {{"name": ..., "arguments": {{...}}}}, got {_short(calls)}')
+        raise DemoError(
+            f'{at}: "tool_calls" must be a list of {{"name": ..., "arguments": {{...}}}}, got {_short(calls)}'
+        )
     for number, call in enumerate(calls):
         _check_call(call, f"{at}: tool_calls[{number}]")
     return assistant_turn_text(message)
@@ -116,8 +134,13 @@ def _check_call(call: Any, at: str) -> None:
     openai_form = isinstance(call, dict) and "function" in call
     function = call.get("function") if openai_form else call
     outer_keys = ("id", "type", "function") if openai_form else ("name", "arguments")
-    if not isinstance(call, dict) or not isinstance(function, dict) or set(call) - set(outer_keys) or set(function) - {"name", "arguments"}:
-        raise DemoError(f"{at} {shape} (or OpenAI's {{\"function\": {{\"name\", \"arguments\"}}}}), got {_short(call)}")
+    if (
+        not isinstance(call, dict)
+        or not isinstance(function, dict)
+        or set(call) - set(outer_keys)
+        or set(function) - {"name", "arguments"}
+    ):
+        raise DemoError(f'{at} {shape} (or OpenAI\'s {{"function": {{"name", "arguments"}}}}), got {_short(call)}')
     if not isinstance(function.get("name"), str) or not function["name"]:
         raise DemoError(f"{at} {shape}: the tool's name is missing, got {_short(call)}")
     arguments = function.get("arguments", {})

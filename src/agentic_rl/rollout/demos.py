@@ -58,10 +58,14 @@ def trajectory_from_messages(
     first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if prompt_messages is not None:
         if not 0 < prompt_messages < len(messages) or messages[prompt_messages].get("role") != "assistant":
-            raise DemoError(f"prompt_messages={prompt_messages} must leave the prompt non-empty and be followed by an assistant turn")
+            raise DemoError(
+                f"prompt_messages={prompt_messages} must leave the prompt non-empty and be followed by an assistant turn"
+            )
         first_assistant = prompt_messages
     if first_assistant is None or first_assistant == 0:
-        raise DemoError("a demonstration needs at least one message before the first assistant turn, and one assistant turn")
+        raise DemoError(
+            "a demonstration needs at least one message before the first assistant turn, and one assistant turn"
+        )
     if messages[-1].get("role") != "assistant":
         raise DemoError(f"a demonstration must end with an assistant turn, not '{messages[-1].get('role')}'")
     prompt = list(messages[:first_assistant])
@@ -86,8 +90,17 @@ def trajectory_from_messages(
             obs_ids = chat_format.observation_ids(history[:-1], generated, observations, tools)
             _append(ids, mask, spans, obs_ids, "observation")
             history.extend(observations)
-    trajectory = Trajectory(ids, mask, [0.0] * len(ids), spans, env=env, task_id=task_id,
-                            finish_reason="demo", messages=[dict(m) for m in history], info=dict(info or {}))
+    trajectory = Trajectory(
+        ids,
+        mask,
+        [0.0] * len(ids),
+        spans,
+        env=env,
+        task_id=task_id,
+        finish_reason="demo",
+        messages=[dict(m) for m in history],
+        info=dict(info or {}),
+    )
     trajectory.check()
     return trajectory
 
@@ -106,9 +119,13 @@ def oracle_demos(env: Env, tasks: Sequence[Task], chat_format: ChatFormat) -> li
         episode = play_oracle(env, task)
         result = episode.result
         if result is None or not result.done or not result.info.get("correct"):
-            raise DemoError(f"the oracle of env '{env.name}' did not solve task {task.id}: {result.info if result else None}")
-        *earlier, last = [trajectory_from_messages(chat_format, messages, env.tool_schemas, env.name, task.id, prompt_messages=prompt)
-                          for messages, prompt in zip(episode.sequences, episode.sequence_prompts)]
+            raise DemoError(
+                f"the oracle of env '{env.name}' did not solve task {task.id}: {result.info if result else None}"
+            )
+        *earlier, last = [
+            trajectory_from_messages(chat_format, messages, env.tool_schemas, env.name, task.id, prompt_messages=prompt)
+            for messages, prompt in zip(episode.sequences, episode.sequence_prompts)
+        ]
         last.info, last.messages, last.previous = dict(result.info), [dict(m) for m in episode.conversation], earlier
         last.turn_rewards = list(episode.rewards)  # every turn of the episode, as the engine records them
         demos.append(last)
@@ -124,7 +141,9 @@ def demo_sequences(demos: Sequence[Trajectory]) -> list[Trajectory]:
     return [seq for demo in demos for seq in demo.sequences()]
 
 
-def cap_repeats(sequences: Sequence[Trajectory], max_repeats: int, seed: int) -> tuple[list[Trajectory], dict[tuple[int, ...], int]]:
+def cap_repeats(
+    sequences: Sequence[Trajectory], max_repeats: int, seed: int
+) -> tuple[list[Trajectory], dict[tuple[int, ...], int]]:
     """At most `max_repeats` of the sequences whose policy tokens are identical; the rest dropped.
 
     A majority action repeated across episodes (memory's `Next.` on every distractor) would
@@ -145,8 +164,9 @@ def cap_repeats(sequences: Sequence[Trajectory], max_repeats: int, seed: int) ->
     return [seq for index, seq in enumerate(sequences) if index not in dropped], counts
 
 
-def load_jsonl_demos(path: str | Path, chat_format: ChatFormat, max_tokens: int | None = None,
-                     limit_name: str = "max_tokens") -> list[Trajectory]:
+def load_jsonl_demos(
+    path: str | Path, chat_format: ChatFormat, max_tokens: int | None = None, limit_name: str = "max_tokens"
+) -> list[Trajectory]:
     """Demonstrations from a JSONL file of conversations (format in the module docstring).
 
     Every line is checked first (rollout/demo_schema.py); a demonstration longer than `max_tokens`
@@ -184,5 +204,7 @@ def check_length(demo: Trajectory, max_tokens: int | None, where: str, limit_nam
     """DemoError when any token sequence of `demo` is longer than `max_tokens` (None: no limit)."""
     longest = max(len(sequence) for sequence in demo.sequences())
     if max_tokens is not None and longest > max_tokens:
-        raise DemoError(f"{where}: the demonstration is {longest} tokens, longer than {max_tokens} ({limit_name}); "
-                        "shorten or split the conversation, or remove it")
+        raise DemoError(
+            f"{where}: the demonstration is {longest} tokens, longer than {max_tokens} ({limit_name}); "
+            "shorten or split the conversation, or remove it"
+        )

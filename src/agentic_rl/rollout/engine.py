@@ -145,7 +145,9 @@ class _Episode:
     @property
     def policy_turns(self) -> int:
         """Turns of the whole episode, every sequence."""
-        return sum(1 for span in self.spans if span.kind == "policy") + sum(len(seq.policy_spans) for seq in self.previous)
+        return sum(1 for span in self.spans if span.kind == "policy") + sum(
+            len(seq.policy_spans) for seq in self.previous
+        )
 
 
 class RolloutEngine:
@@ -188,8 +190,13 @@ class RolloutEngine:
         one): the backend samples from the model's current weights from now on. Returns the version."""
         return self.backend.sync_weights(version)
 
-    def run(self, envs: Sequence[Env], tasks: Sequence[Task], seed: int | None = None,
-            options: Sequence[EpisodeOptions] | None = None) -> list[Trajectory]:
+    def run(
+        self,
+        envs: Sequence[Env],
+        tasks: Sequence[Task],
+        seed: int | None = None,
+        options: Sequence[EpisodeOptions] | None = None,
+    ) -> list[Trajectory]:
         """One episode per (env, task) pair, all concurrently. Returns trajectories in input order.
 
         options: one `EpisodeOptions` per episode (None: the engine's settings for all)."""
@@ -205,7 +212,9 @@ class RolloutEngine:
         version = backend.weights_version
         options = options or [_DEFAULT_OPTIONS] * len(envs)
         self._episodes_in_run = len(envs)
-        episodes = [self._start(index, env, task, option) for index, (env, task, option) in enumerate(zip(envs, tasks, options))]
+        episodes = [
+            self._start(index, env, task, option) for index, (env, task, option) in enumerate(zip(envs, tasks, options))
+        ]
         waiting = collections.deque(ep for ep in episodes if not ep.finish_reason)
         generated = 0
         try:
@@ -218,7 +227,9 @@ class RolloutEngine:
                     generated += sum(len(o.token_ids) for o in outputs)
                     if any(option.cancel is not None for option in options):
                         outputs = self._cancel(episodes, outputs, backend, waiting)
-                    self._after_turns([episodes[o.key % len(episodes)] for o in outputs], outputs, backend, pool, waiting)
+                    self._after_turns(
+                        [episodes[o.key % len(episodes)] for o in outputs], outputs, backend, pool, waiting
+                    )
         finally:
             for episode in episodes:  # frees the backend's slots even if something above raised
                 backend.release(episode.key)
@@ -229,7 +240,9 @@ class RolloutEngine:
     # ------------------------------------------------------------------ episode state machine
 
     def _start(self, index: int, env: Env, task: Task, options: EpisodeOptions) -> _Episode:
-        episode = _Episode(index, env, task, max_turns=min(self.limits.max_turns, env.max_turns), options=options, key=index)
+        episode = _Episode(
+            index, env, task, max_turns=min(self.limits.max_turns, env.max_turns), options=options, key=index
+        )
         try:
             episode.messages = [dict(m) for m in env.reset(task)]
         except Exception as exc:  # noqa: BLE001 - a broken env fails its episode, not the batch
@@ -248,9 +261,16 @@ class RolloutEngine:
     def _new_sequence(self, episode: _Episode, context: list[dict[str, Any]], episodes: int) -> bool:
         """Close the episode's token sequence and start one rendered from `context` (module
         docstring). False (the episode is over) when the context leaves no room to generate."""
-        done = Trajectory(episode.ids, episode.mask, episode.logprobs, episode.spans,
-                          turn_rewards=episode.turn_rewards[-sum(1 for s in episode.spans if s.kind == "policy"):],
-                          env=episode.env.name, task_id=episode.task.id, messages=episode.view)
+        done = Trajectory(
+            episode.ids,
+            episode.mask,
+            episode.logprobs,
+            episode.spans,
+            turn_rewards=episode.turn_rewards[-sum(1 for s in episode.spans if s.kind == "policy") :],
+            env=episode.env.name,
+            task_id=episode.task.id,
+            messages=episode.view,
+        )
         done.check()
         episode.previous.append(done)
         episode.ids, episode.mask, episode.logprobs, episode.spans = [], [], [], []
@@ -272,8 +292,14 @@ class RolloutEngine:
         episode.turn_budget_is_episode_room = room <= turn_limit
         return min(room, turn_limit)
 
-    def _after_turns(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, pool,
-                     waiting: collections.deque | None = None) -> None:
+    def _after_turns(
+        self,
+        episodes: list[_Episode],
+        outputs: list[TurnOutput],
+        backend: Backend,
+        pool,
+        waiting: collections.deque | None = None,
+    ) -> None:
         """Record finished turns, step their envs (in parallel, joined in order), then continue or
         end each; an episode that starts a new sequence goes back to `waiting` (it needs a slot)."""
         texts = []
@@ -343,12 +369,16 @@ class RolloutEngine:
         episode.view.extend(dict(m) for m in result.observation)
         return self._request(episode, observation_ids)
 
-    def _cancel(self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend,
-                waiting: collections.deque) -> list[TurnOutput]:
+    def _cancel(
+        self, episodes: list[_Episode], outputs: list[TurnOutput], backend: Backend, waiting: collections.deque
+    ) -> list[TurnOutput]:
         """End every unfinished episode whose cancel event is set ("cancelled", its slot released, out
         of `waiting`); the outputs of the others."""
-        cancelled = {ep.index for ep in episodes if not ep.finish_reason and ep.options.cancel is not None
-                     and ep.options.cancel.is_set()}
+        cancelled = {
+            ep.index
+            for ep in episodes
+            if not ep.finish_reason and ep.options.cancel is not None and ep.options.cancel.is_set()
+        }
         for index in cancelled:
             episodes[index].finish_reason = "cancelled"
             backend.release(episodes[index].key)
@@ -392,4 +422,3 @@ def _safe_step(env: Env, text: str) -> StepResult | str:
         raise  # the host cannot run a tool (e.g. no sandbox): stop the run, never train on it
     except Exception as exc:  # noqa: BLE001
         return f"env.step raised {type(exc).__name__}: {exc}"
-

@@ -46,8 +46,9 @@ def turn_cuts(messages: Sequence[dict[str, Any]], prompt: int) -> list[int]:
     return [i for i, message in enumerate(messages) if message["role"] == "assistant" and i >= prompt] + [len(messages)]
 
 
-def prefix_problem(chat_format: ChatFormat, messages: Sequence[dict[str, Any]], prompt: int,
-                   tools: Sequence[dict[str, Any]] | None) -> PrefixProblem | None:
+def prefix_problem(
+    chat_format: ChatFormat, messages: Sequence[dict[str, Any]], prompt: int, tools: Sequence[dict[str, Any]] | None
+) -> PrefixProblem | None:
     """The first turn boundary where `chat_format.prompt_ids` of the conversation up to the next
     assistant turn does not start with its rendering up to this one, or None. Each cut is
     rendered once (a sequence of n turns costs n + 1 renderings).
@@ -61,7 +62,7 @@ def prefix_problem(chat_format: ChatFormat, messages: Sequence[dict[str, Any]], 
     renders = [chat_format.prompt_ids(list(messages[:cut]), tools) for cut in cuts]
     suffix = chat_format.encode(chat_format.generation_suffix) if chat_format.generation_suffix else []
     for (before, after), (shorter, longer) in zip(pairwise(cuts), pairwise(renders)):
-        if suffix and shorter[len(shorter) - len(suffix):] == suffix:
+        if suffix and shorter[len(shorter) - len(suffix) :] == suffix:
             shorter = shorter[: len(shorter) - len(suffix)]  # the turn's opening as a re-render writes it
         differs = first_difference(shorter, longer[: len(shorter)])
         if differs is not None:
@@ -105,23 +106,43 @@ def mask_problem(chat_format: ChatFormat, trajectory: Trajectory) -> tuple[int, 
     decoding every prefix of a passing run would cost O(n²) decodes, and a prefix that ends inside
     a multi-byte character decodes to U+FFFD, which is no prefix of the message."""
     sequences = trajectory.sequences()
-    runs = [(number, begin, end) for number, sequence in enumerate(sequences) for begin, end in masked_runs(sequence.loss_mask)]
+    runs = [
+        (number, begin, end)
+        for number, sequence in enumerate(sequences)
+        for begin, end in masked_runs(sequence.loss_mask)
+    ]
     turns = [m.get("content") or "" for m in trajectory.messages if m["role"] == "assistant"]
     if len(runs) != len(turns):
         number, begin, end = runs[len(turns)] if len(runs) > len(turns) else runs[-1] if runs else (0, 0, 0)
-        return number, begin if len(runs) > len(turns) else end, f"{len(runs)} masked runs for {len(turns)} assistant turns"
+        return (
+            number,
+            begin if len(runs) > len(turns) else end,
+            f"{len(runs)} masked runs for {len(turns)} assistant turns",
+        )
     decode = chat_format.decode_turn
     for (number, begin, end), expected in zip(runs, turns):
         ids = sequences[number].input_ids
         content_end = end - 1 if ids[end - 1] in chat_format.stop_token_ids else end  # a generated end-of-turn is
-        if decode(ids[begin:content_end]) == expected:                             # masked, not message text
+        if decode(ids[begin:content_end]) == expected:  # masked, not message text
             continue
         for position in range(begin, content_end):
             if not expected.startswith(decode(ids[begin : position + 1])):
-                return number, position, (f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
-                                          f"text here (the turn reads {expected[:40]!r})")
-        return number, content_end, (f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
-                                     f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}")
+                return (
+                    number,
+                    position,
+                    (
+                        f"token {position} ({decode([ids[position]])!r}) has mask 1 but is not the model's "
+                        f"text here (the turn reads {expected[:40]!r})"
+                    ),
+                )
+        return (
+            number,
+            content_end,
+            (
+                f"the masked run [{begin}, {end}) stops before the turn does: it decodes to "
+                f"{decode(ids[begin:content_end])[-30:]!r}, the turn ends {expected[-30:]!r}"
+            ),
+        )
     return None
 
 
@@ -143,8 +164,10 @@ def mask_table(chat_format: ChatFormat, trajectory: Trajectory, at: int) -> list
     for position in range(max(0, at - 3), min(len(trajectory.input_ids), at + 4)):
         token = trajectory.input_ids[position]
         text = f"{token:>6d} {chat_format.tokenizer.decode([token])!r}"[:28]
-        rows.append(f"{position:8d}  {text:28s}  {trajectory.loss_mask[position]:4d}  {trajectory.logprobs[position]:+.4f}"
-                    f"{'   <-- first bad token' if position == at else ''}")
+        rows.append(
+            f"{position:8d}  {text:28s}  {trajectory.loss_mask[position]:4d}  {trajectory.logprobs[position]:+.4f}"
+            f"{'   <-- first bad token' if position == at else ''}"
+        )
     return rows
 
 

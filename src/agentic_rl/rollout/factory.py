@@ -46,22 +46,40 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
             if kind == "fast":
                 raise
     if dtype != "float32":
-        raise ValueError(f"rollout dtype {dtype} needs the fast runner, which does not support {type(model).__name__}; use float32")
+        raise ValueError(
+            f"rollout dtype {dtype} needs the fast runner, which does not support {type(model).__name__}; use float32"
+        )
     return HFRunner(model, max_slots=max_slots, max_len=max_len)
 
 
-def build_engine(model: Any, tokenizer: Any, cfg: RolloutConfig, *, seed: int, max_concurrent: int = 32,
-                 temperature: float | None = None) -> RolloutEngine:
+def build_engine(
+    model: Any,
+    tokenizer: Any,
+    cfg: RolloutConfig,
+    *,
+    seed: int,
+    max_concurrent: int = 32,
+    temperature: float | None = None,
+) -> RolloutEngine:
     """A ready engine for `model`: `cfg`'s limits, sampling and backend; `max_concurrent` episodes
     decode at once (the backend's slots); `temperature` overrides cfg's (0: greedy)."""
     model.eval()
     chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.enable_thinking)
     try:
-        runner = build_runner(model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype)
+        runner = build_runner(
+            model, cfg.backend, max_slots=max_concurrent, max_len=cfg.max_episode_tokens, dtype=cfg.dtype
+        )
     except CacheMemoryError as exc:
         raise CacheMemoryError(
             f"{exc}: it holds the {max_concurrent:,} episodes that decode at once (rollout.batch_size in training, "
             f"max_concurrent in eval and serve, n in audit) of up to rollout.max_episode_tokens={cfg.max_episode_tokens:,} tokens each. "
-            "Lower either") from None
-    return RolloutEngine(RunnerBackend(runner, chat_format), chat_format, tokenizer, cfg,
-                         cfg.sampling_params(seed, temperature), tool_workers=cfg.tool_workers)
+            "Lower either"
+        ) from None
+    return RolloutEngine(
+        RunnerBackend(runner, chat_format),
+        chat_format,
+        tokenizer,
+        cfg,
+        cfg.sampling_params(seed, temperature),
+        tool_workers=cfg.tool_workers,
+    )

@@ -179,8 +179,10 @@ def attention_mask(
     if lq == 1:
         mask = mask[:, None]  # (B, 1, 1, Lk - P)
     else:
-        mask = mask[:, None, None].expand(B, 1, group, lq, key_end - shared_len).reshape(
-            B, 1, group * lq, key_end - shared_len
+        mask = (
+            mask[:, None, None]
+            .expand(B, 1, group, lq, key_end - shared_len)
+            .reshape(B, 1, group * lq, key_end - shared_len)
         )
     if shared_len:
         mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))

@@ -139,16 +139,22 @@ class SlotKVCache:
         shape = (n_layers, max_slots, 2, n_kv_heads, max_len, head_dim)
         per_position = n_layers * 2 * n_kv_heads * head_dim * dtype.itemsize
         need, has = per_position * max_slots * max_len, device_memory(torch.device(device))
-        what = (f"the KV cache of {max_slots:,} sequences × {max_len:,} positions needs {_gib(need)} "
-                f"({per_position / 1024:,.1f} KiB a position)")
+        what = (
+            f"the KV cache of {max_slots:,} sequences × {max_len:,} positions needs {_gib(need)} "
+            f"({per_position / 1024:,.1f} KiB a position)"
+        )
         if has is not None and need > has:
             raise CacheMemoryError(f"{what}, more than all of {device}'s memory ({_gib(has)})")
         try:
             self.kv = torch.empty(shape, dtype=dtype, device=device)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            raise CacheMemoryError(f"{what}, which {device} cannot reserve now ({str(exc).splitlines()[0][:200]})") from None
+            raise CacheMemoryError(
+                f"{what}, which {device} cannot reserve now ({str(exc).splitlines()[0][:200]})"
+            ) from None
         self.layers = list(self.kv.unbind(0))  # per layer (slots, 2, nkv, max_len, hd), hoisted out of forward
-        self.layer_keys_values = [(c[:, 0], c[:, 1]) for c in self.layers]  # per layer (K, V), (slots, nkv, max_len, hd)
+        self.layer_keys_values = [
+            (c[:, 0], c[:, 1]) for c in self.layers
+        ]  # per layer (K, V), (slots, nkv, max_len, hd)
         self.lengths: list[int | None] = [None] * max_slots  # None: free
         self.prefix_store = PrefixStore(max_slots, shared_prefix) if shared_prefix else None
         self._zeroed = [0] * max_slots  # positions [0, z) of each cache row hold finite values

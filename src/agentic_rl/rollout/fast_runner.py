@@ -131,7 +131,9 @@ class FastRunner(Runner):
         self._project, self._project_add = PROJECTIONS[self.linear]
         if shared_prefix < 0:
             raise ValueError(f"shared_prefix must be >= 0 tokens (0 = off), got {shared_prefix}")
-        self.shared_prefix = int(shared_prefix) if self.device.type == "cpu" else 0  # the merge needs the CPU kernel's LSE
+        self.shared_prefix = (
+            int(shared_prefix) if self.device.type == "cpu" else 0
+        )  # the merge needs the CPU kernel's LSE
         self.shared_prefix_calls = 0
         """forward calls that attended a shared prefix once for all their slots (for tests and benchmarks)."""
         self.split_mixed = split_mixed
@@ -155,7 +157,13 @@ class FastRunner(Runner):
         self.vocab_size = hf.lm_head.out_features if hasattr(hf, "lm_head") else cfg.vocab_size
         self._rope = self._rope_table(hf, cfg)
         self.cache = SlotKVCache(
-            self.n_layers, self.max_slots, self.max_len, self.n_kv, self.head_dim, self.dtype, self.device,
+            self.n_layers,
+            self.max_slots,
+            self.max_len,
+            self.n_kv,
+            self.head_dim,
+            self.dtype,
+            self.device,
             shared_prefix=self.shared_prefix,
         )
         self._copy_format = CopyFormat(
@@ -278,9 +286,7 @@ class FastRunner(Runner):
             if len(c) == 0:
                 raise ValueError(f"empty chunk for slot {s}")
             if lengths[s] + len(c) > self.max_len:  # type: ignore[operator]
-                raise ValueError(
-                    f"slot {s}: {lengths[s]} cached + {len(c)} new tokens exceed max_len={self.max_len}"
-                )
+                raise ValueError(f"slot {s}: {lengths[s]} cached + {len(c)} new tokens exceed max_len={self.max_len}")
         if self.check_weights and self.is_stale():
             raise RuntimeError(
                 "model parameters changed since the last sync_weights(); call runner.sync_weights() "

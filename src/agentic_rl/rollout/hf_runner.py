@@ -58,7 +58,9 @@ class HFRunner(Runner):
         self._parked: dict[int, _LayerKV | None] = {}  # slot -> compact KV while out of the batch
         self._rows: list[int] = []  # slots in the batched cache, in row order
         self._cache: DynamicCache | None = None
-        self._cache_name = cache_name(model.model)  # the backbone's name for its cache (transformers 5.17: past_key_values)
+        self._cache_name = cache_name(
+            model.model
+        )  # the backbone's name for its cache (transformers 5.17: past_key_values)
         self._valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)  # (B, L)
 
     # ------------------------------------------------------------------ Runner API
@@ -91,7 +93,9 @@ class HFRunner(Runner):
     def forward(self, slots: Sequence[int], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         slots = list(slots)
         if len(slots) != len(chunks) or not slots:
-            raise ValueError(f"forward needs one non-empty chunk per slot, got {len(slots)} slots, {len(chunks)} chunks")
+            raise ValueError(
+                f"forward needs one non-empty chunk per slot, got {len(slots)} slots, {len(chunks)} chunks"
+            )
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot is named twice in one forward call: {slots}")
         for slot, chunk in zip(slots, chunks):
@@ -99,7 +103,9 @@ class HFRunner(Runner):
             if len(chunk) == 0:
                 raise ValueError(f"empty chunk for slot {slot}")
             if self._lengths[slot] + len(chunk) > self.max_len:
-                raise ValueError(f"slot {slot} would hold {self._lengths[slot] + len(chunk)} tokens > max_len {self.max_len}")
+                raise ValueError(
+                    f"slot {slot} would hold {self._lengths[slot] + len(chunk)} tokens > max_len {self.max_len}"
+                )
         if set(slots) != set(self._rows):
             self._regroup(slots)
         elif self._valid.shape[1] > 64 and self._valid.float().mean() < 0.5:

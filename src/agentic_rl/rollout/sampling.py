@@ -67,7 +67,7 @@ def _sample_truncated(probs: torch.Tensor, params: SamplingParams, uniforms: tor
     """Inverse-CDF sampling from the top-k / top-p renormalised distribution. probs (B, V) -> (B,)."""
     sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)  # (B, V)
     if params.top_k > 0:
-        sorted_probs[:, params.top_k:] = 0.0
+        sorted_probs[:, params.top_k :] = 0.0
     if params.top_p < 1.0:
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V): mass strictly before each token
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)  # the top token always stays

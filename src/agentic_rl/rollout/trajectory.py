@@ -117,10 +117,11 @@ class Trajectory:
         out, start = [], 0
         for seq in [*self.previous, self]:
             count = len(seq.policy_spans)
-            out.append(list(self.turn_rewards[start:start + count]))
+            out.append(list(self.turn_rewards[start : start + count]))
             start += count
         assert start == len(self.turn_rewards) or not self.turn_rewards, (
-            f"{len(self.turn_rewards)} turn rewards for {start} policy turns over {len(self.previous) + 1} sequences")
+            f"{len(self.turn_rewards)} turn rewards for {start} policy turns over {len(self.previous) + 1} sequences"
+        )
         return out
 
     def check(self) -> None:
@@ -134,7 +135,7 @@ class Trajectory:
             assert span.start == position, f"span {span} does not start at {position}"
             assert span.end > span.start, f"empty span {span}"
             expected = 1 if span.kind == "policy" else 0
-            assert all(m == expected for m in self.loss_mask[span.start:span.end]), (
+            assert all(m == expected for m in self.loss_mask[span.start : span.end]), (
                 f"loss_mask is not {expected} on {span}"
             )
             position = span.end

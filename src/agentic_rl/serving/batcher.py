@@ -70,7 +70,12 @@ class EngineWorker:
 
     def stats(self) -> dict[str, Any]:
         sizes = list(self.batch_sizes)
-        return {"batches": len(sizes), "episodes": sum(sizes), "largest_batch": max(sizes, default=0), "queued": self._queue.qsize()}
+        return {
+            "batches": len(sizes),
+            "episodes": sum(sizes),
+            "largest_batch": max(sizes, default=0),
+            "queued": self._queue.qsize(),
+        }
 
     def _loop(self) -> None:
         while (first := self._queue.get()) is not None:
@@ -105,8 +110,9 @@ class EngineWorker:
         self.batch_sizes.append(len(batch))
         try:
             # Every served episode has its own sampling (and seed), so the run's seed is never drawn from.
-            trajectories = self.engine.run([job.env for job in batch], [job.task for job in batch], seed=0,
-                                           options=[job.options for job in batch])
+            trajectories = self.engine.run(
+                [job.env for job in batch], [job.task for job in batch], seed=0, options=[job.options for job in batch]
+            )
         except BaseException as exc:  # noqa: BLE001 - the requests fail (500), the server goes on
             if len(batch) > 1:
                 for job in batch:

@@ -29,6 +29,7 @@ from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig, Sampling
 from agentic_rl.tools.parse import TOOL_CALL_OPEN, parse_tool_calls
 
+
 @dataclasses.dataclass(frozen=True)
 class ChatSampling(Sampling):
     """`agentic-rl chat`'s sampling: greedy by default."""
@@ -74,8 +75,13 @@ class ConversationEnv(ToolEnv):
 
     name = "chat"
 
-    def __init__(self, tool_names: list[str], history: list[dict[str, Any]], max_turns: int,
-                 on_event: Callable[[Event], None] = lambda event: None):
+    def __init__(
+        self,
+        tool_names: list[str],
+        history: list[dict[str, Any]],
+        max_turns: int,
+        on_event: Callable[[Event], None] = lambda event: None,
+    ):
         super().__init__(tool_names, max_turns)
         self.history = history
         self.on_event = on_event
@@ -89,15 +95,24 @@ class ConversationEnv(ToolEnv):
         if words:
             self.on_event(("assistant", words))
         for call in parse_tool_calls(action_text):
-            self.on_event(("call", f"{call.name} {json.dumps(call.arguments)}" if call.ok else f"(malformed: {call.error})"))
+            self.on_event(
+                ("call", f"{call.name} {json.dumps(call.arguments)}" if call.ok else f"(malformed: {call.error})")
+            )
         result = super().step(action_text)
         for message in result.observation or []:
             self.on_event(("result", message["content"]))
         return result
 
 
-def chat_loop(model: Any, tokenizer: Any, tool_names: list[str], rollout: Any, read: Callable[[], str | None],
-              show: Callable[[Event], None], seed: int = 0) -> list[dict[str, Any]]:
+def chat_loop(
+    model: Any,
+    tokenizer: Any,
+    tool_names: list[str],
+    rollout: Any,
+    read: Callable[[], str | None],
+    show: Callable[[Event], None],
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """Converse until `read` returns None (end of input) or "exit"; returns the conversation (no system message).
 
     rollout: the RolloutConfig episodes decode with (temperature 0 for greedy replies).

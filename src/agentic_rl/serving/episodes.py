@@ -56,7 +56,9 @@ class ClientToolsEnv(Env):
 class AgentEnv(ConversationEnv):
     """Agent mode: the environment's tools run on each call; every turn that called tools goes to `on_trace`."""
 
-    def __init__(self, tool_names: list[str], history: list[dict[str, Any]], max_turns: int, on_trace: TraceCallback) -> None:
+    def __init__(
+        self, tool_names: list[str], history: list[dict[str, Any]], max_turns: int, on_trace: TraceCallback
+    ) -> None:
         super().__init__(tool_names, history, max_turns)
         self.on_trace = on_trace
         self.trace: list[dict[str, Any]] = []
@@ -72,23 +74,40 @@ class AgentEnv(ConversationEnv):
         return result
 
 
-def request_episode(request: ChatRequest, request_id: str, seed: int, agent_tools: list[str] | None, max_turns: int,
-                    on_trace: TraceCallback = lambda messages: None,
-                    cancel: threading.Event | None = None) -> tuple[Env, Task, EpisodeOptions]:
+def request_episode(
+    request: ChatRequest,
+    request_id: str,
+    seed: int,
+    agent_tools: list[str] | None,
+    max_turns: int,
+    on_trace: TraceCallback = lambda messages: None,
+    cancel: threading.Event | None = None,
+) -> tuple[Env, Task, EpisodeOptions]:
     """(env, task, options) of one request. agent_tools: the environment's tools (agent mode), or None.
     cancel: set when the client went away; the engine then ends the episode at its next step."""
     messages = training_messages(request.messages)
-    options = EpisodeOptions(SamplingParams(request.temperature, request.top_p, request.top_k, seed=seed), request.max_tokens,
-                             request.stop, cancel=cancel)
+    options = EpisodeOptions(
+        SamplingParams(request.temperature, request.top_p, request.top_k, seed=seed),
+        request.max_tokens,
+        request.stop,
+        cancel=cancel,
+    )
     if agent_tools is None:
         return ClientToolsEnv(messages, request.tools), Task(request_id, "", ""), options
     if messages[-1]["role"] != "user":
-        raise APIError(400, f"agent mode answers a user message: the last message must have role user, got {messages[-1]['role']}",
-                       f"messages[{len(messages) - 1}].role")
+        raise APIError(
+            400,
+            f"agent mode answers a user message: the last message must have role user, got {messages[-1]['role']}",
+            f"messages[{len(messages) - 1}].role",
+        )
     for index, message in enumerate(messages):
         if message["role"] == "system":
-            raise APIError(400, "agent mode uses its environment's system prompt (the one the agent was trained with); "
-                           "drop the system message", f"messages[{index}].role")
+            raise APIError(
+                400,
+                "agent mode uses its environment's system prompt (the one the agent was trained with); "
+                "drop the system message",
+                f"messages[{index}].role",
+            )
     env = AgentEnv(agent_tools, messages[:-1], max_turns, on_trace)
     return env, Task(request_id, messages[-1]["content"], ""), options
 
@@ -96,10 +115,17 @@ def request_episode(request: ChatRequest, request_id: str, seed: int, agent_tool
 def reply(trajectory: Trajectory, request: ChatRequest, agent_mode: bool) -> tuple[dict[str, Any], str, dict[str, int]]:
     """(assistant message, finish_reason, usage) of a finished episode; APIError when it produced no reply."""
     if trajectory.finish_reason == "error":
-        raise APIError(500, f"the episode failed: {trajectory.info.get('error')}", kind="server_error", code="episode_error")
+        raise APIError(
+            500, f"the episode failed: {trajectory.info.get('error')}", kind="server_error", code="episode_error"
+        )
     if not trajectory.policy_spans:
-        raise APIError(400, f"the prompt has {len(trajectory)} tokens, which leaves no room to generate within this server's "
-                       "rollout.max_episode_tokens; shorten the conversation", "messages", "context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt has {len(trajectory)} tokens, which leaves no room to generate within this server's "
+            "rollout.max_episode_tokens; shorten the conversation",
+            "messages",
+            "context_length_exceeded",
+        )
     text = trajectory.messages[-1]["content"]
     if agent_mode:
         message: dict[str, Any] = {"role": "assistant", "content": text.split(TOOL_CALL_OPEN, 1)[0].strip()}

@@ -51,8 +51,14 @@ def shown(value: Any, limit: int = 200) -> str:
 class APIError(Exception):
     """A request the server answers with an OpenAI-shaped error."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -88,18 +94,43 @@ def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) 
     """
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
-    known = {"model", "messages", "tools", "tool_choice", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens",
-             "stop", "seed", "stream", *_NEUTRAL, *_METADATA}
+    known = {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "stream",
+        *_NEUTRAL,
+        *_METADATA,
+    }
     unknown = sorted(set(body) - known)
     if unknown:
-        raise APIError(400, f"unsupported field '{unknown[0]}'; this server accepts: {', '.join(sorted(known))}", unknown[0])
+        raise APIError(
+            400, f"unsupported field '{unknown[0]}'; this server accepts: {', '.join(sorted(known))}", unknown[0]
+        )
     for name, neutral in _NEUTRAL.items():
         if name in body and body[name] is not None and body[name] != neutral:
-            raise APIError(400, f"'{name}' must be {json.dumps(neutral)} here (the engine does not support it), got {shown(body[name])}", name)
+            raise APIError(
+                400,
+                f"'{name}' must be {json.dumps(neutral)} here (the engine does not support it), got {shown(body[name])}",
+                name,
+            )
     if body.get("model") != model_id:
         if not isinstance(body.get("model"), str) or not body.get("model"):
             raise APIError(400, "'model' is required: the id /v1/models lists", "model")
-        raise APIError(404, f"the model '{body['model']}' does not exist; this server serves '{model_id}'", "model", "model_not_found")
+        raise APIError(
+            404,
+            f"the model '{body['model']}' does not exist; this server serves '{model_id}'",
+            "model",
+            "model_not_found",
+        )
     messages = _check_messages(body.get("messages"))
     tools = _check_tools(body.get("tools"), body.get("tool_choice"), agent_mode)
     temperature = _number(body, "temperature", limits.sampling.temperature, 0.0, 2.0)
@@ -120,14 +151,21 @@ def parse_chat_request(body: Any, model_id: str, limits: Any, agent_mode: bool) 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise APIError(400, "'stream_options' may only hold include_usage", "stream_options")
-    return ChatRequest(messages, tools, temperature, top_p, top_k, max_tokens, stop, seed, stream, bool(options.get("include_usage")))
+    return ChatRequest(
+        messages, tools, temperature, top_p, top_k, max_tokens, stop, seed, stream, bool(options.get("include_usage"))
+    )
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return float(default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise APIError(400, f"'{name}' must be a number in [{low:g}, {high:g}], got {shown(value)}", name)
     return float(value)
 
@@ -138,8 +176,12 @@ def _max_tokens(body: dict[str, Any], limits: Any) -> int:
     if value is None:
         return int(limits.max_turn_tokens)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.max_episode_tokens:
-        raise APIError(400, f"'{name}' must be an integer in [1, {limits.max_episode_tokens}] (this server's "
-                       f"rollout.max_episode_tokens), got {shown(value)}", name)
+        raise APIError(
+            400,
+            f"'{name}' must be an integer in [1, {limits.max_episode_tokens}] (this server's "
+            f"rollout.max_episode_tokens), got {shown(value)}",
+            name,
+        )
     return value
 
 
@@ -148,10 +190,18 @@ def _check_stop(stop: Any, agent_mode: bool) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP_STRINGS:
-        raise APIError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, got {shown(stop)}", "stop")
+        raise APIError(
+            400,
+            f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, got {shown(stop)}",
+            "stop",
+        )
     if agent_mode and stops:
-        raise APIError(400, "'stop' is not supported in agent mode: the environment decides when a turn's text "
-                       "is a tool call or the answer; start the server without --env to use stop", "stop")
+        raise APIError(
+            400,
+            "'stop' is not supported in agent mode: the environment decides when a turn's text "
+            "is a tool call or the answer; start the server without --env to use stop",
+            "stop",
+        )
     return tuple(stops)
 
 
@@ -166,20 +216,32 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise APIError(400, f"'{where}' must be an object with role and content", where)
         role = message.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise APIError(400, f"'{where}.role' must be system, user, assistant or tool, got {shown(role)}", f"{where}.role")
-        out = {"role": "system" if role == "developer" else role, "content": _text(message.get("content"), f"{where}.content",
-                                                                               optional=role == "assistant")}
+            raise APIError(
+                400, f"'{where}.role' must be system, user, assistant or tool, got {shown(role)}", f"{where}.role"
+            )
+        out = {
+            "role": "system" if role == "developer" else role,
+            "content": _text(message.get("content"), f"{where}.content", optional=role == "assistant"),
+        }
         if role == "assistant" and message.get("tool_calls"):
             out["tool_calls"] = _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
             call_ids.update(str(call.get("id")) for call in out["tool_calls"] if call.get("id") is not None)
         if role == "tool":
             if not isinstance(message.get("tool_call_id"), str):
-                raise APIError(400, f"'{where}.tool_call_id' is required: the id of the call this result answers", f"{where}.tool_call_id")
+                raise APIError(
+                    400,
+                    f"'{where}.tool_call_id' is required: the id of the call this result answers",
+                    f"{where}.tool_call_id",
+                )
             if message["tool_call_id"] not in call_ids:
                 known = ", ".join(sorted(call_ids)) or "none"
-                raise APIError(400, f"'{where}.tool_call_id' is {message['tool_call_id']!r}, which no earlier assistant message's "
-                               f"tool_calls has (their ids: {known}); a tool message answers a call the model made: send the "
-                               "assistant message with that call before it", f"{where}.tool_call_id")
+                raise APIError(
+                    400,
+                    f"'{where}.tool_call_id' is {message['tool_call_id']!r}, which no earlier assistant message's "
+                    f"tool_calls has (their ids: {known}); a tool message answers a call the model made: send the "
+                    "assistant message with that call before it",
+                    f"{where}.tool_call_id",
+                )
             out["tool_call_id"] = message["tool_call_id"]
         if isinstance(message.get("name"), str):
             out["name"] = message["name"]
@@ -196,7 +258,11 @@ def _text(content: Any, where: str, optional: bool = False) -> str:
         parts = []
         for index, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"'{where}[{index}]' must be a text part {{type: text, text: ...}} (this model reads text only)", f"{where}[{index}]")
+                raise APIError(
+                    400,
+                    f"'{where}[{index}]' must be a text part {{type: text, text: ...}} (this model reads text only)",
+                    f"{where}[{index}]",
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise APIError(400, f"'{where}' must be a string or a list of text parts, got {shown(content)}", where)
@@ -214,28 +280,56 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         except (TypeError, ValueError):
             arguments = None
         except RecursionError:  # CPython's parser stops near 1,000 levels (serve checks http.max_json_depth after this)
-            raise APIError(400, f"'{where}[{index}].function.arguments' nests arrays and objects about a thousand levels deep; "
-                           "this server accepts at most http.max_json_depth", f"{where}[{index}].function.arguments", "json_too_deep") from None
+            raise APIError(
+                400,
+                f"'{where}[{index}].function.arguments' nests arrays and objects about a thousand levels deep; "
+                "this server accepts at most http.max_json_depth",
+                f"{where}[{index}].function.arguments",
+                "json_too_deep",
+            ) from None
         if not isinstance(arguments, dict):
-            raise APIError(400, f"'{where}[{index}].function.arguments' must be a JSON object as text, got "
-                           f"{shown(function.get('arguments'))}", f"{where}[{index}].function.arguments")
+            raise APIError(
+                400,
+                f"'{where}[{index}].function.arguments' must be a JSON object as text, got "
+                f"{shown(function.get('arguments'))}",
+                f"{where}[{index}].function.arguments",
+            )
     return calls
 
 
 def _check_tools(tools: Any, tool_choice: Any, agent_mode: bool) -> list[dict[str, Any]]:
     if tool_choice not in (None, "auto", "none"):
-        raise APIError(400, f"'tool_choice' must be auto or none here (the model decides whether to call), got {shown(tool_choice)}", "tool_choice")
+        raise APIError(
+            400,
+            f"'tool_choice' must be auto or none here (the model decides whether to call), got {shown(tool_choice)}",
+            "tool_choice",
+        )
     if not tools:
         return []
     if agent_mode:
-        raise APIError(400, "'tools' are not accepted in agent mode: the server runs its environment's own tools; "
-                       "omit them, or start the server without --env to run tools yourself", "tools")
+        raise APIError(
+            400,
+            "'tools' are not accepted in agent mode: the server runs its environment's own tools; "
+            "omit them, or start the server without --env to run tools yourself",
+            "tools",
+        )
     if not isinstance(tools, list):
-        raise APIError(400, "'tools' must be a list of {type: function, function: {name, description, parameters}}", "tools")
+        raise APIError(
+            400, "'tools' must be a list of {type: function, function: {name, description, parameters}}", "tools"
+        )
     for index, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise APIError(400, f"'tools[{index}]' must be {{type: function, function: {{name, description, parameters}}}}", f"tools[{index}]")
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise APIError(
+                400,
+                f"'tools[{index}]' must be {{type: function, function: {{name, description, parameters}}}}",
+                f"tools[{index}]",
+            )
     return [] if tool_choice == "none" else tools
 
 
@@ -253,7 +347,13 @@ def training_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 names[str(call.get("id"))] = call["function"]["name"]
             out.append({"role": "assistant", "content": assistant_turn_text(message)})
         elif role == "tool":
-            out.append({"role": "tool", "name": names.get(message["tool_call_id"], message.get("name", "")), "content": message["content"]})
+            out.append(
+                {
+                    "role": "tool",
+                    "name": names.get(message["tool_call_id"], message.get("name", "")),
+                    "content": message["content"],
+                }
+            )
         else:
             out.append({"role": role, "content": message["content"]})
     return out
@@ -285,11 +385,23 @@ def turn_trace(turn: int, text: str, observation: list[dict[str, Any]]) -> list[
     `tool_calls` (ids `call_<turn>_<k>`), then one `tool` message per result, in order."""
     calls = parse_tool_calls(text)
     ids = [f"call_{turn}_{k}" for k in range(len(calls))]
-    tool_calls = [_tool_call(i, c.name, c.arguments) if c.ok else  # a malformed call: its raw text, as the model wrote it
-                  {"id": i, "type": "function", "function": {"name": c.name or "", "arguments": c.raw}} for i, c in zip(ids, calls)]
-    assistant = {"role": "assistant", "content": text.split(TOOL_CALL_OPEN, 1)[0].strip() or None, "tool_calls": tool_calls}
+    tool_calls = [
+        _tool_call(i, c.name, c.arguments)
+        if c.ok
+        # a malformed call: its raw text, as the model wrote it
+        else {"id": i, "type": "function", "function": {"name": c.name or "", "arguments": c.raw}}
+        for i, c in zip(ids, calls)
+    ]
+    assistant = {
+        "role": "assistant",
+        "content": text.split(TOOL_CALL_OPEN, 1)[0].strip() or None,
+        "tool_calls": tool_calls,
+    }
     # ToolEnv answers every call with one message, in order (an error message for a malformed or unknown one).
-    results = [{"role": "tool", "tool_call_id": i, "name": m.get("name", ""), "content": m["content"]} for i, m in zip(ids, observation)]
+    results = [
+        {"role": "tool", "tool_call_id": i, "name": m.get("name", ""), "content": m["content"]}
+        for i, m in zip(ids, observation)
+    ]
     return [assistant, *results]
 
 
@@ -298,22 +410,51 @@ def _tool_call(call_id: str, name: str | None, arguments: dict[str, Any]) -> dic
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion(request_id: str, model_id: str, message: dict[str, Any], finish_reason: str, token_usage: dict[str, int],
-               **extra: Any) -> dict[str, Any]:
+def completion(
+    request_id: str,
+    model_id: str,
+    message: dict[str, Any],
+    finish_reason: str,
+    token_usage: dict[str, int],
+    **extra: Any,
+) -> dict[str, Any]:
     """A `chat.completion` object; `extra` adds top-level fields (agent mode: tool_trace, episode)."""
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model_id,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": token_usage, **extra}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_id,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": token_usage,
+        **extra,
+    }
 
 
-def chunk(request_id: str, model_id: str, delta: dict[str, Any] | None, finish_reason: str | None = None,
-          token_usage: dict[str, int] | None = None, **extra: Any) -> dict[str, Any]:
+def chunk(
+    request_id: str,
+    model_id: str,
+    delta: dict[str, Any] | None,
+    finish_reason: str | None = None,
+    token_usage: dict[str, int] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """A `chat.completion.chunk`; delta None gives the usage-only last chunk (no choices)."""
-    body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model_id,
-                            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model_id,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+    }
     if token_usage is not None:
         body["usage"] = token_usage
     return {**body, **extra}

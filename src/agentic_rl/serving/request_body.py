@@ -44,8 +44,12 @@ async def read_body(request: Request, limits: HTTPLimits) -> bytes:
                     raise _too_large(f"passed {limits.max_body_bytes:,} bytes while it streamed", limits)
                 chunks.append(chunk)
     except TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {limits.read_timeout_s:g} s (this server's "
-                       f"http.read_timeout_s); {received:,} bytes came", code="request_timeout") from None
+        raise APIError(
+            408,
+            f"the request body did not arrive within {limits.read_timeout_s:g} s (this server's "
+            f"http.read_timeout_s); {received:,} bytes came",
+            code="request_timeout",
+        ) from None
     return b"".join(chunks)
 
 
@@ -69,11 +73,18 @@ class ParseBudget:
             return
         try:
             async with asyncio.timeout(self.limits.read_timeout_s), self._changed:
-                await self._changed.wait_for(lambda: self.used == 0 or self.used + size <= self.limits.max_parsing_bytes)
+                await self._changed.wait_for(
+                    lambda: self.used == 0 or self.used + size <= self.limits.max_parsing_bytes
+                )
                 self.used += size
         except TimeoutError:
-            raise APIError(429, f"this server is parsing {self.used:,} bytes of other large request bodies, its limit "
-                           "(http.max_parsing_bytes); retry shortly", kind="requests", code="rate_limit_exceeded") from None
+            raise APIError(
+                429,
+                f"this server is parsing {self.used:,} bytes of other large request bodies, its limit "
+                "(http.max_parsing_bytes); retry shortly",
+                kind="requests",
+                code="rate_limit_exceeded",
+            ) from None
         try:
             yield
         finally:
@@ -82,16 +93,22 @@ class ParseBudget:
                 self._changed.notify_all()
 
 
-def decode_chat_request(raw: bytes, model_id: str, rollout_limits: Any, agent_mode: bool, limits: HTTPLimits) -> ChatRequest:
+def decode_chat_request(
+    raw: bytes, model_id: str, rollout_limits: Any, agent_mode: bool, limits: HTTPLimits
+) -> ChatRequest:
     """`parse_chat_request` of the JSON in `raw`: at most `limits.max_messages` messages (counted before
     anything else is checked), every value, and every tool call's `arguments`, nested at most
     `limits.max_json_depth`."""
     body = parse_json(raw, limits.max_json_depth)
     messages = body.get("messages") if isinstance(body, dict) else None
     if isinstance(messages, list) and len(messages) > limits.max_messages:
-        raise APIError(400, f"the request holds {len(messages):,} messages; this server accepts at most "
-                       f"{limits.max_messages:,} (http.max_messages): send a shorter conversation", "messages",
-                       "too_many_messages")
+        raise APIError(
+            400,
+            f"the request holds {len(messages):,} messages; this server accepts at most "
+            f"{limits.max_messages:,} (http.max_messages): send a shorter conversation",
+            "messages",
+            "too_many_messages",
+        )
     request = parse_chat_request(body, model_id, rollout_limits, agent_mode)
     for index, message in enumerate(request.messages):
         for k, call in enumerate(message.get("tool_calls") or []):
@@ -130,10 +147,19 @@ def json_depth(value: Any) -> int:
 
 
 def _too_large(how: str, limits: HTTPLimits) -> APIError:
-    return APIError(413, f"the request body {how}; this server accepts at most {limits.max_body_bytes:,} bytes "
-                    "(http.max_body_bytes): send a shorter conversation", code="request_too_large")
+    return APIError(
+        413,
+        f"the request body {how}; this server accepts at most {limits.max_body_bytes:,} bytes "
+        "(http.max_body_bytes): send a shorter conversation",
+        code="request_too_large",
+    )
 
 
 def _too_deep(what: str, depth: str, max_depth: int, param: str | None) -> APIError:
-    return APIError(400, f"{what} nests arrays and objects {depth} levels deep; this server accepts at most "
-                    f"{max_depth} (http.max_json_depth)", param, "json_too_deep")
+    return APIError(
+        400,
+        f"{what} nests arrays and objects {depth} levels deep; this server accepts at most "
+        f"{max_depth} (http.max_json_depth)",
+        param,
+        "json_too_deep",
+    )

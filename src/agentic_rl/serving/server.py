@@ -99,8 +99,13 @@ def build_app(served: ServedModel) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         # Held from here until the engine is done with the episode (a client that hangs up does not free it).
         if served.in_flight >= served.http.max_concurrent_requests:
-            raise APIError(429, f"this server has {served.in_flight} requests in flight, its limit (http.max_concurrent_requests); "
-                           "retry shortly", kind="requests", code="rate_limit_exceeded")
+            raise APIError(
+                429,
+                f"this server has {served.in_flight} requests in flight, its limit (http.max_concurrent_requests); "
+                "retry shortly",
+                kind="requests",
+                code="rate_limit_exceeded",
+            )
         served.in_flight += 1  # one event loop: no lock needed
         loop = asyncio.get_running_loop()
         future = None
@@ -108,8 +113,9 @@ def build_app(served: ServedModel) -> Starlette:
             raw = await read_body(request, served.http)
             # Parsing a body of a few MB is tens of ms of Python: on a worker thread, the loop answers the others meanwhile.
             async with served.parsing.hold(len(raw)):
-                chat = await run_in_threadpool(decode_chat_request, raw, served.model_id, served.limits, served.agent_mode,
-                                               served.http)
+                chat = await run_in_threadpool(
+                    decode_chat_request, raw, served.model_id, served.limits, served.agent_mode, served.http
+                )
             request_id = f"chatcmpl-{uuid.uuid4().hex}"
             seed = chat.seed if chat.seed is not None else served.next_seed()
             events: asyncio.Queue = asyncio.Queue()
@@ -119,8 +125,9 @@ def build_app(served: ServedModel) -> Starlette:
                     loop.call_soon_threadsafe(events.put_nowait, messages)
 
             cancel = threading.Event()
-            env, task, options = request_episode(chat, request_id, seed, served.agent_tools, served.limits.max_turns,
-                                                 on_trace, cancel)
+            env, task, options = request_episode(
+                chat, request_id, seed, served.agent_tools, served.limits.max_turns, on_trace, cancel
+            )
             future = served.worker.submit(env, task, options)
         finally:
             if future is None:
@@ -136,26 +143,40 @@ def build_app(served: ServedModel) -> Starlette:
             extra = _agent_extra(env, trajectory) if served.agent_mode else {}
             return JSONResponse(completion(request_id, served.model_id, message, finish, tokens, **extra))
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, None))
-        return StreamingResponse(_stream(served, chat, request_id, env, future, events, (watcher, cancel)),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _stream(served, chat, request_id, env, future, events, (watcher, cancel)), media_type="text/event-stream"
+        )
 
     async def list_models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(served)]})
 
     async def get_model(request: Request) -> Response:
         if request.path_params["model"] != served.model_id:
-            raise APIError(404, f"the model '{request.path_params['model']}' does not exist; this server serves "
-                           f"'{served.model_id}'", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"the model '{request.path_params['model']}' does not exist; this server serves '{served.model_id}'",
+                "model",
+                "model_not_found",
+            )
         return JSONResponse(_model_card(served))
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": served.model_id, "mode": "agent" if served.agent_mode else "model",
-                             "in_flight": served.in_flight, **served.worker.stats()})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": served.model_id,
+                "mode": "agent" if served.agent_mode else "model",
+                "in_flight": served.in_flight,
+                **served.worker.stats(),
+            }
+        )
 
-    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/models", list_models, methods=["GET"]),
-              Route("/v1/models/{model:path}", get_model, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
 
@@ -177,8 +198,15 @@ def _stop_watching(watcher: asyncio.Task, future: Any, cancel: threading.Event) 
         cancel.set()
 
 
-async def _stream(served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue,
-                  watching: tuple[asyncio.Task, threading.Event]) -> AsyncIterator[str]:
+async def _stream(
+    served: ServedModel,
+    chat: Any,
+    request_id: str,
+    env: Any,
+    future: Any,
+    events: asyncio.Queue,
+    watching: tuple[asyncio.Task, threading.Event],
+) -> AsyncIterator[str]:
     """Server-sent events: the role, each tool-calling turn as it runs (agent mode), the reply, the finish."""
     try:
         async for event in _events(served, chat, request_id, env, future, events):
@@ -187,7 +215,9 @@ async def _stream(served: ServedModel, chat: Any, request_id: str, env: Any, fut
         _stop_watching(watching[0], future, watching[1])
 
 
-async def _events(served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue) -> AsyncIterator[str]:
+async def _events(
+    served: ServedModel, chat: Any, request_id: str, env: Any, future: Any, events: asyncio.Queue
+) -> AsyncIterator[str]:
     model_id = served.model_id
     yield _sse(chunk(request_id, model_id, {"role": "assistant", "content": ""}))
     while (messages := await events.get()) is not None:
@@ -234,9 +264,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException), exc
-    message = {404: f"no route {request.method} {request.url.path}; this server has /v1/chat/completions and /v1/models",
-               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-    return JSONResponse(APIError(exc.status_code, message, code=str(exc.status_code)).body(), status_code=exc.status_code)
+    message = {
+        404: f"no route {request.method} {request.url.path}; this server has /v1/chat/completions and /v1/models",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return JSONResponse(
+        APIError(exc.status_code, message, code=str(exc.status_code)).body(), status_code=exc.status_code
+    )
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -255,7 +289,10 @@ def serve(cfg: ServeConfig) -> None:
     worker = EngineWorker(engine, cfg.max_concurrent, cfg.batch_window_ms / 1000)
     agent_tools = [tool.name for tool in cfg.env.make().tools] if cfg.env is not None else None
     app = build_app(ServedModel(cfg.model_id, cfg.rollout, worker, agent_tools, cfg.seed, http=cfg.http))
-    mode = f"agent mode: env {cfg.env.name}, tools {', '.join(agent_tools)}" if cfg.env is not None and agent_tools else "model mode"
+    mode = (
+        f"agent mode: env {cfg.env.name}, tools {', '.join(agent_tools)}"
+        if cfg.env is not None and agent_tools
+        else "model mode"
+    )
     print(f"serving '{cfg.model_id}' ({mode}) on http://{cfg.host}:{cfg.port}/v1", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", **uvicorn_options(cfg.http))
-

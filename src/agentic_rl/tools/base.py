@@ -57,10 +57,7 @@ class Tool:
         properties = params.get("properties", {})
         unknown = sorted(set(arguments) - set(properties))
         if unknown:
-            raise ToolError(
-                f"unknown argument(s) {unknown} for tool '{self.name}'; "
-                f"allowed: {sorted(properties)}"
-            )
+            raise ToolError(f"unknown argument(s) {unknown} for tool '{self.name}'; allowed: {sorted(properties)}")
         missing = [k for k in params.get("required", []) if k not in arguments]
         if missing:
             raise ToolError(f"missing required argument(s) {missing} for tool '{self.name}'")
@@ -68,8 +65,7 @@ class Tool:
             expected = properties[key].get("type")
             if not _json_type_matches(expected, value):
                 raise ToolError(
-                    f"argument '{key}' of tool '{self.name}' must be {expected}, "
-                    f"got {type(value).__name__}"
+                    f"argument '{key}' of tool '{self.name}' must be {expected}, got {type(value).__name__}"
                 )
         result = self.fn(**arguments)
         if not isinstance(result, str):

@@ -121,18 +121,13 @@ def _eval_node(node: ast.AST, source: str) -> Fraction:
         op = _BINARY_OPS.get(type(node.op))
         if op is None:
             hint = " (use ** for powers)" if isinstance(node.op, ast.BitXor) else ""
-            raise ToolError(
-                f"operator {type(node.op).__name__} is not supported{hint}; "
-                "allowed: + - * / // % **"
-            )
+            raise ToolError(f"operator {type(node.op).__name__} is not supported{hint}; allowed: + - * / // % **")
         if right == 0 and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):
             raise ToolError(f"division by zero in {ast.get_source_segment(source, node)!r}")
         return _checked(op(left, right))
     if isinstance(node, ast.Tuple):
         raise ToolError(_tuple_message(node, source))
-    hint = _REJECTED_NODE_HINTS.get(
-        type(node), "use only numbers, + - * / // % ** and parentheses"
-    )
+    hint = _REJECTED_NODE_HINTS.get(type(node), "use only numbers, + - * / // % ** and parentheses")
     raise ToolError(f"unsupported element {type(node).__name__} in expression: {hint}")
 
 
@@ -205,8 +200,7 @@ def _tuple_message(node: ast.Tuple, source: str) -> str:
     ) and all(len(part.strip()) == 3 for part in segment.split(",")[1:])
     if looks_like_thousands:
         return (
-            f"commas are not allowed in numbers: write {segment.replace(',', '').replace(' ', '')} "
-            f"instead of {segment}"
+            f"commas are not allowed in numbers: write {segment.replace(',', '').replace(' ', '')} instead of {segment}"
         )
     return "only one expression at a time; make a separate call for each calculation"
 

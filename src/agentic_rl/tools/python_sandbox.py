@@ -113,8 +113,16 @@ from agentic_rl.tools.sandbox_result import SandboxResult
 from agentic_rl.tools.sandbox_supervisor import run_python
 
 # The sandbox's public names, importable from here as before the split into sandbox_*.py.
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailable", "check_sandbox",
-           "format_observation", "python", "python_tool", "run_python"]
+__all__ = [
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "check_sandbox",
+    "format_observation",
+    "python",
+    "python_tool",
+    "run_python",
+]
 
 
 class SandboxUnavailable(ToolUnavailable):

@@ -61,7 +61,7 @@ from agentic_rl.tools.sandbox_root import ROOT_SOURCE
 from agentic_rl.tools.sandbox_landlock import LANDLOCK_SOURCE
 from agentic_rl.tools.sandbox_seccomp import SECCOMP_SOURCE
 
-PRELUDE = r'''
+PRELUDE = r"""
 import ctypes, os
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -70,9 +70,9 @@ def check(ret, what):
     if ret != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
-'''
+"""
 
-PROCESS_SOURCE = r'''
+PROCESS_SOURCE = r"""
 import json, resource, signal, sys
 
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
@@ -169,6 +169,6 @@ def main():
     os._exit(exit_code(status))
 
 main()
-'''
+"""
 
 BOOTSTRAP = PRELUDE + NAMESPACES_SOURCE + ROOT_SOURCE + LANDLOCK_SOURCE + SECCOMP_SOURCE + PROCESS_SOURCE

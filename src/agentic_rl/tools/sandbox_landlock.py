@@ -23,7 +23,7 @@ showed of the caller is closed by other layers on every kernel: init's command l
 and /proc/keys, /proc/key-users are masked (sandbox_root.py).
 """
 
-LANDLOCK_SOURCE = r'''
+LANDLOCK_SOURCE = r"""
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # x86_64 and aarch64
 LANDLOCK_ACCESS_FS_READ_FILE, LANDLOCK_RULE_PATH_BENEATH = 1 << 2, 1
 # The machine's, not the caller's; glibc reads /proc/stat for the processor count where /sys is
@@ -55,7 +55,7 @@ def hide_proc_files():
         check(libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
-'''
+"""
 
 
 def landlock_abi() -> int:

@@ -76,8 +76,7 @@ def call_reservation(limits: SandboxLimits, capped: bool) -> int:
     """Bytes one call may hold: its cgroup's cap, or (`capped` false) the sum of its parts."""
     if capped:
         return limits.memory_bytes + socket_queue_bytes(limits)
-    return (limits.max_processes * limits.memory_bytes + 2 * limits.max_file_bytes
-            + socket_queue_bytes(limits))
+    return limits.max_processes * limits.memory_bytes + 2 * limits.max_file_bytes + socket_queue_bytes(limits)
 
 
 class MemoryBudget:
@@ -182,11 +181,9 @@ def _write_limits(path: str, version: int, memory_bytes: int, whole_call: bool) 
         limits = [("memory.max", memory_bytes), ("memory.swap.max", 0)]
         limits += [("memory.oom.group", 1)] if whole_call else []
     else:  # memsw (memory + swap) after the memory limit: it may never be below it
-        limits = [("memory.limit_in_bytes", memory_bytes),
-                  ("memory.memsw.limit_in_bytes", memory_bytes)]
+        limits = [("memory.limit_in_bytes", memory_bytes), ("memory.memsw.limit_in_bytes", memory_bytes)]
     for name, value in limits:
-        if name in ("memory.swap.max", "memory.memsw.limit_in_bytes") and not os.path.exists(
-                os.path.join(path, name)):
+        if name in ("memory.swap.max", "memory.memsw.limit_in_bytes") and not os.path.exists(os.path.join(path, name)):
             continue
         _write(os.path.join(path, name), str(value))
 
@@ -246,7 +243,7 @@ def _own_memory_cgroups() -> list[tuple[int, str]]:
                 continue
             root, point = fields[3], fields[4]
             if path == root or path.startswith(root.rstrip("/") + "/"):
-                found.append((version, point + path[len(root.rstrip("/")):]))
+                found.append((version, point + path[len(root.rstrip("/")) :]))
     return sorted(found)  # v1 first: where both exist, only v1 has the memory controller
 
 
@@ -258,7 +255,7 @@ def _remove_quietly(path: str) -> None:
 def _remove_stale(folder: str) -> None:
     """Remove what a process that died left in `folder`: its calls' cgroups, then its own."""
     for name in os.listdir(folder):
-        pid = name[len(_PREFIX):]
+        pid = name[len(_PREFIX) :]
         if not (name.startswith(_PREFIX) and pid.isdigit()) or os.path.exists(f"/proc/{pid}"):
             continue
         _remove_process_folder(os.path.join(folder, name))

@@ -20,7 +20,7 @@ Namespaces (one `unshare`):
 keeping the flags a user namespace locks (nosuid, nodev, noexec, atime flags).
 """
 
-NAMESPACES_SOURCE = r'''
+NAMESPACES_SOURCE = r"""
 import re
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
@@ -71,4 +71,4 @@ def read_only_mounts():
         for option in options:
             flags |= KEEP.get(option, 0)
         mount(None, target, None, flags)
-'''
+"""

@@ -47,8 +47,15 @@ class SandboxResult:
     duration_s: float
 
 
-def classify_exit(outcome: str, returncode: int | None, stdout: bytes, stderr: bytes,
-                  setup_error: str, limits: SandboxLimits, started: float) -> SandboxResult:
+def classify_exit(
+    outcome: str,
+    returncode: int | None,
+    stdout: bytes,
+    stderr: bytes,
+    setup_error: str,
+    limits: SandboxLimits,
+    started: float,
+) -> SandboxResult:
     """The result of a finished run (see the module docstring for the order of the rules)."""
     out = stdout.decode("utf-8", errors="replace")
     err = stderr.decode("utf-8", errors="replace")
@@ -58,8 +65,9 @@ def classify_exit(outcome: str, returncode: int | None, stdout: bytes, stderr: b
         message = f"timed out after {limits.timeout_s:g} s"
         return failed_result(started, "timeout", message, out, err)
     if outcome == "overflow":
-        return failed_result(started, "output_truncated",
-                             f"output truncated after {limits.max_output_bytes} bytes", out, err)
+        return failed_result(
+            started, "output_truncated", f"output truncated after {limits.max_output_bytes} bytes", out, err
+        )
     if returncode == 0:
         return SandboxResult(True, out, err, "ok", "", 0, time.monotonic() - started)
     last_line = err.strip().splitlines()[-1] if err.strip() else ""
@@ -69,9 +77,7 @@ def classify_exit(outcome: str, returncode: int | None, stdout: bytes, stderr: b
     # SIGXCPU at the soft CPU limit; SIGKILL at the hard one if the code ignored SIGXCPU.
     # A SIGKILL before cpu_seconds of wall time is the code killing itself: an "error".
     elapsed = time.monotonic() - started
-    if returncode == 128 + signal.SIGXCPU or (
-        returncode == 128 + signal.SIGKILL and elapsed >= limits.cpu_seconds
-    ):
+    if returncode == 128 + signal.SIGXCPU or (returncode == 128 + signal.SIGKILL and elapsed >= limits.cpu_seconds):
         message = f"CPU time limit of {limits.cpu_seconds} s exceeded"
         return failed_result(started, "timeout", message, out, err, returncode)
     if not last_line and returncode is not None and returncode > 128:
@@ -80,12 +86,11 @@ def classify_exit(outcome: str, returncode: int | None, stdout: bytes, stderr: b
             last_line = f"killed by {signal.Signals(returncode - 128).name}"
         except ValueError:
             pass
-    return failed_result(started, "error", last_line or f"exit status {returncode}", out, err,
-                         returncode)
+    return failed_result(started, "error", last_line or f"exit status {returncode}", out, err, returncode)
 
 
-def failed_result(started: float, reason: str, error: str, stdout: str = "", stderr: str = "",
-                  returncode: int | None = None) -> SandboxResult:
+def failed_result(
+    started: float, reason: str, error: str, stdout: str = "", stderr: str = "", returncode: int | None = None
+) -> SandboxResult:
     """A not-ok result with exit_reason `reason`, timed from `started` (time.monotonic())."""
-    return SandboxResult(False, stdout, stderr, reason, error, returncode,
-                         time.monotonic() - started)
+    return SandboxResult(False, stdout, stderr, reason, error, returncode, time.monotonic() - started)

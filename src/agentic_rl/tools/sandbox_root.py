@@ -48,7 +48,7 @@ Before either, every host mount is remounted read-only (`read_only_mounts`), so 
 directories' submounts are read-only too, and the fallback's hidden tree cannot be written.
 """
 
-ROOT_SOURCE = r'''
+ROOT_SOURCE = r"""
 ST_FLAGS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME,
             4096: MS_RELATIME}
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
@@ -136,4 +136,4 @@ def prepare_filesystem(cfg, code):
     with open(main, "wb") as f:
         f.write(code)
     os.chown(main, cfg["uid"], cfg["gid"])
-'''
+"""

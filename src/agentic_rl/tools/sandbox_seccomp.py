@@ -41,7 +41,7 @@ the syscall numbers of x86_64 and aarch64; on another architecture `seccomp_filt
 so the bootstrap reports a setup error rather than run the code without the filter.
 """
 
-SECCOMP_SOURCE = r'''
+SECCOMP_SOURCE = r"""
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 # seccomp: socket() only for AF_INET/AF_INET6 (useless in the empty network namespace; they
 # fail with ENETUNREACH as on a machine without network), socketpair() only SOCK_STREAM (a
@@ -136,4 +136,4 @@ def install_seccomp():
     zero = ctypes.c_ulong(0)
     check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog),
                      zero, zero), "seccomp")
-'''
+"""

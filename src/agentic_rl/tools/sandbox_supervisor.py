@@ -50,8 +50,7 @@ import time
 
 from agentic_rl.tools.sandbox_bootstrap import BOOTSTRAP
 from agentic_rl.tools.sandbox_limits import SandboxLimits
-from agentic_rl.tools.sandbox_memory import (CallCgroup, call_reservation, cgroups_available,
-                                             memory_budget)
+from agentic_rl.tools.sandbox_memory import CallCgroup, call_reservation, cgroups_available, memory_budget
 from agentic_rl.tools.sandbox_result import SandboxResult, classify_exit, failed_result
 
 _MAX_CODE_BYTES = 1_000_000  # a model turn is far shorter; this only bounds the stdin write
@@ -66,8 +65,18 @@ _SANDBOX_PYTHON = "/tmp/python"
 # The host's library directories (and the loader's index of them), bound read-only at their
 # own paths in the sandbox's root: the stdlib's extension modules load libc, libssl, libffi,
 # ... from there. A symlink among them (/lib -> usr/lib) is recreated as a symlink.
-_LIBRARY_DIRS = ("/lib", "/lib32", "/lib64", "/libx32", "/usr/lib", "/usr/lib32", "/usr/lib64",
-                 "/usr/libx32", "/usr/local/lib", "/usr/local/lib64")
+_LIBRARY_DIRS = (
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libx32",
+    "/usr/local/lib",
+    "/usr/local/lib64",
+)
 _LOADER_FILES = ("/etc/ld.so.cache",)
 # pivot_root into the new root, or (False) the chroot fallback that sandbox_root.py takes where
 # the host's / is the initramfs. Only the tests set it, to run that path here too.
@@ -90,10 +99,11 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         try:
             result = _run(code_bytes, limits, cgroup, started)
             # The kernel's OOM kill at the cap is a SIGKILL; the code's own errors stay its own.
-            if cgroup is not None and result.returncode == 128 + signal.SIGKILL \
-                    and cgroup.oom_kills():
-                message = (f"memory limit of {limits.memory_bytes // 2**20} MiB for the whole call "
-                           "(every process, its files and kernel memory) exceeded")
+            if cgroup is not None and result.returncode == 128 + signal.SIGKILL and cgroup.oom_kills():
+                message = (
+                    f"memory limit of {limits.memory_bytes // 2**20} MiB for the whole call "
+                    "(every process, its files and kernel memory) exceeded"
+                )
                 result = dataclasses.replace(result, exit_reason="memory", error=message)
             return result
         finally:
@@ -101,8 +111,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
                 cgroup.remove()
 
 
-def _run(code_bytes: bytes, limits: SandboxLimits, cgroup: CallCgroup | None,
-         started: float) -> SandboxResult:
+def _run(code_bytes: bytes, limits: SandboxLimits, cgroup: CallCgroup | None, started: float) -> SandboxResult:
     # stdin carries one JSON line of config, then the code: nothing lands on the host disk.
     config = _sandbox_config(limits, cgroup.procs_path if cgroup is not None else None)
     payload = json.dumps(config).encode() + b"\n" + code_bytes
@@ -110,9 +119,14 @@ def _run(code_bytes: bytes, limits: SandboxLimits, cgroup: CallCgroup | None,
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", BOOTSTRAP, str(status_write)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
-            start_new_session=True, close_fds=True, pass_fds=(status_write,),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(status_write,),
         )
     except OSError as exc:
         os.close(status_read)
@@ -134,12 +148,20 @@ def _sandbox_config(limits: SandboxLimits, cgroup_procs: str | None) -> dict:
     gid = uid if is_root else os.getgid()
     binds, links, worker_exe, env = _interpreter_in_root()
     return {
-        "is_root": is_root, "uid": uid, "gid": gid, "work_dir": _SANDBOX_WORK,
+        "is_root": is_root,
+        "uid": uid,
+        "gid": gid,
+        "work_dir": _SANDBOX_WORK,
         "cgroup_procs": cgroup_procs,
-        "root_binds": binds, "root_links": links, "pivot_root": _USE_PIVOT_ROOT,
-        "exe": worker_exe, "env": env,
-        "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
-        "max_processes": limits.max_processes, "max_file_bytes": limits.max_file_bytes,
+        "root_binds": binds,
+        "root_links": links,
+        "pivot_root": _USE_PIVOT_ROOT,
+        "exe": worker_exe,
+        "env": env,
+        "cpu_seconds": limits.cpu_seconds,
+        "memory_bytes": limits.memory_bytes,
+        "max_processes": limits.max_processes,
+        "max_file_bytes": limits.max_file_bytes,
         "max_open_files": limits.max_open_files,
     }
 
@@ -181,8 +203,9 @@ def _interpreter_in_root() -> tuple[list, list, str, dict]:
     return binds, links, worker_exe, env
 
 
-def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: SandboxLimits,
-               started: float) -> SandboxResult:
+def _supervise(
+    proc: subprocess.Popen, status_fd: int, payload: bytes, limits: SandboxLimits, started: float
+) -> SandboxResult:
     """Feed config and code, collect bounded output until exit or a limit, always tear down."""
     try:
         proc.stdin.write(payload)
@@ -214,8 +237,7 @@ def _supervise(proc: subprocess.Popen, status_fd: int, payload: bytes, limits: S
     return classify_exit(outcome, proc.returncode, stdout, stderr, setup_error, limits, started)
 
 
-def _read_bounded(streams: dict[int, bytearray], tail_fd: int, deadline: float,
-                  cap: int) -> str:
+def _read_bounded(streams: dict[int, bytearray], tail_fd: int, deadline: float, cap: int) -> str:
     """Read every fd until EOF on all ("eof"), "timeout", or too much output ("overflow").
 
     Every fd but `tail_fd` keeps its first cap + 1 bytes; the extra byte is how overflow is

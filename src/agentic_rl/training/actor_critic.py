@@ -30,8 +30,13 @@ from agentic_rl.training.scoring import TokenScorer
 class ActorCritic(TokenScorer):
     """forward -> (logps (B, T), entropy (B, T) | None, values (B, T)); 0 off the trained positions."""
 
-    def __init__(self, policy: nn.Module, critic: nn.Module | None = None, value_lr_multiplier: float = 1.0,
-                 value_head_weight: torch.Tensor | None = None):
+    def __init__(
+        self,
+        policy: nn.Module,
+        critic: nn.Module | None = None,
+        value_lr_multiplier: float = 1.0,
+        value_head_weight: torch.Tensor | None = None,
+    ):
         super().__init__(policy)
         self.critic = critic  # None: the value head reads the policy's own hidden states
         hidden_size = unwrap_causal_lm(critic if critic is not None else policy).config.hidden_size
@@ -45,10 +50,19 @@ class ActorCritic(TokenScorer):
                 self.value_head.weight.copy_(value_head_weight)
         self.value_lr_multiplier = value_lr_multiplier
 
-    def forward(self, input_ids, attention_mask, loss_mask, temperature: float = 1.0, with_entropy: bool = False,
-                entropy_grad: bool = False):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        loss_mask,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ):
         hidden, scored = scored_hidden_states(self.policy, input_ids, attention_mask, loss_mask)  # (N, H), (B, T-1)
-        logps, entropy = logprobs_from_hidden(self.policy, hidden, scored, input_ids, temperature, with_entropy, entropy_grad)
+        logps, entropy = logprobs_from_hidden(
+            self.policy, hidden, scored, input_ids, temperature, with_entropy, entropy_grad
+        )
         if self.critic is not None:
             hidden, _ = scored_hidden_states(self.critic, input_ids, attention_mask, loss_mask)  # (N, H')
         values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()  # (N,)

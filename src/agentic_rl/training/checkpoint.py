@@ -64,8 +64,14 @@ def step_of(checkpoint: Path) -> int:
     return int(_NAME.match(checkpoint.name).group(1))
 
 
-def save_checkpoint(accelerator: Any, folder: Path, step: int, trainer_state: dict[str, Any], keep: int,
-                    record: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    accelerator: Any,
+    folder: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    keep: int,
+    record: dict[str, Any] | None = None,
+) -> Path:
     """Write a complete checkpoint for `step` atomically; keep only the newest `keep`. `record`: the
     run's {"command", "config"}, kept inside it (covered by its checksums)."""
     final = folder / f"step-{step:06d}"
@@ -101,8 +107,10 @@ def load_latest_checkpoint(accelerator: Any, folder: Path) -> tuple[Path, dict[s
             return path, load_checkpoint(accelerator, path)
         skipped.append(f"{path.name} ({problem})")
     if skipped:
-        raise CheckpointError(f"no intact checkpoint in {folder}: {'; '.join(skipped)}. Delete the damaged "
-                              "folders to start over, or set train.resume=false.")
+        raise CheckpointError(
+            f"no intact checkpoint in {folder}: {'; '.join(skipped)}. Delete the damaged "
+            "folders to start over, or set train.resume=false."
+        )
     return None
 
 
@@ -146,12 +154,17 @@ def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
         # Refused (a pickle that would run code) or not this run's shapes: the check held, but the
         # user got a raw UnpicklingError/RuntimeError with no file and no way on.
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
-        shown = [lines[0], *[line for line in lines[1:] if "mismatch" in line][:1]]  # torch's "size mismatch for w: ..."
-        raise CheckpointError(f"checkpoint {path} cannot be restored ({type(exc).__name__}: "
-                              f"{' '.join(quoted(line) for line in shown)}): it holds "
-                              "something other than this run's weights and state (a crafted or foreign file, or "
-                              f"tensors of another shape). Delete {path} to resume from an older checkpoint, or set "
-                              "train.resume=false (or use another output_dir) to start over") from exc
+        shown = [
+            lines[0],
+            *[line for line in lines[1:] if "mismatch" in line][:1],
+        ]  # torch's "size mismatch for w: ..."
+        raise CheckpointError(
+            f"checkpoint {path} cannot be restored ({type(exc).__name__}: "
+            f"{' '.join(quoted(line) for line in shown)}): it holds "
+            "something other than this run's weights and state (a crafted or foreign file, or "
+            f"tensors of another shape). Delete {path} to resume from an older checkpoint, or set "
+            "train.resume=false (or use another output_dir) to start over"
+        ) from exc
 
 
 def _warn_if_rng_unreadable(path: Path, rank: int) -> None:
@@ -162,15 +175,24 @@ def _warn_if_rng_unreadable(path: Path, rank: int) -> None:
     try:
         load(rng)
     except Exception as exc:  # noqa: BLE001 - any failure means the same thing here
-        logger.warning("the RNG state %s cannot be read (%s: %s); the resume continues but is NOT exact: "
-                       "sampling and data order will differ from an uninterrupted run", rng, type(exc).__name__, exc)
+        logger.warning(
+            "the RNG state %s cannot be read (%s: %s); the resume continues but is NOT exact: "
+            "sampling and data order will differ from an uninterrupted run",
+            rng,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def complete_checkpoints(folder: Path) -> list[Path]:
     """Finished checkpoint folders (a trainer_state.pt inside), oldest step first."""
     if not folder.exists():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name)) and (p / "trainer_state.pt").exists()]
+    found = [
+        (int(m.group(1)), p)
+        for p in folder.iterdir()
+        if (m := _NAME.match(p.name)) and (p / "trainer_state.pt").exists()
+    ]
     return [p for _, p in sorted(found)]
 
 

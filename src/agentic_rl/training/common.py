@@ -35,13 +35,17 @@ def make_accelerator(mixed_precision: str = "no", seed: int = 0):
     cpu_only = launched_world > 1 and not torch.cuda.is_available()
     resolved = resolve_mixed_precision(mixed_precision)
     if resolved != mixed_precision:
-        print(f"train.mixed_precision: {mixed_precision} -> {resolved} on this machine (models/precision.py)", flush=True)
+        print(
+            f"train.mixed_precision: {mixed_precision} -> {resolved} on this machine (models/precision.py)", flush=True
+        )
     accelerator = Accelerator(mixed_precision=resolved, kwargs_handlers=[ddp], cpu=cpu_only)
     if cpu_only and _fsdp_requested():
         _shard_on_cpu(accelerator)
     if accelerator.num_processes != launched_world:
-        raise RuntimeError(f"launched with WORLD_SIZE={launched_world} but accelerate runs {accelerator.num_processes} "
-                           "process(es); check the launcher / accelerate config")
+        raise RuntimeError(
+            f"launched with WORLD_SIZE={launched_world} but accelerate runs {accelerator.num_processes} "
+            "process(es); check the launcher / accelerate config"
+        )
     seed_everything(seed)
     return accelerator
 
@@ -66,8 +70,10 @@ def _shard_on_cpu(accelerator) -> None:
 
     plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
     if plugin.fsdp_version != 2:
-        raise ValueError(f"FSDP on CPU processes needs fsdp_version: 2 (FSDP_VERSION={plugin.fsdp_version} was "
-                         "launched); set fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp.yaml does)")
+        raise ValueError(
+            f"FSDP on CPU processes needs fsdp_version: 2 (FSDP_VERSION={plugin.fsdp_version} was "
+            "launched); set fsdp_version: 2 in the accelerate config (configs/accelerate/fsdp.yaml does)"
+        )
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     # accelerate copies the process-wide state from PartialState each time it builds an
@@ -98,9 +104,11 @@ def fit_deepspeed_to_loop(accelerator, optim) -> None:
     for key, value in wanted.items():
         given = config.get(key, "auto")
         if given != "auto" and float(given) != value:
-            raise ValueError(f"the DeepSpeed config sets {key}: {given}, but the loop needs {value} "
-                             f"({'set optim.max_grad_norm instead' if key == 'gradient_clipping' else 'set batch sizes in the command config instead'}); "
-                             "remove it from the accelerate/DeepSpeed config")
+            raise ValueError(
+                f"the DeepSpeed config sets {key}: {given}, but the loop needs {value} "
+                f"({'set optim.max_grad_norm instead' if key == 'gradient_clipping' else 'set batch sizes in the command config instead'}); "
+                "remove it from the accelerate/DeepSpeed config"
+            )
         config[key] = value
     if config.get("train_micro_batch_size_per_gpu", "auto") == "auto":
         config["train_micro_batch_size_per_gpu"] = 1

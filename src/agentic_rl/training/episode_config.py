@@ -52,12 +52,16 @@ class EnvConfig(EnvSpec):
             except ValueError as exc:
                 raise ValueError(f"env.mix[{k}]: {exc}") from None
             if tools is not None and schemas != tools:
-                raise ValueError(f"env.mix[{k}] offers other tools than env.mix[0]; every part of a mix must offer the "
-                                 "same tools (one system prompt and tool schema per run)")
+                raise ValueError(
+                    f"env.mix[{k}] offers other tools than env.mix[0]; every part of a mix must offer the "
+                    "same tools (one system prompt and tool schema per run)"
+                )
             tools = schemas
         if min(self.part_sizes()) == 0:
-            raise ValueError(f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "
-                             "raise task_pool or the small shares, so that every part has tasks")
+            raise ValueError(
+                f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "
+                "raise task_pool or the small shares, so that every part has tasks"
+            )
 
     def part_options(self) -> list[dict[str, Any]]:
         """Each mix part's env options: env.options updated by the part's."""
@@ -77,9 +81,11 @@ class EnvConfig(EnvSpec):
         """The task pool: task_pool train-split tasks of env.options, or of each mix part in turn."""
         if not self.mix:
             return self.make().tasks("train", n=self.task_pool, seed=seed)
-        return [dataclasses.replace(task, id=f"mix{k}:{task.id}", meta={**task.meta, "mix_part": k})
-                for k, (options, size) in enumerate(zip(self.part_options(), self.part_sizes()))
-                for task in make_env(self.name, **options).tasks("train", n=size, seed=seed)]
+        return [
+            dataclasses.replace(task, id=f"mix{k}:{task.id}", meta={**task.meta, "mix_part": k})
+            for k, (options, size) in enumerate(zip(self.part_options(), self.part_sizes()))
+            for task in make_env(self.name, **options).tasks("train", n=size, seed=seed)
+        ]
 
     def reward_terms(self) -> list[str]:
         """The named parts of the env's reward its episodes report (`Env.reward_terms`), over every mix part."""
@@ -112,8 +118,10 @@ class BatchRolloutConfig(RolloutConfig):
                 f"Use batch_size={_nearest_multiples(self.batch_size, self.group_size)}."
             )
         if self.sampling.temperature <= 0:
-            raise ValueError("rollout.sampling.temperature must be > 0 for on-policy RL: the policy must sample, and its "
-                             "log-probs must be those of a distribution")
+            raise ValueError(
+                "rollout.sampling.temperature must be > 0 for on-policy RL: the policy must sample, and its "
+                "log-probs must be those of a distribution"
+            )
 
 
 @dataclasses.dataclass
@@ -127,7 +135,9 @@ class RewardModelTerm(Config):
 
     def __post_init__(self) -> None:
         if self.weight and not self.path:
-            raise ValueError("reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`")
+            raise ValueError(
+                "reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`"
+            )
 
 
 @dataclasses.dataclass
@@ -150,23 +160,29 @@ OldLogprobs = Literal["sampling", "recompute", "detach"]
 def check_old_logprobs(old_logprobs: str, updates_per_batch: int, rollout_dtype: str, model_dtype: str) -> None:
     """The π_old choice against μ and the decode precision (GRPO and PPO alike)."""
     if old_logprobs == "detach" and updates_per_batch > 1:
-        raise ValueError("old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
-                         "with updates_per_batch > 1 use sampling or recompute")
+        raise ValueError(
+            "old_logprobs=detach pins the ratio at 1, which is only right for the first update; "
+            "with updates_per_batch > 1 use sampling or recompute"
+        )
     decodes = decoded_dtype(rollout_dtype)
     if decodes != model_dtype and old_logprobs == "sampling":
         named = rollout_dtype if decodes == rollout_dtype else f"{rollout_dtype} ({decodes} on this machine)"
-        raise ValueError(f"rollout.dtype={named} samples with other weights than the trained "
-                         f"{model_dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
-                         f"or recompute, or rollout.dtype: {model_dtype}")
+        raise ValueError(
+            f"rollout.dtype={named} samples with other weights than the trained "
+            f"{model_dtype} model, so its log-probs are not π_old; set old_logprobs: detach (μ = 1) "
+            f"or recompute, or rollout.dtype: {model_dtype}"
+        )
 
 
 def check_trainer_device(device: str) -> None:
     """Our trainers decode with the model they train, which accelerate places (the GPU of each
     process when there is one, else the CPU): a rollout.device other than auto would be ignored."""
     if device != "auto":
-        raise ValueError(f"rollout.device={device}: the trainer decodes with the model it trains, on accelerate's device "
-                         "(each process's GPU when there is one, else the CPU); leave rollout.device: auto, and pick "
-                         "GPUs with CUDA_VISIBLE_DEVICES (empty: the CPU) or the accelerate launch")
+        raise ValueError(
+            f"rollout.device={device}: the trainer decodes with the model it trains, on accelerate's device "
+            "(each process's GPU when there is one, else the CPU); leave rollout.device: auto, and pick "
+            "GPUs with CUDA_VISIBLE_DEVICES (empty: the CPU) or the accelerate launch"
+        )
 
 
 def _nearest_multiples(value: int, step: int) -> str:

@@ -87,7 +87,7 @@ class Collected:
             start = 0
             for seq in self.trajectories[episode].sequences():
                 count = len(seq.policy_spans)
-                out.append(list(values[start:start + count]) if values else [])
+                out.append(list(values[start : start + count]) if values else [])
                 start += count
             assert not values or start == len(values), f"episode {episode}: {len(values)} turn values for {start} turns"
         return out
@@ -119,10 +119,14 @@ class Episodes:
         self.model, self.accelerator = model, accelerator
         self.policy = unwrap_policy(model, accelerator)
         if self.cfg.rollout.batch_size % accelerator.num_processes:
-            raise ValueError(f"rollout.batch_size={self.cfg.rollout.batch_size} must be a multiple of the "
-                             f"{accelerator.num_processes} processes")
+            raise ValueError(
+                f"rollout.batch_size={self.cfg.rollout.batch_size} must be a multiple of the "
+                f"{accelerator.num_processes} processes"
+            )
         local = self.cfg.rollout.batch_size // accelerator.num_processes
-        self.engine = build_engine(self.policy, self.tokenizer, self.cfg.rollout, seed=self.cfg.train.seed, max_concurrent=local)
+        self.engine = build_engine(
+            self.policy, self.tokenizer, self.cfg.rollout, seed=self.cfg.train.seed, max_concurrent=local
+        )
         self.start_audit = self._make_start_audit() if self.cfg.audit.on_start else None
 
     def _make_start_audit(self) -> StartAudit:
@@ -130,8 +134,12 @@ class Episodes:
 
         rollout_dtype = self.cfg.rollout.dtype
         decodes = decoded_dtype(rollout_dtype, self.accelerator.device)
-        float32 = decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
-        return StartAudit(self.engine.chat_format, self.env_for(self.task_pool[0]).tool_schemas, float32, log=self.accelerator.print)
+        float32 = (
+            decodes == "float32" and self.cfg.model.dtype == "float32" and self.accelerator.mixed_precision == "no"
+        )
+        return StartAudit(
+            self.engine.chat_format, self.env_for(self.task_pool[0]).tool_schemas, float32, log=self.accelerator.print
+        )
 
     # ---------------------------------------------------------------- rollouts
 
@@ -193,13 +201,19 @@ class Episodes:
                 "WARNING: no episode of this batch succeeded and every group's rewards are equal, so this update's "
                 "gradient is zero: the policy cannot learn from a task it never solves. Start from an SFT model "
                 "(agentic-rl sft, or the pipeline), set guidance.enabled: true (the env's oracle completes part of "
-                "a group), or use an easier split or difficulty (train/groups_with_variance in metrics.jsonl)", flush=True)
+                "a group), or use an easier split or difficulty (train/groups_with_variance in metrics.jsonl)",
+                flush=True,
+            )
         for part in range(len(self.cfg.env.mix)):  # env.mix: how each part of the task mix fares
             mine = [g for g in groups if g.task.meta["mix_part"] == part]
             if mine:
-                metrics[f"rollout/mix{part}/accuracy"] = sum(g.correct for g in mine) / sum(len(g.rewards) for g in mine)
+                metrics[f"rollout/mix{part}/accuracy"] = sum(g.correct for g in mine) / sum(
+                    len(g.rewards) for g in mine
+                )
                 metrics[f"rollout/mix{part}/groups_with_variance"] = sum(g.has_variance for g in mine) / len(mine)
-        metrics["rollout/sequences_per_episode"] = len(sequences) / max(1, len(trajs))  # this rank's; 1: every history a prefix
+        metrics["rollout/sequences_per_episode"] = len(sequences) / max(
+            1, len(trajs)
+        )  # this rank's; 1: every history a prefix
         if self.start_audit is not None and not self.start_audit.episodes_checked:
             self._audit_episodes(trajs)
         return Collected(groups, trajs, global_rewards, local_rows, tensors, metrics, sequences, row_episode)
@@ -211,14 +225,24 @@ class Episodes:
         local_rows = list(range(acc.process_index, len(rows), acc.num_processes))
         with torch.no_grad():
             seed = (self.cfg.train.seed * 1_000_003 + step) * 64 + acc.process_index + 1_000_000_007 * round_index
-            trajs = self.engine.run([self.env_for(rows[i]) for i in local_rows], [rows[i] for i in local_rows], seed=seed)
-        local = torch.tensor([[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
-                             dtype=torch.float32).reshape(len(trajs), 2)  # (B_local, 2)
+            trajs = self.engine.run(
+                [self.env_for(rows[i]) for i in local_rows], [rows[i] for i in local_rows], seed=seed
+            )
+        local = torch.tensor(
+            [[reward, float(bool(t.info.get("correct")))] for reward, t in zip(self.composer(trajs), trajs)],
+            dtype=torch.float32,
+        ).reshape(len(trajs), 2)  # (B_local, 2)
         table = gather_in_global_order(self.accelerator, local)  # (P_round * G, 2)
         by_row = dict(zip(local_rows, trajs))
-        return [Group(task, [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
-                       table[g * G : (g + 1) * G, 0].clone(), int(table[g * G : (g + 1) * G, 1].sum()))
-                for g, task in enumerate(tasks)]
+        return [
+            Group(
+                task,
+                [by_row[i] for i in range(g * G, (g + 1) * G) if i in by_row],
+                table[g * G : (g + 1) * G, 0].clone(),
+                int(table[g * G : (g + 1) * G, 1].sum()),
+            )
+            for g, task in enumerate(tasks)
+        ]
 
     def _audit_episodes(self, trajs: list[Trajectory]) -> None:
         """The audit's prefix and mask checks of the first batch, before any gradient; every
@@ -228,12 +252,15 @@ class Episodes:
         if failure is not None:
             raise AuditFailed(failure)
         if failed_somewhere:
-            raise AuditFailed("audit on start: another process's first batch failed the audit; its message names the token")
+            raise AuditFailed(
+                "audit on start: another process's first batch failed the audit; its message names the token"
+            )
 
     # ---------------------------------------------------------------- the loss's shared parts
 
-    def correction(self, staleness: int, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor,
-                   mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    def correction(
+        self, staleness: int, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """This micro-batch's sampler/trainer mismatch weights for the policy loss (None: mode off)
         and statistics, from π_old and the sampler's recorded log-probs, (b, T) each, over `mask`.
         π_old and the record are fixed for the batch, so the weights are the same at each of its μ
@@ -258,8 +285,11 @@ class Episodes:
         step = self.cfg.micro_batch_size
         for start in range(0, tensors.input_ids.shape[0], step):
             rows = slice(start, start + step)
-            args = (tensors.input_ids[rows].to(self.accelerator.device), tensors.attention_mask[rows].to(self.accelerator.device),
-                    tensors.loss_mask[rows].to(self.accelerator.device))
+            args = (
+                tensors.input_ids[rows].to(self.accelerator.device),
+                tensors.attention_mask[rows].to(self.accelerator.device),
+                tensors.loss_mask[rows].to(self.accelerator.device),
+            )
             with self.accelerator.autocast():
                 if reference and self.reference is not None:
                     logps, _ = sequence_logprobs(self.reference, *args, temperature=temperature)
@@ -271,15 +301,28 @@ class Episodes:
             out[rows] = logps.float().cpu()
         return out
 
-    def _batch_metrics(self, trajs: list[Trajectory], global_rewards: torch.Tensor, rollout_seconds: float) -> dict[str, float]:
+    def _batch_metrics(
+        self, trajs: list[Trajectory], global_rewards: torch.Tensor, rollout_seconds: float
+    ) -> dict[str, float]:
         """Rollout statistics over the whole batch: under DDP every rank gathers every episode's
         numbers, so each rank logs the same values as one process would."""
         names = list(trajs[0].reward_components) if trajs else []
         stats = ["correct", "policy_tokens", "turns", "tool_calls", "tool_errors", "failed"]
-        local = torch.tensor([[t.reward_components[n] for n in names] + [
-            float(bool(t.info.get("correct"))), float(t.num_policy_tokens), float(t.num_turns),
-            float(t.info.get("tool_calls", 0)), float(t.info.get("tool_errors", 0)), float(t.finish_reason == "error"),
-        ] for t in trajs], dtype=torch.float64).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
+        local = torch.tensor(
+            [
+                [t.reward_components[n] for n in names]
+                + [
+                    float(bool(t.info.get("correct"))),
+                    float(t.num_policy_tokens),
+                    float(t.num_turns),
+                    float(t.info.get("tool_calls", 0)),
+                    float(t.info.get("tool_errors", 0)),
+                    float(t.finish_reason == "error"),
+                ]
+                for t in trajs
+            ],
+            dtype=torch.float64,
+        ).reshape(len(trajs), len(names) + len(stats))  # (B_local, K)
         table = gather_in_global_order(self.accelerator, local)  # (B, K)
         column = {key: table[:, i] for i, key in enumerate([*names, *stats])}
         reasons = gather_objects(self.accelerator, [t.finish_reason for t in trajs])  # (B,)
@@ -291,18 +334,20 @@ class Episodes:
             metrics[f"reward/{name}/mean"] = float(column[name].mean())
             metrics[f"reward/{name}/std"] = float(column[name].std()) if column[name].numel() > 1 else 0.0
         episodes = max(1, table.shape[0])
-        metrics.update({
-            "rollout/accuracy": float(column["correct"].sum()) / episodes,
-            "rollout/completion_tokens/mean": float(column["policy_tokens"].sum()) / episodes,
-            "rollout/completion_tokens/max": float(column["policy_tokens"].max()) if table.shape[0] else 0.0,
-            "rollout/turns/mean": float(column["turns"].sum()) / episodes,
-            "rollout/tool_calls/mean": float(column["tool_calls"].sum()) / episodes,
-            "rollout/tool_errors/mean": float(column["tool_errors"].sum()) / episodes,
-            "rollout/failed": float(column["failed"].sum()),
-            # ranks decode at the same time: all of the batch's tokens over this rank's wall time
-            "rollout/tokens_per_second": float(column["policy_tokens"].sum()) / max(rollout_seconds, 1e-9),
-            "time/rollout": rollout_seconds,
-        })
+        metrics.update(
+            {
+                "rollout/accuracy": float(column["correct"].sum()) / episodes,
+                "rollout/completion_tokens/mean": float(column["policy_tokens"].sum()) / episodes,
+                "rollout/completion_tokens/max": float(column["policy_tokens"].max()) if table.shape[0] else 0.0,
+                "rollout/turns/mean": float(column["turns"].sum()) / episodes,
+                "rollout/tool_calls/mean": float(column["tool_calls"].sum()) / episodes,
+                "rollout/tool_errors/mean": float(column["tool_errors"].sum()) / episodes,
+                "rollout/failed": float(column["failed"].sum()),
+                # ranks decode at the same time: all of the batch's tokens over this rank's wall time
+                "rollout/tokens_per_second": float(column["policy_tokens"].sum()) / max(rollout_seconds, 1e-9),
+                "time/rollout": rollout_seconds,
+            }
+        )
         for reason in sorted(set(reasons)):
             metrics[f"rollout/finish/{reason}"] = reasons.count(reason) / len(reasons)
         cut = reasons.count("max_episode_tokens") / max(1, len(reasons))
@@ -310,7 +355,9 @@ class Episodes:
             self.accelerator.print(
                 f"WARNING: {cut:.0%} of this batch's episodes ended at rollout.max_episode_tokens "
                 f"({self.cfg.rollout.max_episode_tokens} tokens, prompt included) before they could finish; raise it "
-                "(rollout/finish/max_episode_tokens in metrics.jsonl)", flush=True)
+                "(rollout/finish/max_episode_tokens in metrics.jsonl)",
+                flush=True,
+            )
         rank = f"[rank {self.accelerator.process_index}] " if self.accelerator.num_processes > 1 else ""
         for traj in trajs:  # every rank reports its own failed episodes
             if traj.finish_reason == "error":
@@ -319,7 +366,8 @@ class Episodes:
             raise RunStopped(
                 f"every episode of this batch failed ({table.shape[0]} of {table.shape[0]}, each printed above with its "
                 "error): the env or its tools raise, so there is nothing to learn from. Check the env with "
-                f"`agentic-rl envs oracle {self.cfg.env.name}` and `agentic-rl eval`, which show the error of each failure")
+                f"`agentic-rl envs oracle {self.cfg.env.name}` and `agentic-rl eval`, which show the error of each failure"
+            )
         return metrics
 
     def batch_for(self, step: int, batch: Any, roll_out: Callable[[int], Any]) -> Any:
@@ -349,7 +397,11 @@ class Episodes:
         # Rollouts are a pure function of (seed, step) and the weights; only a batch being reused
         # across μ > 1 updates must survive a resume.
         keep = batch if self.cfg.updates_per_batch > 1 else None
-        return {"cached": keep, "weights_version": self.engine.weights_version, "outcomes": dict(self.selector.outcomes)}
+        return {
+            "cached": keep,
+            "weights_version": self.engine.weights_version,
+            "outcomes": dict(self.selector.outcomes),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> Any:
         """Restore the selector and the weights version; returns the batch being reused (or None)."""
@@ -371,7 +423,9 @@ def rewards_per_turn(trajs: list[Trajectory], totals: list[float], specs: list[R
     env_terms = [(spec.weight, float(spec.params.get("gamma", 1.0))) for spec in specs if spec.name == "env_steps"]
     out = []
     for traj, total in zip(trajs, totals):
-        placed = [sum(weight * gamma**k for weight, gamma in env_terms) * reward for k, reward in enumerate(traj.turn_rewards)]
+        placed = [
+            sum(weight * gamma**k for weight, gamma in env_terms) * reward for k, reward in enumerate(traj.turn_rewards)
+        ]
         placed = placed or [0.0]
         placed[-1] += total - sum(placed)
         out.append(placed)
@@ -387,7 +441,9 @@ def episode_token_shares(loss_mask: torch.Tensor, row_episode: list[int]) -> tor
     its token share: Σ_r share_r · mean_r = (Σ_r Σ_t l_rt) / (the episode's tokens)."""
     tokens = loss_mask.sum(-1).double()  # (R,)
     episode = torch.tensor(row_episode, dtype=torch.long)  # (R,)
-    per_episode = torch.zeros(int(episode.max()) + 1 if len(row_episode) else 0, dtype=torch.float64).index_add_(0, episode, tokens)
+    per_episode = torch.zeros(int(episode.max()) + 1 if len(row_episode) else 0, dtype=torch.float64).index_add_(
+        0, episode, tokens
+    )
     return (tokens / per_episode[episode].clamp(min=1.0)).float()  # (R,)
 
 
@@ -402,7 +458,9 @@ def pad_micro_batches(micros: list, accelerator: Any, make_dummy) -> list:
     return micros + [make_dummy() for _ in range(most - len(micros))]
 
 
-def train_on_policy(command: str, cfg: Any, build: Callable[[Any, Any, torch.nn.Module | None, Any], tuple[Any, torch.nn.Module]]) -> dict[str, Any]:
+def train_on_policy(
+    command: str, cfg: Any, build: Callable[[Any, Any, torch.nn.Module | None, Any], tuple[Any, torch.nn.Module]]
+) -> dict[str, Any]:
     """What `agentic-rl grpo` and `ppo` share around their steps: the accelerator, the run
     folder (stops if it holds another run; returns a finished one's result), the policy and π_ref
     (a frozen copy for a full fine-tune with β > 0; LoRA disables its adapters instead), the loop,
@@ -426,7 +484,9 @@ def train_on_policy(command: str, cfg: Any, build: Callable[[Any, Any, torch.nn.
         reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
     algorithm, model = build(policy, tokenizer, reference, accelerator)
     history = run_training(algorithm, model, cfg.train, cfg.optim, accelerator, run_dir, description=command)
-    final = save_final(unwrap_policy(algorithm.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator)
+    final = save_final(
+        unwrap_policy(algorithm.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator
+    )
     result = {"final": str(final), "history": history}
     run_dir.finish(cfg.train.steps, result)
     run_dir.close()

@@ -40,7 +40,9 @@ def combine_drift(acc: Any, total: float, count: int, largest: float) -> tuple[f
     """(sum, count, max) of the audit's log-prob drift over all processes."""
     if acc.num_processes == 1:
         return total, count, largest
-    sums = acc.reduce(torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum").cpu()
+    sums = acc.reduce(
+        torch.tensor([total, float(count)], dtype=torch.float64, device=acc.device), reduction="sum"
+    ).cpu()
     largest = float(acc.gather(torch.tensor([largest], dtype=torch.float64, device=acc.device)).max().cpu())
     return float(sums[0]), int(sums[1]), largest
 

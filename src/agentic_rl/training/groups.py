@@ -38,8 +38,13 @@ class SelectionConfig(Config):
 
     def __post_init__(self) -> None:
         if not self.dynamic_sampling:
-            refuse_unused(self, ["max_rounds"], prefix="selection.", used_with="selection.dynamic_sampling: true",
-                          now="selection.dynamic_sampling is false")
+            refuse_unused(
+                self,
+                ["max_rounds"],
+                prefix="selection.",
+                used_with="selection.dynamic_sampling: true",
+                now="selection.dynamic_sampling is false",
+            )
         if len(self.band) != 2 or not 0.0 <= self.band[0] <= self.band[1] <= 1.0:
             raise ValueError(f"selection.band must be [low, high] with 0 <= low <= high <= 1, got {self.band}")
 
@@ -95,8 +100,10 @@ class PromptSelector:
             else:
                 pool = in_band
         if not exclude and len(pool) < prompts:
-            raise ValueError(f"env.task_pool={len(self.task_pool)} tasks cannot give {prompts} distinct prompts per batch "
-                             "(rollout.batch_size / rollout.group_size); raise env.task_pool")
+            raise ValueError(
+                f"env.task_pool={len(self.task_pool)} tasks cannot give {prompts} distinct prompts per batch "
+                "(rollout.batch_size / rollout.group_size); raise env.task_pool"
+            )
         return rng.sample(pool, min(prompts, len(pool)))  # dynamic sampling takes what the pool has left
 
     def in_band(self, task_id: str, low: float, high: float) -> bool:
@@ -108,8 +115,14 @@ class PromptSelector:
         self.outcomes[group.task.id] = (correct + group.correct, total + len(group.rewards))
 
 
-def guide(groups: list[Group], env_for: Callable[[Any], Any], chat_format: Any,
-          composer: Callable[[list[Trajectory]], list[float]], weights_version: int, accelerator: Any) -> int:
+def guide(
+    groups: list[Group],
+    env_for: Callable[[Any], Any],
+    chat_format: Any,
+    composer: Callable[[list[Trajectory]], list[float]],
+    weights_version: int,
+    accelerator: Any,
+) -> int:
     """LUFFY-style guidance (GuidanceConfig): an oracle demonstration replaces the last episode of
     each group with no correct episode, in place. Every process computes the demonstration's
     reward; the process that owns the group's last row (rows are split by stride) also keeps its

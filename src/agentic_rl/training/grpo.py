@@ -73,9 +73,13 @@ class GRPO:
 
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
         r = self.cfg.rollout
-        if (self.cfg.selection.dynamic_sampling or self.cfg.guidance.enabled) and r.group_size % accelerator.num_processes:
-            raise ValueError(f"selection.dynamic_sampling and guidance regroup whole groups, which needs rollout.group_size "
-                             f"({r.group_size}) to be a multiple of the {accelerator.num_processes} processes")
+        if (
+            self.cfg.selection.dynamic_sampling or self.cfg.guidance.enabled
+        ) and r.group_size % accelerator.num_processes:
+            raise ValueError(
+                f"selection.dynamic_sampling and guidance regroup whole groups, which needs rollout.group_size "
+                f"({r.group_size}) to be a multiple of the {accelerator.num_processes} processes"
+            )
         self.model, self.accelerator = model, accelerator
         self.episodes.bind(model, accelerator)
 
@@ -89,8 +93,11 @@ class GRPO:
         started = time.perf_counter()
         metrics |= trainer.optimizer_step(step)  # 7: clip, AdamW, schedule (finite or fail)
         metrics |= self.episodes.after_update(batch)  # sync the rollout weights; the batch's statistics
-        return metrics | {"train/episodes_trained": float(len(rows)), "time/data": data_seconds,
-                          "time/optimizer": time.perf_counter() - started}
+        return metrics | {
+            "train/episodes_trained": float(len(rows)),
+            "time/data": data_seconds,
+            "time/optimizer": time.perf_counter() - started,
+        }
 
     def batch_for(self, step: int) -> RolloutBatch:
         """The rollout batch step `step` trains on (Episodes.batch_for: fresh every μ steps)."""
@@ -101,37 +108,72 @@ class GRPO:
         """Steps 1-5: this process's rows of a fresh rollout batch, with everything the loss needs."""
         cfg, episodes = self.cfg, self.episodes
         groups, draw_metrics = episodes.draw(step)  # 1-3: prompts, G episodes each, rewards (gathered)
-        guided = guide(groups, episodes.env_for, episodes.engine.chat_format, episodes.composer,
-                       episodes.engine.weights_version, self.accelerator) if cfg.guidance.enabled else 0
+        guided = (
+            guide(
+                groups,
+                episodes.env_for,
+                episodes.engine.chat_format,
+                episodes.composer,
+                episodes.engine.weights_version,
+                self.accelerator,
+            )
+            if cfg.guidance.enabled
+            else 0
+        )
         collected = episodes.collate(groups, draw_metrics | {"train/guided_groups": float(guided)})
         tensors, trajs = collected.tensors, collected.trajectories
         advantages = self.advantages(collected)  # 4: (R_local, T)
         started = time.perf_counter()
-        old = {"recompute": lambda: torch.zeros_like(tensors.logprobs), "sampling": lambda: tensors.logprobs,
-               "detach": lambda: None}[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: filled by `loss`)
+        old = {
+            "recompute": lambda: torch.zeros_like(tensors.logprobs),
+            "sampling": lambda: tensors.logprobs,
+            "detach": lambda: None,
+        }[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: filled by `loss`)
         ref = episodes.score(tensors, reference=True) if cfg.loss.needs_reference else None  # π_ref, β > 0 only
         collected.metrics["time/reference"] = time.perf_counter() - started
-        off_policy = torch.tensor(collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool)  # (R_local,)
-        return RolloutBatch(collected.sequences, tensors, advantages, old, ref, off_policy,
-                            weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics,
-                            episodes=len(trajs), row_weights=episode_token_shares(tensors.loss_mask, collected.row_episode))
+        off_policy = torch.tensor(
+            collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool
+        )  # (R_local,)
+        return RolloutBatch(
+            collected.sequences,
+            tensors,
+            advantages,
+            old,
+            ref,
+            off_policy,
+            weights_version=trajs[0].weights_version if trajs else 0,
+            metrics=collected.metrics,
+            episodes=len(trajs),
+            row_weights=episode_token_shares(tensors.loss_mask, collected.row_episode),
+        )
 
     def advantages(self, collected: Collected) -> torch.Tensor:
         """(R_local, T) each row's advantage per token: its episode's (episode mode, on every
         token), or the values of the turns it holds, each on its turn's tokens (turn modes)."""
-        cfg, trajs, global_rewards, local_rows = self.cfg, collected.trajectories, collected.rewards, collected.local_rows
+        cfg, trajs, global_rewards, local_rows = (
+            self.cfg,
+            collected.trajectories,
+            collected.rewards,
+            collected.local_rows,
+        )
         rows, length = collected.tensors.input_ids.shape
         if cfg.advantage.mode == "episode":
-            per_episode = group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[local_rows]  # (B_local,)
+            per_episode = group_advantages(global_rewards, cfg.rollout.group_size, cfg.loss.scale_rewards)[
+                local_rows
+            ]  # (B_local,)
             per_row = per_episode[torch.tensor(collected.row_episode, dtype=torch.long)]  # (R_local,)
             return per_row[:, None].expand(rows, length).contiguous()  # (R_local, T)
         # The turn modes: the composed reward placed on the turns (env_steps' share on its turns, the rest on the last).
-        all_turns = gather_objects(self.accelerator, rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards))
+        all_turns = gather_objects(
+            self.accelerator, rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards)
+        )
         returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
         baseline = "position" if cfg.advantage.mode == "turn_position" else "start"
         per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards, baseline=baseline)
         by_row = collected.turns_by_row([per_turn[i] for i in local_rows])  # (R_local,) ragged per-turn values
-        return token_advantages_from_turns(by_row, [seq.policy_spans for seq in collected.sequences], length)  # (R_local, T)
+        return token_advantages_from_turns(
+            by_row, [seq.policy_spans for seq in collected.sequences], length
+        )  # (R_local, T)
 
     # ---------------------------------------------------------------- micro-batches: the loss
 
@@ -156,9 +198,13 @@ class GRPO:
         n = batch.episodes or len(batch.trajectories)  # per-sequence means count episodes (RolloutBatch.episodes)
         size = self.cfg.micro_batch_size
         tokens_local = float(batch.tensors.loss_mask.sum())
-        micros = [MicroBatch(batch, rows[start : start + size], len(rows[start : start + size]) / n, tokens_local)
-                  for start in range(0, len(rows), size)]
-        return pad_micro_batches(micros, self.accelerator, lambda: MicroBatch(batch, [0], 0.0, tokens_local, dummy=True))
+        micros = [
+            MicroBatch(batch, rows[start : start + size], len(rows[start : start + size]) / n, tokens_local)
+            for start in range(0, len(rows), size)
+        ]
+        return pad_micro_batches(
+            micros, self.accelerator, lambda: MicroBatch(batch, [0], 0.0, tokens_local, dummy=True)
+        )
 
     def loss(self, model: torch.nn.Module, micro: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the full-batch GRPO loss, and its metrics."""
@@ -172,8 +218,9 @@ class GRPO:
 
         ids, attention, mask = ids[:, :length].to(device), attention[:, :length].to(device), mask[:, :length].to(device)
         bonus = cfg.loss.entropy_coef > 0
-        logps, entropy = model(ids, attention, mask, temperature=cfg.rollout.sampling.temperature, with_entropy=True,
-                               entropy_grad=bonus)  # (b, T), (b, T)
+        logps, entropy = model(
+            ids, attention, mask, temperature=cfg.rollout.sampling.temperature, with_entropy=True, entropy_grad=bonus
+        )  # (b, T), (b, T)
         advantages = rows_of(batch.advantages)  # (b, T)
         if cfg.advantage.mode == "episode":
             advantages = advantages[:, 0]  # (b,): one value per row, so GSPO's clip fractions count sequences
@@ -187,12 +234,28 @@ class GRPO:
         if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
             old = torch.where(off_policy[:, None], logps.detach(), old)
         sampled = mask * (~off_policy)[:, None].to(mask.dtype)  # (b, T): nobody sampled an oracle demonstration
-        is_weights, correction = self.episodes.correction(batch.staleness, logps, old, rows_of(t.logprobs), sampled)  # t.logprobs: the sampler's
+        is_weights, correction = self.episodes.correction(
+            batch.staleness, logps, old, rows_of(t.logprobs), sampled
+        )  # t.logprobs: the sampler's
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
         num_items = micro.tokens if cfg.loss.loss_type in ("dapo", "token") else None
-        weights = batch.row_weights[index].to(device) if batch.row_weights is not None and cfg.loss.loss_type == "grpo" else None
-        loss, metrics = grpo_loss(logps, old, advantages, mask, cfg.loss, ref, num_items_in_batch=num_items,
-                                  entropy=entropy if bonus else None, sequence_weights=weights, is_weights=is_weights)
+        weights = (
+            batch.row_weights[index].to(device)
+            if batch.row_weights is not None and cfg.loss.loss_type == "grpo"
+            else None
+        )
+        loss, metrics = grpo_loss(
+            logps,
+            old,
+            advantages,
+            mask,
+            cfg.loss,
+            ref,
+            num_items_in_batch=num_items,
+            entropy=entropy if bonus else None,
+            sequence_weights=weights,
+            is_weights=is_weights,
+        )
         if cfg.loss.loss_type not in ("dapo", "token", "bnpo"):
             loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of episodes
         if micro.dummy:
@@ -213,7 +276,12 @@ def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:
     the caller picks (integrations/backends.py, used by the CLI and the pipeline): training/ never
     imports integrations/."""
     if cfg.backend != "agentic_rl":
-        raise ValueError(f"train_grpo runs backend agentic_rl, not {cfg.backend!r}; call "
-                         "agentic_rl.integrations.backends.train_grpo_with_backend(cfg)")
-    return train_on_policy("grpo", cfg, lambda policy, tokenizer, reference, accelerator:
-                           (GRPO(cfg, tokenizer, reference), TokenScorer(policy)))
+        raise ValueError(
+            f"train_grpo runs backend agentic_rl, not {cfg.backend!r}; call "
+            "agentic_rl.integrations.backends.train_grpo_with_backend(cfg)"
+        )
+    return train_on_policy(
+        "grpo",
+        cfg,
+        lambda policy, tokenizer, reference, accelerator: (GRPO(cfg, tokenizer, reference), TokenScorer(policy)),
+    )

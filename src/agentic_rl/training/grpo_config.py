@@ -34,7 +34,9 @@ class GRPORolloutConfig(BatchRolloutConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_size < 2:
-            raise ValueError(f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})")
+            raise ValueError(
+                f"rollout.group_size must be >= 2: GRPO's baseline is the mean of a group (got {self.group_size})"
+            )
 
 
 @dataclasses.dataclass
@@ -61,8 +63,10 @@ class AdvantageConfig(Config):
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"advantage.gamma={self.gamma} must be in [0, 1]")
         if self.mode == "episode" and self.gamma != 1.0:
-            raise ValueError(f"advantage.gamma={self.gamma} is only used by the turn modes (advantage.mode is 'episode'); "
-                             "discount the episode reward in its reward term (env_steps' gamma), or set advantage.mode: turn_position")
+            raise ValueError(
+                f"advantage.gamma={self.gamma} is only used by the turn modes (advantage.mode is 'episode'); "
+                "discount the episode reward in its reward term (env_steps' gamma), or set advantage.mode: turn_position"
+            )
 
 
 @dataclasses.dataclass
@@ -133,12 +137,19 @@ class GRPOConfig(PluginsConfig):
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
         if self.guidance.enabled and has_oracle(self.env.name) is False:
             raise no_oracle_error(self.env.name, "guidance.enabled", "set guidance.enabled: false")
-        if self.backend == "agentic_rl":  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
+        if (
+            self.backend == "agentic_rl"
+        ):  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
             check_trainer_device(self.rollout.device)
-        discounted = [spec.params["gamma"] for spec in self.rewards if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0]
+        discounted = [
+            spec.params["gamma"]
+            for spec in self.rewards
+            if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0
+        ]
         if self.advantage.gamma != 1.0 and discounted:
             raise ValueError(
                 f"advantage.gamma={self.advantage.gamma} with an env_steps term of gamma={discounted[0]}: the term already places "
                 f"step k's reward on turn k as gamma^k·r_k, so a turn's return-to-go would discount it twice (G_0 would not be the "
                 f"episode's reward). Keep advantage.gamma: 1 (then G_t = sum_(k>=t) gamma^k·r_k, the discounted objective's "
-                f"policy gradient), or move the discount from the term to advantage.gamma")
+                f"policy gradient), or move the discount from the term to advantage.gamma"
+            )

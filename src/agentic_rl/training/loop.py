@@ -110,8 +110,10 @@ class LoopConfig(Config):
 
     def __post_init__(self) -> None:
         if not self.output_dir.strip():
-            raise ValueError("train.output_dir is empty; set it to a folder for this run (e.g. runs/sft): an empty path "
-                             "would write the run into the current directory")
+            raise ValueError(
+                "train.output_dir is empty; set it to a folder for this run (e.g. runs/sft): an empty path "
+                "would write the run into the current directory"
+            )
         self.output_dir = os.path.expanduser(self.output_dir)  # `~/runs/x`, not a folder named `~` in the cwd
 
 
@@ -169,16 +171,25 @@ class BatchObjective:
         pass
 
 
-
 class Trainer:
     """The prepared model and optimizer, and the two things every step does with them
     (the diagram in the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, optim: OptimConfig, accelerator: Any):
-        self.model, self.optimizer, self.scheduler, self.optim, self.accelerator = model, optimizer, scheduler, optim, accelerator
-        self._bad_loss: tuple[int, float] | None = None  # (micro-batch index, value) of the step's first non-finite loss
+        self.model, self.optimizer, self.scheduler, self.optim, self.accelerator = (
+            model,
+            optimizer,
+            scheduler,
+            optim,
+            accelerator,
+        )
+        self._bad_loss: tuple[int, float] | None = (
+            None  # (micro-batch index, value) of the step's first non-finite loss
+        )
 
-    def accumulate(self, micro_batches: Sequence[Any], loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
+    def accumulate(
+        self, micro_batches: Sequence[Any], loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, float]]]
+    ) -> dict[str, float]:
         """Forward and backward each micro-batch (`loss_of(micro)`: its share of the full-batch
         loss, and metrics), summing gradients; returns the metrics averaged over the micro-batches
         (a key ending in `_max`: their largest value), `loss/total` and `time/forward_backward`.
@@ -210,7 +221,10 @@ class Trainer:
             for param in model.parameters():
                 if param.requires_grad:
                     param.grad = torch.zeros_like(param)
-        row = {key: value if key.endswith("_max") else value / max(1, len(micro_batches)) for key, value in metric_sums.items()}
+        row = {
+            key: value if key.endswith("_max") else value / max(1, len(micro_batches))
+            for key, value in metric_sums.items()
+        }
         return row | {"loss/total": loss_total, "time/forward_backward": time.perf_counter() - started}
 
     def optimizer_step(self, step: int) -> dict[str, float]:
@@ -249,9 +263,12 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     # the default multi-tensor path on SmolLM2-135M's 134.5 M parameters on 2 CPU cores
     # (benchmarks/optimizer_step.py); the two differ by float rounding only.
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
-                                  fused=fused)
-    scheduler = get_scheduler(cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
+    optimizer = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused
+    )
+    scheduler = get_scheduler(
+        cfg.schedule, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1)
+    )
     return optimizer, scheduler
 
 
@@ -272,7 +289,13 @@ def run_training(
     trainer = Trainer(model, optimizer, scheduler, optim, accelerator)
     start = _maybe_resume(objective, model, loop, accelerator, run_dir)
     history: list[dict[str, float]] = []
-    bar = tqdm(range(start, loop.steps), desc=description, disable=not (loop.progress and accelerator.is_main_process), initial=start, total=loop.steps)
+    bar = tqdm(
+        range(start, loop.steps),
+        desc=description,
+        disable=not (loop.progress and accelerator.is_main_process),
+        initial=start,
+        total=loop.steps,
+    )
     for step in bar:
         try:
             row = objective.step(trainer, step)
@@ -280,10 +303,15 @@ def run_training(
                 row["memory/max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         except NonFiniteError as exc:
             resume = latest_checkpoint(run_dir.checkpoints)
-            where = (f"the last finite checkpoint is {resume} (a rerun resumes from it)" if resume
-                     else "no checkpoint was written yet (a rerun starts over)")
-            raise NonFiniteError(f"{exc}. The run stopped; {where}. Lower optim.lr, "
-                                 "check the rewards and data, or set optim.max_grad_norm.") from None
+            where = (
+                f"the last finite checkpoint is {resume} (a rerun resumes from it)"
+                if resume
+                else "no checkpoint was written yet (a rerun starts over)"
+            )
+            raise NonFiniteError(
+                f"{exc}. The run stopped; {where}. Lower optim.lr, "
+                "check the rewards and data, or set optim.max_grad_norm."
+            ) from None
         history.append(row)
         if (step + 1) % loop.log_every == 0 or step + 1 == loop.steps:
             run_dir.log(step + 1, row)
@@ -312,13 +340,17 @@ def _maybe_resume(objective, model, loop: LoopConfig, accelerator, run_dir: RunD
     path, state = found
     step = int(state["step"])
     if step > loop.steps:
-        raise CheckpointError(f"{path} is at step {step}, beyond train.steps={loop.steps}; set train.steps >= {step} "
-                              "to continue it, train.resume=false to start over, or choose another train.output_dir.")
+        raise CheckpointError(
+            f"{path} is at step {step}, beyond train.steps={loop.steps}; set train.steps >= {step} "
+            "to continue it, train.resume=false to start over, or choose another train.output_dir."
+        )
     bad = first_non_finite(model, trainable_only=False)
     if bad is not None:
-        raise CheckpointError(f"{path} holds a non-finite weight ({bad!r}), though its checksums match: no finite run "
-                              "writes one (the loop stops first). Delete that checkpoint to resume from an older one, "
-                              "set train.resume=false to start over, or choose another train.output_dir.")
+        raise CheckpointError(
+            f"{path} holds a non-finite weight ({bad!r}), though its checksums match: no finite run "
+            "writes one (the loop stops first). Delete that checkpoint to resume from an older one, "
+            "set train.resume=false to start over, or choose another train.output_dir."
+        )
     objective.load_state_dict(state["objective"])
     run_dir.truncate_metrics(step)
     accelerator.print(f"resumed from {path} at step {step}")

@@ -87,8 +87,21 @@ GLOSSARY: dict[str, str] = {
     "rm/heldout_accuracy_before": "Pairwise accuracy on the same held-out pairs before training.",
 }
 
-_PATTERNS = [(re.compile("^" + re.escape(key).replace(r"\{term\}", "[^/]+").replace(r"\{reason\}", "[^/]+").replace(r"\{part\}", "[0-9]+") + "$"), key)
-             for key in GLOSSARY if "{" in key]
+_PATTERNS = [
+    (
+        re.compile(
+            "^"
+            + re.escape(key)
+            .replace(r"\{term\}", "[^/]+")
+            .replace(r"\{reason\}", "[^/]+")
+            .replace(r"\{part\}", "[0-9]+")
+            + "$"
+        ),
+        key,
+    )
+    for key in GLOSSARY
+    if "{" in key
+]
 
 
 def glossary_key(key: str) -> str | None:
@@ -102,7 +115,9 @@ def describe_metric(key: str) -> str:
     """The definition of `key`; KeyError naming the glossary when there is none."""
     entry = glossary_key(key)
     if entry is None:
-        raise KeyError(f"metric {key!r} is not defined in agentic_rl/training/metric_keys.py; add it to GLOSSARY with its meaning")
+        raise KeyError(
+            f"metric {key!r} is not defined in agentic_rl/training/metric_keys.py; add it to GLOSSARY with its meaning"
+        )
     return GLOSSARY[entry]
 
 
@@ -111,7 +126,16 @@ def glossary_markdown() -> str:
     from agentic_rl.config_docs import markdown_text
 
     rows = [f"| `{key}` | {markdown_text(meaning).replace('|', '&#124;')} |" for key, meaning in GLOSSARY.items()]
-    return "\n".join(["# Metrics reference", "",
-                      "Every key a trainer writes to `metrics.jsonl` and TensorBoard, generated from the code by",
-                      "`agentic-rl metrics --markdown`. `{term}`, `{reason}` and `{part}` stand for one path segment.",
-                      "", "| key | meaning |", "|---|---|", *rows, ""])
+    return "\n".join(
+        [
+            "# Metrics reference",
+            "",
+            "Every key a trainer writes to `metrics.jsonl` and TensorBoard, generated from the code by",
+            "`agentic-rl metrics --markdown`. `{term}`, `{reason}` and `{part}` stand for one path segment.",
+            "",
+            "| key | meaning |",
+            "|---|---|",
+            *rows,
+            "",
+        ]
+    )

@@ -36,7 +36,14 @@ from typing import Any
 
 import torch
 
-from agentic_rl.algorithms.ppo import kl_penalized_rewards, masked_moments, ppo_loss, sequence_gae, token_rewards, whiten
+from agentic_rl.algorithms.ppo import (
+    kl_penalized_rewards,
+    masked_moments,
+    ppo_loss,
+    sequence_gae,
+    token_rewards,
+    whiten,
+)
 from agentic_rl.models.policy import load_policy
 from agentic_rl.models.reward_scorer import is_reward_model_folder, load_reward_backbone
 from agentic_rl.rollout.trajectory import TrajectoryBatch
@@ -88,29 +95,49 @@ class PPO:
         ref = episodes.score(t, reference=True) if cfg.loss.needs_reference else None
         collected.metrics["time/reference"] = time.perf_counter() - started
         # 2: the composed reward on its turns, then on each turn's last token
-        per_turn = collected.turns_by_row(rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards))
-        per_turn = [turns if bool(mask[row].any()) else [] for row, turns in enumerate(per_turn)]  # untrained rows: no reward
-        rewards = token_rewards(per_turn, [seq.policy_spans for seq in collected.sequences], mask.shape[1])  # (R_local, T) float64
+        per_turn = collected.turns_by_row(
+            rewards_per_turn(trajs, collected.rewards[collected.local_rows].tolist(), cfg.rewards)
+        )
+        per_turn = [
+            turns if bool(mask[row].any()) else [] for row, turns in enumerate(per_turn)
+        ]  # untrained rows: no reward
+        rewards = token_rewards(
+            per_turn, [seq.policy_spans for seq in collected.sequences], mask.shape[1]
+        )  # (R_local, T) float64
         if ref is not None and cfg.loss.kl_mode == "reward":
             behaviour = (old if old is not None else t.logprobs).double()  # the weights that sampled the tokens
             shaped = kl_penalized_rewards(rewards, behaviour, ref.double(), mask, cfg.loss.beta)
             collected.metrics["value/kl_in_reward"] = self._masked_mean(rewards - shaped, mask)
             rewards = shaped
-        advantages, returns = sequence_gae(rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam,
-                                           collected.row_episode)  # 4: (R_local, T)
+        advantages, returns = sequence_gae(
+            rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam, collected.row_episode
+        )  # 4: (R_local, T)
         moments = self._global_moments(advantages, mask)
-        if cfg.loss.whiten_advantages and float(moments[0]) >= 2:  # fewer trained tokens (every episode failed): nothing to whiten
+        if (
+            cfg.loss.whiten_advantages and float(moments[0]) >= 2
+        ):  # fewer trained tokens (every episode failed): nothing to whiten
             advantages = whiten(advantages, mask, moments=moments)
         residual = self._global_moments(returns - old_values.double(), mask)
         target = self._global_moments(returns, mask)
-        collected.metrics.update({
-            "value/mean": self._masked_mean(old_values.double(), mask),
-            "value/returns_mean": float(target[1] / target[0].clamp(min=1)),
-            "value/explained_variance": _explained_variance(residual, target),
-        })
-        return PPOBatch(collected.sequences, t, old, ref if cfg.loss.kl_mode == "loss" else None, old_values, advantages.float(),
-                        returns.float(), tokens=float(moments[0]) / self.accelerator.num_processes,
-                        weights_version=trajs[0].weights_version if trajs else 0, metrics=collected.metrics)
+        collected.metrics.update(
+            {
+                "value/mean": self._masked_mean(old_values.double(), mask),
+                "value/returns_mean": float(target[1] / target[0].clamp(min=1)),
+                "value/explained_variance": _explained_variance(residual, target),
+            }
+        )
+        return PPOBatch(
+            collected.sequences,
+            t,
+            old,
+            ref if cfg.loss.kl_mode == "loss" else None,
+            old_values,
+            advantages.float(),
+            returns.float(),
+            tokens=float(moments[0]) / self.accelerator.num_processes,
+            weights_version=trajs[0].weights_version if trajs else 0,
+            metrics=collected.metrics,
+        )
 
     @torch.no_grad()
     def _value_pass(self, t: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,8 +149,12 @@ class PPO:
         for start in range(0, t.input_ids.shape[0], step):
             rows = slice(start, start + step)
             with self.accelerator.autocast():
-                lp, _, v = model(t.input_ids[rows].to(device), t.attention_mask[rows].to(device), t.loss_mask[rows].to(device),
-                                 self.cfg.rollout.sampling.temperature)
+                lp, _, v = model(
+                    t.input_ids[rows].to(device),
+                    t.attention_mask[rows].to(device),
+                    t.loss_mask[rows].to(device),
+                    self.cfg.rollout.sampling.temperature,
+                )
             values[rows], logps[rows] = v.float().cpu(), lp.float().cpu()
         return values, logps
 
@@ -157,14 +188,33 @@ class PPO:
             return tensor[index][:, :length].to(device)
 
         bonus = self.cfg.loss.entropy_coef > 0
-        logps, entropy, values = model(ids, attention, mask, temperature=self.cfg.rollout.sampling.temperature, with_entropy=True,
-                                       entropy_grad=bonus)  # (b, T) each
+        logps, entropy, values = model(
+            ids,
+            attention,
+            mask,
+            temperature=self.cfg.rollout.sampling.temperature,
+            with_entropy=True,
+            entropy_grad=bonus,
+        )  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
-        is_weights, correction = self.episodes.correction(batch.staleness, logps, old, rows_of(t.logprobs), mask)  # t.logprobs: the sampler's
-        loss, metrics = ppo_loss(logps, old, values, rows_of(batch.old_values), rows_of(batch.advantages),
-                                 rows_of(batch.returns), mask, self.cfg.loss, ref_logps=ref,
-                                 entropy=entropy if bonus else None, num_tokens=batch.tokens, is_weights=is_weights)
+        is_weights, correction = self.episodes.correction(
+            batch.staleness, logps, old, rows_of(t.logprobs), mask
+        )  # t.logprobs: the sampler's
+        loss, metrics = ppo_loss(
+            logps,
+            old,
+            values,
+            rows_of(batch.old_values),
+            rows_of(batch.advantages),
+            rows_of(batch.returns),
+            mask,
+            self.cfg.loss,
+            ref_logps=ref,
+            entropy=entropy if bonus else None,
+            num_tokens=batch.tokens,
+            is_weights=is_weights,
+        )
         out = {k: float(v) for k, v in metrics.items()} | correction
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return (loss * 0.0 if micro.dummy else loss), out
@@ -190,7 +240,9 @@ def _variance(moments: torch.Tensor) -> float:
     return max(squares - total * total / count, 0.0) / (count - 1)
 
 
-def load_critic(cfg: PPOConfig, tokenizer: Any, device: Any = "cpu", log=print) -> tuple[torch.nn.Module | None, torch.Tensor | None]:
+def load_critic(
+    cfg: PPOConfig, tokenizer: Any, device: Any = "cpu", log=print
+) -> tuple[torch.nn.Module | None, torch.Tensor | None]:
     """(critic, its value head's first weight): (None, None) for critic: shared; for separate, a
     copy of `value.model` (default: the policy's model) with fresh adapters and a zero head, or,
     when `value.model` is an `agentic-rl rm` folder, the reward model's decoder and score weights."""
@@ -203,8 +255,10 @@ def load_critic(cfg: PPOConfig, tokenizer: Any, device: Any = "cpu", log=print) 
         critic, critic_tokenizer, _ = load_policy(dataclasses.replace(cfg.model, name=name), device, log=log)
         head_weight = None
     if critic_tokenizer.get_vocab() != tokenizer.get_vocab():
-        raise ValueError(f"value.model={name!r} has another tokenizer than the policy {cfg.model.name!r}; "
-                         "the critic reads the policy's token ids, so it needs the same vocabulary")
+        raise ValueError(
+            f"value.model={name!r} has another tokenizer than the policy {cfg.model.name!r}; "
+            "the critic reads the policy's token ids, so it needs the same vocabulary"
+        )
     return critic, head_weight
 
 

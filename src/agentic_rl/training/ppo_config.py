@@ -59,7 +59,9 @@ class ValueConfig(Config):
 
     def __post_init__(self) -> None:
         if self.critic == "shared":
-            refuse_unused(self, ["model"], prefix="value.", used_with="value.critic: separate", now="value.critic is 'shared'")
+            refuse_unused(
+                self, ["model"], prefix="value.", used_with="value.critic: separate", now="value.critic is 'shared'"
+            )
 
 
 @dataclasses.dataclass
@@ -112,6 +114,8 @@ class PPOConfig(PluginsConfig):
 
     def __post_init__(self) -> None:
         if self.selection.dynamic_sampling and self.rollout.group_size < 2:
-            raise ValueError("selection.dynamic_sampling keeps groups whose rewards differ, which needs rollout.group_size >= 2")
+            raise ValueError(
+                "selection.dynamic_sampling keeps groups whose rewards differ, which needs rollout.group_size >= 2"
+            )
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
         check_trainer_device(self.rollout.device)

@@ -73,7 +73,9 @@ class PairsConfig(Config):
     def __post_init__(self) -> None:
         if self.source != "sampled":  # corrupted pairs: one per oracle demonstration, nothing decoded
             why = dict(used_with="pairs.source: sampled", now=f"pairs.source is {self.source!r}")
-            refuse_unused(self, ["policy", "samples_per_task", "max_pairs_per_task", "max_concurrent"], prefix="pairs.", **why)
+            refuse_unused(
+                self, ["policy", "samples_per_task", "max_pairs_per_task", "max_concurrent"], prefix="pairs.", **why
+            )
             decoding = [f.name for f in dataclasses.fields(self.rollout) if f.name != "enable_thinking"]
             refuse_unused(self.rollout, decoding, prefix="pairs.rollout.", **why)
 
@@ -122,7 +124,7 @@ def corrupt_messages(messages: list[dict[str, Any]], rng: random.Random) -> list
     wrong = value + rng.choice([-1, 1]) * rng.randint(1, max(2, int(abs(value) * 0.5) + 1))
     wrong_text = str(int(wrong)) if wrong == int(wrong) else f"{wrong:.2f}"
     corrupted = [dict(m) for m in messages]
-    corrupted[-1]["content"] = final[: match.start(2)] + wrong_text + final[match.end(2):]
+    corrupted[-1]["content"] = final[: match.start(2)] + wrong_text + final[match.end(2) :]
     tool_indices = [i for i, m in enumerate(corrupted) if m.get("role") == "tool"]
     if tool_indices and rng.random() < 0.5:
         last_tool = tool_indices[-1]
@@ -130,7 +132,9 @@ def corrupt_messages(messages: list[dict[str, Any]], rng: random.Random) -> list
     return corrupted
 
 
-def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed: int) -> list[tuple[Trajectory, Trajectory]]:
+def build_pairs(
+    cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed: int
+) -> list[tuple[Trajectory, Trajectory]]:
     """(chosen, rejected) trajectory pairs from `n_tasks` tasks of `split` (see module docstring)."""
     from agentic_rl.models.chat_format import ChatFormat
     from agentic_rl.rollout.demos import oracle_demos, trajectory_from_messages
@@ -147,11 +151,14 @@ def build_pairs(cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed
             raise ValueError(
                 f"pairs.source=corrupted: env '{env.name}' drops turns from what the policy sees (task {demo.task_id} has "
                 f"{len(demo.previous) + 1} token sequences), so a corrupted copy of the whole conversation would not look "
-                "like anything the policy sees, and the RM would learn that difference; use pairs.source=sampled")
+                "like anything the policy sees, and the RM would learn that difference; use pairs.source=sampled"
+            )
         wrong = corrupt_messages(demo.messages, rng)
         if wrong is None:
             continue
-        rejected = trajectory_from_messages(chat_format, wrong, env.tool_schemas, env.name, demo.task_id, {"correct": False})
+        rejected = trajectory_from_messages(
+            chat_format, wrong, env.tool_schemas, env.name, demo.task_id, {"correct": False}
+        )
         pairs.append((demo, rejected))
     return pairs
 
@@ -163,7 +170,13 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
     policy, tokenizer, _ = load_for_decoding(cfg.policy, cfg.rollout.device, key="pairs.rollout.device")
-    engine = build_engine(policy, tokenizer, cfg.rollout, seed=seed, max_concurrent=min(cfg.max_concurrent, len(tasks) * cfg.samples_per_task))
+    engine = build_engine(
+        policy,
+        tokenizer,
+        cfg.rollout,
+        seed=seed,
+        max_concurrent=min(cfg.max_concurrent, len(tasks) * cfg.samples_per_task),
+    )
     envs = [cfg.env.make() for _ in range(len(tasks) * cfg.samples_per_task)]
     episodes = engine.run(envs, [t for t in tasks for _ in range(cfg.samples_per_task)])
     pairs = []
@@ -175,12 +188,14 @@ def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Traje
     return pairs
 
 
-def pair_scores(scorer, pairs: list[tuple[Trajectory, Trajectory]], pad_id: int, device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(
+    scorer, pairs: list[tuple[Trajectory, Trajectory]], pad_id: int, device: Any = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen scores (N,), rejected scores (N,)) of N pairs, both sides in one forward."""
     sides = [p[0] for p in pairs] + [p[1] for p in pairs]
     tensors = collate(sides, pad_id).to(device)
     scores = scorer(tensors.input_ids, tensors.attention_mask)  # (2N,)
-    return scores[: len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 class RMObjective(BatchObjective):
@@ -223,9 +238,9 @@ class RMObjective(BatchObjective):
 # Why a pair source gives fewer pairs than tasks, as the error for too few says it.
 _FEW_PAIRS_WHY = {
     "corrupted": "corrupted pairs: one per oracle demonstration that ends in a numeric `Final Answer:`; "
-                 "an env whose answers are not numbers gives none, and needs pairs.source=sampled",
+    "an env whose answers are not numbers gives none, and needs pairs.source=sampled",
     "sampled": "sampled pairs: one per task where the policy's samples are sometimes right and sometimes "
-               "wrong; a policy that always or never solves them gives none",
+    "wrong; a policy that always or never solves them gives none",
 }
 
 
@@ -241,8 +256,10 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     pairs = build_pairs(cfg.pairs, "train", cfg.pairs.tasks, tokenizer, cfg.train.seed)
     heldout = build_pairs(cfg.pairs, "test", cfg.pairs.heldout_tasks, tokenizer, cfg.train.seed + 1)
     if len(pairs) < cfg.batch_size or not heldout:
-        raise ValueError(f"only {len(pairs)} training and {len(heldout)} held-out pairs (batch_size {cfg.batch_size}); "
-                         f"raise pairs.tasks / pairs.heldout_tasks ({_FEW_PAIRS_WHY[cfg.pairs.source]})")
+        raise ValueError(
+            f"only {len(pairs)} training and {len(heldout)} held-out pairs (batch_size {cfg.batch_size}); "
+            f"raise pairs.tasks / pairs.heldout_tasks ({_FEW_PAIRS_WHY[cfg.pairs.source]})"
+        )
     classifier, tokenizer, base = load_reward_model(cfg.model, accelerator.device, log=accelerator.print)
     objective = RMObjective(pairs, heldout, cfg, tokenizer.pad_token_id)
     scorer = RewardScorer(classifier)
@@ -256,8 +273,13 @@ def train_rm(cfg: RMConfig) -> dict[str, Any]:
     target = Path(cfg.train.output_dir) / FINAL_DIR
     if accelerator.is_main_process:
         save_reward_model(accelerator.unwrap_model(objective.model).classifier, tokenizer, target, base)
-    result = {"final": str(target), "heldout_accuracy": after, "heldout_accuracy_before": before,
-              "pairs": len(pairs), "heldout_pairs": len(heldout)}
+    result = {
+        "final": str(target),
+        "heldout_accuracy": after,
+        "heldout_accuracy_before": before,
+        "pairs": len(pairs),
+        "heldout_pairs": len(heldout),
+    }
     run_dir.finish(cfg.train.steps, result)
     run_dir.close()
     return result

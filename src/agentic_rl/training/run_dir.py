@@ -1,16 +1,16 @@
 """The run directory: resolved config, metrics JSONL, TensorBoard events, checkpoints.
 
-    runs/<name>/
-      run.json           the command and config that made the run, and its result once finished
-                         (training/run_record.py: the rule for reusing a folder)
-      run.lock           held by the running process: one run at a time (training/run_record.py)
-      config.yaml        the config object actually used (never a hand-made copy)
-      metrics.jsonl      one JSON object per logged step: {"step": k, "loss/total": ..., ...}, every key
-                         defined in training/metric_keys.py;
-                         a non-finite value is written as null (strict JSON)
-      tb/                TensorBoard events of the same metrics
-      checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
-      final/             the trained model (models/stage_output.py), exported last
+runs/<name>/
+  run.json           the command and config that made the run, and its result once finished
+                     (training/run_record.py: the rule for reusing a folder)
+  run.lock           held by the running process: one run at a time (training/run_record.py)
+  config.yaml        the config object actually used (never a hand-made copy)
+  metrics.jsonl      one JSON object per logged step: {"step": k, "loss/total": ..., ...}, every key
+                     defined in training/metric_keys.py;
+                     a non-finite value is written as null (strict JSON)
+  tb/                TensorBoard events of the same metrics
+  checkpoints/       step-<k>/ directories, written atomically (see training/checkpoint.py)
+  final/             the trained model (models/stage_output.py), exported last
 """
 
 from __future__ import annotations
@@ -62,11 +62,16 @@ def lock_run_folder(folder: Path, key: str = "train.output_dir") -> None:
             named = f"pid {who['pid']} on {who['host']}, started {who['started']}"
         except (ValueError, KeyError, TypeError):
             named = "a process that has not yet written its pid"
-        raise RunFolderError(f"{key}={folder} is in use by another run ({named}); wait for it to end, stop it, or "
-                             f"choose another {key}") from None
+        raise RunFolderError(
+            f"{key}={folder} is in use by another run ({named}); wait for it to end, stop it, or choose another {key}"
+        ) from None
     os.ftruncate(handle, 0)
-    os.write(handle, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}).encode())
+    os.write(
+        handle,
+        json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+        ).encode(),
+    )
     _HELD[real] = handle
 
 
@@ -84,8 +89,14 @@ class RunDir:
     `record` ({"command", "config"}, written to run.json); `finished` is then the recorded result
     of a finished run that is not run again, else None."""
 
-    def __init__(self, path: str | Path, config: Any | None = None, enabled: bool = True, tensorboard: bool = True,
-                 record: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        config: Any | None = None,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        record: dict[str, Any] | None = None,
+    ):
         self.path = Path(path)
         self.enabled = enabled
         self.finished: dict[str, Any] | None = None
@@ -97,9 +108,13 @@ class RunDir:
             return
         self.path.mkdir(parents=True, exist_ok=True)
         if record is not None:
-            write_json(self.path / RECORD, {**record, "finished": None})  # before config.yaml: it is what a rerun checks
+            write_json(
+                self.path / RECORD, {**record, "finished": None}
+            )  # before config.yaml: it is what a rerun checks
         if config is not None:
-            data = settings(config) if dataclasses.is_dataclass(config) else config  # derived values left out: it loads back
+            data = (
+                settings(config) if dataclasses.is_dataclass(config) else config
+            )  # derived values left out: it loads back
             (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -114,8 +129,10 @@ class RunDir:
         """Append `metrics` for `step` to metrics.jsonl and TensorBoard."""
         undefined = sorted(key for key in metrics if glossary_key(key) is None)
         if undefined:
-            raise KeyError(f"metric(s) {undefined} are not defined in agentic_rl/training/metric_keys.py; add each to "
-                           "GLOSSARY with its meaning")
+            raise KeyError(
+                f"metric(s) {undefined} are not defined in agentic_rl/training/metric_keys.py; add each to "
+                "GLOSSARY with its meaning"
+            )
         if not self.enabled:
             return
         clean = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}

@@ -54,12 +54,22 @@ import yaml
 from agentic_rl.config import settings
 from agentic_rl.strict_json import dumps, loads_strict
 from agentic_rl.training.checkpoint import RUN_RECORD as CHECKPOINT_RECORD
-from agentic_rl.training.checkpoint import (CheckpointError, checkpoint_record, complete_checkpoints, latest_checkpoint,
-                                            step_of)
+from agentic_rl.training.checkpoint import (
+    CheckpointError,
+    checkpoint_record,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_of,
+)
 from agentic_rl.training.run_dir import RECORD, RunDir, RunFolderError, lock_run_folder, unlock_run_folder
 
-LOOP_KEYS_WITHOUT_EFFECT = ("train.progress", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
-                            "train.resume")
+LOOP_KEYS_WITHOUT_EFFECT = (
+    "train.progress",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.resume",
+)
 """How a run is watched and saved: they change nothing it computes (the pipeline ignores them too)."""
 RESUMABLE_KEYS = (*LOOP_KEYS_WITHOUT_EFFECT, "train.steps", "train.output_dir")
 """The keys a rerun may change and still resume. train.steps: a larger value trains on (a decaying
@@ -72,15 +82,19 @@ _PREVIOUS_RUN = (RECORD, "config.yaml", "metrics.jsonl", "tb", "checkpoints", "f
 def usable_output_dir(path: str | Path, key: str = "train.output_dir") -> Path:
     """`path` as a Path, created if missing; an empty, file or uncreatable path is an error naming it."""
     if not str(path).strip():
-        raise RunFolderError(f"{key} is empty; set it to a folder for this run (e.g. runs/sft): an empty path would "
-                             "write the run into the current directory")
+        raise RunFolderError(
+            f"{key} is empty; set it to a folder for this run (e.g. runs/sft): an empty path would "
+            "write the run into the current directory"
+        )
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"{key}={path} is a file, not a folder; choose another {key}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RunFolderError(f"{key}={path} cannot be created ({exc.strerror}: {exc.filename}); choose another {key}") from None
+        raise RunFolderError(
+            f"{key}={path} cannot be created ({exc.strerror}: {exc.filename}); choose another {key}"
+        ) from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise RunFolderError(f"{key}={path} is not writable; choose another {key}")
     return folder
@@ -107,28 +121,37 @@ def start_run(command: str, cfg: Any, process: Any, tensorboard: bool = True) ->
         raise
     process.wait_for_everyone()  # every rank has read the old record before the main one replaces it
     if finished is not None:
-        process.print(f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
-                      f"(result: {finished['result'].get('final', folder)}). Raise train.steps to train on, set "
-                      "train.resume=false to start over, or choose another train.output_dir.")
+        process.print(
+            f"{command}: the run in {folder} finished at step {finished['step']}; nothing to train "
+            f"(result: {finished['result'].get('final', folder)}). Raise train.steps to train on, set "
+            "train.resume=false to start over, or choose another train.output_dir."
+        )
         run_dir = RunDir(folder, enabled=False)
         run_dir.finished = _restore_history(finished["result"])
         unlock_run_folder(folder)
         return run_dir
     if not cfg.train.resume and process.is_main_process:
         _delete_previous_run(folder, process.print)
-    return RunDir(folder, cfg, enabled=process.is_main_process, tensorboard=tensorboard,
-                  record={"command": command, "config": config})
+    return RunDir(
+        folder,
+        cfg,
+        enabled=process.is_main_process,
+        tensorboard=tensorboard,
+        record={"command": command, "config": config},
+    )
 
 
-def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: int,
-                    defaults: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def _check_previous(
+    folder: Path, command: str, config: dict[str, Any], steps: int, defaults: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """Raise if `folder` holds another run; the finished record if it holds this one, finished.
     `defaults`: the command's default config, for keys newer than the record (see `differing_keys`)."""
     record = _read_record(folder)
     if record is not None and record["command"] not in (None, command):
         raise RunFolderError(
             f"train.output_dir={folder} holds a `{record['command']}` run ({folder / RECORD}); `{command}` cannot "
-            f"resume it. Choose another train.output_dir, or set train.resume=false to delete that run and start over there.")
+            f"resume it. Choose another train.output_dir, or set train.resume=false to delete that run and start over there."
+        )
     if record is not None:
         differing = differing_keys(record["config"], config, defaults)
         if differing:
@@ -140,7 +163,8 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
         raise CheckpointError(
             f"{newest} is at step {step_of(newest)}, beyond train.steps={steps}: there is nothing left to run and "
             f"its weights were not trained for this config. Set train.steps >= {step_of(newest)} to continue it, "
-            "train.resume=false to start over, or choose another train.output_dir.")
+            "train.resume=false to start over, or choose another train.output_dir."
+        )
     finished = record.get("finished") if record is not None else None
     if finished is None or finished["step"] != steps:
         return None  # running, killed, or finished at fewer steps: the loop resumes
@@ -149,15 +173,22 @@ def _check_previous(folder: Path, command: str, config: dict[str, Any], steps: i
         return finished
     inside = (folder / final).resolve()  # recorded relative to the folder; an older record's absolute path alike
     if not inside.is_relative_to(folder.resolve()):
-        raise RunFolderError(f"{record['source']} names its result {final}, outside {folder}: a finished run's result is "
-                             "its own final/. Set train.resume=false to start over there, or choose another train.output_dir")
+        raise RunFolderError(
+            f"{record['source']} names its result {final}, outside {folder}: a finished run's result is "
+            "its own final/. Set train.resume=false to start over there, or choose another train.output_dir"
+        )
     if not inside.exists():
         return None  # final/ deleted: resume re-exports it
     return {**finished, "result": {**finished["result"], "final": str(folder / final)}}
 
 
-def _check_checkpoint_record(checkpoint: Path, record: dict[str, Any] | None, command: str, config: dict[str, Any],
-                             defaults: dict[str, Any] | None) -> None:
+def _check_checkpoint_record(
+    checkpoint: Path,
+    record: dict[str, Any] | None,
+    command: str,
+    config: dict[str, Any],
+    defaults: dict[str, Any] | None,
+) -> None:
     """Raise unless `checkpoint` was written by this command under this config (by the record inside
     it, whatever the folder's run.json says); one from before records were kept is resumed only
     under the folder's record, which the caller checked."""
@@ -165,26 +196,32 @@ def _check_checkpoint_record(checkpoint: Path, record: dict[str, Any] | None, co
     try:
         own = checkpoint_record(checkpoint)
     except (OSError, ValueError) as exc:
-        raise RunFolderError(f"{where} cannot be read ({type(exc).__name__}: {exc}); delete {checkpoint} to resume "
-                             "from an older checkpoint, or set train.resume=false to start over there") from None
+        raise RunFolderError(
+            f"{where} cannot be read ({type(exc).__name__}: {exc}); delete {checkpoint} to resume "
+            "from an older checkpoint, or set train.resume=false to start over there"
+        ) from None
     if own is None:
         if record is None:
             raise RunFolderError(
                 f"{checkpoint} carries no record of the config that trained it and {checkpoint.parent.parent} has no "
                 f"{RECORD}: resuming it could continue another config's weights and optimizer. Set train.resume=false "
-                "to start over there, or choose another train.output_dir.")
+                "to start over there, or choose another train.output_dir."
+            )
         return
     if not isinstance(own, dict) or own.get("command") != command or not isinstance(own.get("config"), dict):
         kind = own.get("command") if isinstance(own, dict) else None
-        raise RunFolderError(f"{checkpoint} was written by a `{kind}` run ({where}); `{command}` cannot resume it. Set "
-                             "train.resume=false to start over there, or choose another train.output_dir.")
+        raise RunFolderError(
+            f"{checkpoint} was written by a `{kind}` run ({where}); `{command}` cannot resume it. Set "
+            "train.resume=false to start over there, or choose another train.output_dir."
+        )
     differing = differing_keys(own["config"], config, defaults)
     if differing:
         raise RunFolderError(_another_config(checkpoint.parent.parent, str(where), differing))
 
 
-def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
-                   defaults: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+def differing_keys(
+    recorded: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """(dotted key, recorded value, current value) for each key that differs, outside RESUMABLE_KEYS.
 
     A key the record lacks whose current value is its default in `defaults` is no difference: it is
@@ -192,9 +229,13 @@ def differing_keys(recorded: dict[str, Any], now: dict[str, Any],
     value the run had in effect. Set to anything else, it differs."""
     old, new, default = _flatten(recorded), _flatten(now), _flatten(defaults or {})
     missing = object()
-    return [(key, old.get(key, "(absent)"), new.get(key, "(absent)")) for key in sorted(set(old) | set(new))
-            if key not in RESUMABLE_KEYS and old.get(key, missing) != new.get(key, missing)
-            and not (key not in old and key in default and new.get(key, missing) == default[key])]
+    return [
+        (key, old.get(key, "(absent)"), new.get(key, "(absent)"))
+        for key in sorted(set(old) | set(new))
+        if key not in RESUMABLE_KEYS
+        and old.get(key, missing) != new.get(key, missing)
+        and not (key not in old and key in default and new.get(key, missing) == default[key])
+    ]
 
 
 def _another_config(folder: Path, source: str, differing: list[tuple[str, Any, Any]]) -> str:
@@ -202,10 +243,12 @@ def _another_config(folder: Path, source: str, differing: list[tuple[str, Any, A
     lines = "\n".join(f"  {key}: {_show(old)} (recorded) -> {_show(new)} (now)" for key, old, new in differing[:_SHOWN])
     if len(differing) > _SHOWN:
         lines += f"\n  ... and {len(differing) - _SHOWN} more keys"
-    return (f"train.output_dir={folder} holds a run made with another config ({source}); resuming it would continue "
-            f"that run's weights, optimizer and schedule under this config's name. Differing keys:\n{lines}\nSet "
-            f"train.resume=false to delete that run and start over there, or choose another train.output_dir. Only "
-            f"{', '.join(RESUMABLE_KEYS)} may change on resume.")
+    return (
+        f"train.output_dir={folder} holds a run made with another config ({source}); resuming it would continue "
+        f"that run's weights, optimizer and schedule under this config's name. Differing keys:\n{lines}\nSet "
+        f"train.resume=false to delete that run and start over there, or choose another train.output_dir. Only "
+        f"{', '.join(RESUMABLE_KEYS)} may change on resume."
+    )
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:
@@ -215,24 +258,34 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
     if path.exists():
         try:
             record = loads_strict(path.read_text())
-            checked = {"command": record["command"], "config": record["config"], "finished": record.get("finished"),
-                       "source": str(path)}
+            checked = {
+                "command": record["command"],
+                "config": record["config"],
+                "finished": record.get("finished"),
+                "source": str(path),
+            }
             _check_record(checked)
             return checked
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RunFolderError(f"{path} cannot be read ({type(exc).__name__}: {exc}); set train.resume=false to start "
-                                 "over in that folder, or choose another train.output_dir") from None
+            raise RunFolderError(
+                f"{path} cannot be read ({type(exc).__name__}: {exc}); set train.resume=false to start "
+                "over in that folder, or choose another train.output_dir"
+            ) from None
     legacy = folder / "config.yaml"
     if not legacy.exists():
         return None
     try:
         config = yaml.safe_load(legacy.read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise RunFolderError(f"{legacy} is not a run's config ({exc}); choose another train.output_dir, or set "
-                             "train.resume=false to start over there (it is deleted)") from None
+        raise RunFolderError(
+            f"{legacy} is not a run's config ({exc}); choose another train.output_dir, or set "
+            "train.resume=false to start over there (it is deleted)"
+        ) from None
     if not isinstance(config, dict):
-        raise RunFolderError(f"{legacy} is not a run's config; choose another train.output_dir, or set "
-                             "train.resume=false to start over there (it is deleted)")
+        raise RunFolderError(
+            f"{legacy} is not a run's config; choose another train.output_dir, or set "
+            "train.resume=false to start over there (it is deleted)"
+        )
     return {"command": None, "config": _json_ready(config), "finished": None, "source": str(legacy)}
 
 
@@ -246,7 +299,9 @@ def _check_record(record: dict[str, Any]) -> None:
     if not isinstance(finished, dict) or set(finished) != {"step", "result"}:
         raise TypeError(f"its finished must be null or {{step, result}}, got {_show(finished)}")
     if type(finished["step"]) is not int or finished["step"] < 0 or not isinstance(finished["result"], dict):
-        raise TypeError(f"its finished.step must be a whole number and finished.result an object, got {_show(finished)}")
+        raise TypeError(
+            f"its finished.step must be a whole number and finished.result an object, got {_show(finished)}"
+        )
     if not isinstance(finished["result"].get("final", ""), str):
         raise TypeError(f"its finished.result.final must be a path, got {_show(finished['result']['final'])}")
 
@@ -260,7 +315,8 @@ def _previous_run(folder: Path) -> list[str]:
         raise RunFolderError(
             f"train.output_dir={folder} holds {', '.join(found)} but no {RECORD}: it is not a run folder of this "
             "toolkit (or one from before run records), so train.resume=false will not delete them. Move or delete "
-            "them yourself, or choose another train.output_dir.")
+            "them yourself, or choose another train.output_dir."
+        )
     return found
 
 

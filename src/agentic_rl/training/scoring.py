@@ -29,10 +29,18 @@ class TokenScorer(torch.nn.Module):
         # config names none, so configs/accelerate/fsdp.yaml fits every model family.
         self._no_split_modules = list(getattr(policy, "_no_split_modules", None) or [])
 
-    def forward(self, input_ids, attention_mask, loss_mask, temperature: float = 1.0, with_entropy: bool = False,
-                entropy_grad: bool = False):
-        return sequence_logprobs(self.policy, input_ids, attention_mask, loss_mask, temperature, with_entropy,
-                                 entropy_grad=entropy_grad)
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        loss_mask,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ):
+        return sequence_logprobs(
+            self.policy, input_ids, attention_mask, loss_mask, temperature, with_entropy, entropy_grad=entropy_grad
+        )
 
 
 def unwrap_policy(model: torch.nn.Module, accelerator) -> torch.nn.Module:
@@ -60,18 +68,22 @@ def full_policy_state_dict(model: torch.nn.Module, accelerator) -> dict[str, tor
         return None
     state = accelerator.get_state_dict(model)  # keys "policy.<name>": TokenScorer's
     prefix = "policy."
-    whole = {name[len(prefix):]: value for name, value in (state or {}).items() if name.startswith(prefix)}
+    whole = {name[len(prefix) :]: value for name, value in (state or {}).items() if name.startswith(prefix)}
     # The gathered copies of tied weights (lm_head = embed_tokens) no longer share storage, so
     # save_pretrained would write both: keep each parameter once, under its first name.
     policy = unwrap_policy(model, accelerator)
-    aliases = {name for name, _ in policy.named_parameters(remove_duplicate=False)} - {name for name, _ in policy.named_parameters()}
+    aliases = {name for name, _ in policy.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in policy.named_parameters()
+    }
     return {name: value for name, value in whole.items() if name not in aliases}
 
 
 def require_replicated_weights(accelerator, command: str) -> None:
     """ValueError when `command` cannot run on sharded weights (see the module docstring)."""
     if shards_weights(accelerator):
-        raise ValueError(f"`agentic-rl {command}` needs whole weights on every rank, but this launch shards them "
-                         f"({accelerator.distributed_type}); launch it with DDP (torchrun, or accelerate's "
-                         "multi-GPU config) or DeepSpeed ZeRO-2 (configs/accelerate/deepspeed_zero2.yaml). "
-                         "FSDP and ZeRO-3 are supported for `agentic-rl sft`.")
+        raise ValueError(
+            f"`agentic-rl {command}` needs whole weights on every rank, but this launch shards them "
+            f"({accelerator.distributed_type}); launch it with DDP (torchrun, or accelerate's "
+            "multi-GPU config) or DeepSpeed ZeRO-2 (configs/accelerate/deepspeed_zero2.yaml). "
+            "FSDP and ZeRO-3 are supported for `agentic-rl sft`."
+        )

@@ -68,10 +68,13 @@ class DemoSource(Config):
             unused, used_with = ["path"], "sft.sources[].kind: jsonl"
         refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
         if self.kind == "oracle" and has_oracle(self.env.name) is False:
-            raise no_oracle_error(self.env.name, "sft.sources[].kind: oracle",
-                                  "give demonstrations of your own (kind: jsonl, path: FILE)")
+            raise no_oracle_error(
+                self.env.name, "sft.sources[].kind: oracle", "give demonstrations of your own (kind: jsonl, path: FILE)"
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}")
+            raise ValueError(
+                f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}"
+            )
         if self.max_repeats is not None and self.max_repeats < 1:
             raise ValueError(f"sft.sources[].max_repeats must be >= 1 or null (keep all), got {self.max_repeats}")
 
@@ -117,8 +120,14 @@ class SFTConfig(PluginsConfig, TemplateOptions):
     """Loop, output and checkpoints."""
 
 
-def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print, context: int | None = None,
-                enable_thinking: bool | None = None) -> list[Trajectory]:
+def build_demos(
+    sources: list[DemoSource],
+    tokenizer: Any,
+    seed: int,
+    log=print,
+    context: int | None = None,
+    enable_thinking: bool | None = None,
+) -> list[Trajectory]:
     """Every source's demonstrations, in order. context: the model's max_position_embeddings (None:
     unknown); no demonstration may be longer than it or than its source's max_tokens.
     enable_thinking: the chat template's switch (TemplateOptions), as the rollouts render."""
@@ -142,8 +151,10 @@ def build_demos(sources: list[DemoSource], tokenizer: Any, seed: int, log=print,
         if source.max_repeats is not None:
             kept, dropped = cap_repeats(found, source.max_repeats, seed + number)
             for tokens, count in sorted(dropped.items(), key=lambda item: -item[1]):
-                log(f"sft.sources[{number}]: dropped {count} of {count + source.max_repeats} demonstrations "
-                    f"training exactly {tokenizer.decode(list(tokens))!r} (max_repeats={source.max_repeats})")
+                log(
+                    f"sft.sources[{number}]: dropped {count} of {count + source.max_repeats} demonstrations "
+                    f"training exactly {tokenizer.decode(list(tokens))!r} (max_repeats={source.max_repeats})"
+                )
             found = kept
         demos.extend(found)
     return demos
@@ -177,7 +188,9 @@ class SFTObjective(BatchObjective):
 
     def _batches(self, epoch: int) -> list[list[int]]:
         if epoch not in self._epoch_batches:
-            self._epoch_batches = {epoch: length_bucketed_batches(self.lengths, self.cfg.batch_size, self.cfg.train.seed, epoch)}
+            self._epoch_batches = {
+                epoch: length_bucketed_batches(self.lengths, self.cfg.batch_size, self.cfg.train.seed, epoch)
+            }
         return self._epoch_batches[epoch]
 
     def next_batch(self, step: int) -> dict[str, Any]:
@@ -195,7 +208,10 @@ class SFTObjective(BatchObjective):
     def micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
         trajs = sorted(batch["trajectories"], key=len)
         size = self.cfg.micro_batch_size
-        return [{"trajectories": trajs[i : i + size], "normaliser": batch["normaliser"], "epoch": batch["epoch"]} for i in range(0, len(trajs), size)]
+        return [
+            {"trajectories": trajs[i : i + size], "normaliser": batch["normaliser"], "epoch": batch["epoch"]}
+            for i in range(0, len(trajs), size)
+        ]
 
     def loss(self, model, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         tensors = collate(micro["trajectories"], self.pad_id).to(self.accelerator.device)
@@ -213,21 +229,34 @@ def train_sft(cfg: SFTConfig, demos: list[Trajectory] | None = None) -> dict[str
     if run_dir.finished is not None:
         return run_dir.finished
     if demos is None:  # before the model loads: a bad demonstration file stops the run in seconds, not minutes
-        demos = build_demos(cfg.sources, load_stage_tokenizer(cfg.model.name), cfg.train.seed, log=accelerator.print,
-                            enable_thinking=cfg.enable_thinking)
+        demos = build_demos(
+            cfg.sources,
+            load_stage_tokenizer(cfg.model.name),
+            cfg.train.seed,
+            log=accelerator.print,
+            enable_thinking=cfg.enable_thinking,
+        )
     policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
     context = context_length(policy)
     for demo in demos:  # the model's context is known only now
         check_length(demo, context, demo.task_id, f"the model's context, max_position_embeddings={context}")
     if len(demos) < cfg.batch_size:
-        raise ValueError(f"{len(demos)} demonstrations cannot fill batch_size={cfg.batch_size}; add demonstrations or lower it")
+        raise ValueError(
+            f"{len(demos)} demonstrations cannot fill batch_size={cfg.batch_size}; add demonstrations or lower it"
+        )
     objective = SFTObjective(demos, cfg, tokenizer.pad_token_id)
     policy.train()
     scorer = TokenScorer(policy)
     history = run_training(objective, scorer, cfg.train, cfg.optim, accelerator, run_dir, description="sft")
     whole = full_policy_state_dict(objective.model, accelerator)  # FSDP / ZeRO-3: gathered from the shards
-    final = save_final(unwrap_policy(objective.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator,
-                       state_dict=whole)
+    final = save_final(
+        unwrap_policy(objective.model, accelerator),
+        tokenizer,
+        Path(cfg.train.output_dir),
+        base_name,
+        accelerator,
+        state_dict=whole,
+    )
     result = {"final": str(final), "history": history, "num_demos": len(demos)}
     run_dir.finish(cfg.train.steps, result)
     run_dir.close()

@@ -37,7 +37,14 @@ import torch
 from agentic_rl.errors import RunStopped
 from agentic_rl.models.chat_format import ChatFormat, with_placeholder_assistants
 from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE
-from agentic_rl.rollout.episode_checks import logprob_drift, mask_problem, mask_table, prefix_problem, token_table, turn_cuts
+from agentic_rl.rollout.episode_checks import (
+    logprob_drift,
+    mask_problem,
+    mask_table,
+    prefix_problem,
+    token_table,
+    turn_cuts,
+)
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -52,10 +59,17 @@ class StartAudit:
     """The audit of one run's first batch (module docstring). `check_episodes` once, then
     `record_logprobs` at each micro-batch of the first update, then `finish` after that step."""
 
-    def __init__(self, chat_format: ChatFormat, tools: Sequence[dict[str, Any]] | None, float32_both_sides: bool,
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        chat_format: ChatFormat,
+        tools: Sequence[dict[str, Any]] | None,
+        float32_both_sides: bool,
+        log: Callable[[str], None] = print,
+    ):
         self.chat_format, self.tools, self.log = chat_format, tools, log
-        self.tolerance = FLOAT32_LOGPROB_TOLERANCE if float32_both_sides else None  # None: bf16 on a side, reported only
+        self.tolerance = (
+            FLOAT32_LOGPROB_TOLERANCE if float32_both_sides else None
+        )  # None: bf16 on a side, reported only
         self.episodes_checked = False
         self.seconds = 0.0
         self._drift_max, self._drift_sum, self._drift_count = 0.0, 0.0, 0
@@ -80,8 +94,10 @@ class StartAudit:
         self.seconds += time.perf_counter() - started
         self.episodes_checked = True
         if failure is None:
-            self.log(f"audit on start: PASS prefix ({boundaries} turn boundaries), PASS mask ({turns} model turns of "
-                     f"{len(trajectories)} episodes) in {self.seconds:.3f} s")
+            self.log(
+                f"audit on start: PASS prefix ({boundaries} turn boundaries), PASS mask ({turns} model turns of "
+                f"{len(trajectories)} episodes) in {self.seconds:.3f} s"
+            )
         return failure
 
     def _rendered_sequences(self, trajectory: Trajectory) -> list[tuple[Trajectory, int]]:
@@ -102,9 +118,11 @@ class StartAudit:
             problem = prefix_problem(self.chat_format, messages, prompt, self.tools)
             if problem is not None:
                 table = token_table(self.chat_format, problem.shorter, problem.longer, problem.position)
-                return (f"audit on start: FAIL prefix: task {trajectory.task_id}, token sequence {number}: rendering "
-                        f"{problem.after} messages rewrites the rendering of the first {problem.before}; first "
-                        f"differing token at position {problem.position} {_HOW_TO_SKIP}\n" + "\n".join(table))
+                return (
+                    f"audit on start: FAIL prefix: task {trajectory.task_id}, token sequence {number}: rendering "
+                    f"{problem.after} messages rewrites the rendering of the first {problem.before}; first "
+                    f"differing token at position {problem.position} {_HOW_TO_SKIP}\n" + "\n".join(table)
+                )
         return None
 
     def _mask_failure(self, trajectory: Trajectory) -> str | None:
@@ -113,8 +131,10 @@ class StartAudit:
             return None
         number, position, message = problem
         table = mask_table(self.chat_format, trajectory.sequences()[number], position)
-        return (f"audit on start: FAIL mask: task {trajectory.task_id}, token sequence {number}: {message} "
-                f"{_HOW_TO_SKIP}\n" + "\n".join(table))
+        return (
+            f"audit on start: FAIL mask: task {trajectory.task_id}, token sequence {number}: {message} "
+            f"{_HOW_TO_SKIP}\n" + "\n".join(table)
+        )
 
     # ------------------------------------------------------------------ during the first update
 
@@ -134,21 +154,33 @@ class StartAudit:
     def logprobs_measured(self) -> bool:
         return self._recorded
 
-    def finish(self, combine: Callable[[float, int, float], tuple[float, int, float]] | None = None) -> dict[str, float]:
+    def finish(
+        self, combine: Callable[[float, int, float], tuple[float, int, float]] | None = None
+    ) -> dict[str, float]:
         """The drift and cost metrics, after the step whose forward passes were recorded; prints the verdict.
         combine: (sum, count, max) of this process -> those of all processes, so every rank logs the
         whole batch's drift (as every other rollout metric) rather than its own half's."""
         if combine is not None:
-            self._drift_sum, self._drift_count, self._drift_max = combine(self._drift_sum, self._drift_count, self._drift_max)
+            self._drift_sum, self._drift_count, self._drift_max = combine(
+                self._drift_sum, self._drift_count, self._drift_max
+            )
         mean = self._drift_sum / max(1, self._drift_count)
         if self.tolerance is None:
             verdict = "bf16 on a side: this is the sampler/trainer mismatch (rollout_correction)"
         elif self._drift_max <= self.tolerance:
             verdict = f"PASS, within the float32 tolerance {self.tolerance:g}"
         else:
-            verdict = (f"WARNING: above the float32 tolerance {self.tolerance:g}: the sampler and the trainer run the "
-                       "same precision, so their log-probs should agree to rounding (a decode kernel or weight-sync "
-                       "bug? `agentic-rl audit` shows more)")
-        self.log(f"audit on start: logprobs max |sampler − trainer| {self._drift_max:.2e}, mean {mean:.2e} over "
-                 f"{self._drift_count} trained tokens ({verdict}); the audit took {self.seconds:.3f} s")
-        return {"rollout/logprob_drift_max": self._drift_max, "rollout/logprob_drift_mean": mean, "time/audit": self.seconds}
+            verdict = (
+                f"WARNING: above the float32 tolerance {self.tolerance:g}: the sampler and the trainer run the "
+                "same precision, so their log-probs should agree to rounding (a decode kernel or weight-sync "
+                "bug? `agentic-rl audit` shows more)"
+            )
+        self.log(
+            f"audit on start: logprobs max |sampler − trainer| {self._drift_max:.2e}, mean {mean:.2e} over "
+            f"{self._drift_count} trained tokens ({verdict}); the audit took {self.seconds:.3f} s"
+        )
+        return {
+            "rollout/logprob_drift_max": self._drift_max,
+            "rollout/logprob_drift_mean": mean,
+            "time/audit": self.seconds,
+        }
