@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from agentic_rl.config import load_config
+from agentic_rl.validation import load_and_validate
 from agentic_rl.envs.arith import ArithEnv
 from agentic_rl.envs.base import StepResult, list_envs, register_env
 from agentic_rl.rewards.base import list_rewards, register_reward
@@ -97,11 +97,11 @@ GRPO_TINY = [*TINY, "rollout.group_size=2"]
 
 
 def grpo_cfg(output_dir: Path, *extra: str) -> GRPOConfig:
-    return load_config(GRPOConfig, None, overrides=[*GRPO_TINY, f"train.output_dir={output_dir}", *extra])
+    return load_and_validate(GRPOConfig, None, overrides=[*GRPO_TINY, f"train.output_dir={output_dir}", *extra])
 
 
 def ppo_cfg(output_dir: Path, *extra: str) -> PPOConfig:
-    return load_config(PPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
+    return load_and_validate(PPOConfig, None, overrides=[*TINY, f"train.output_dir={output_dir}", *extra])
 
 
 def adapters(run: Path) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentic_rl.config import ConfigError, load_config
+from agentic_rl.config import ConfigError
+from agentic_rl.validation import load_and_validate
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.oracle import run_oracle
 from agentic_rl.training.grpo_config import GRPOConfig
@@ -146,9 +147,9 @@ def test_reasoning_gym_keeps_the_prompt_a_model_was_trained_with_when_given_one(
 def test_a_bad_reasoning_gym_dataset_or_config_stops_the_config_before_a_model_loads():
     """Guards against an unknown dataset or config key failing mid-run instead of at load time."""
     with pytest.raises(ConfigError, match="reasoning-gym cannot build no_such_set"):
-        load_config(GRPOConfig, None, overrides=["env.name=reasoning_gym", "env.options={dataset: no_such_set}"])
+        load_and_validate(GRPOConfig, None, overrides=["env.name=reasoning_gym", "env.options={dataset: no_such_set}"])
     with pytest.raises(ConfigError, match="unexpected keyword argument 'max_turns_of_doom'"):
-        load_config(
+        load_and_validate(
             GRPOConfig, None, overrides=["env.name=reasoning_gym", "env.options={config: {max_turns_of_doom: 3}}"]
         )
 
@@ -202,9 +203,9 @@ def test_a_textarena_game_replays_exactly_by_seed_and_never_reseeds_the_process(
 def test_a_textarena_game_that_would_download_data_or_is_not_single_player_fails_when_the_config_loads(tmp_path):
     """Guards against a game that downloads at run time, or a two-player game, failing only after a model loaded."""
     with pytest.raises(ConfigError, match="is not a single-player game"):
-        load_config(GRPOConfig, None, overrides=["env.name=textarena", "env.options={game: ConnectFour-v0}"])
+        load_and_validate(GRPOConfig, None, overrides=["env.name=textarena", "env.options={game: ConnectFour-v0}"])
     with pytest.raises(ConfigError, match="unknown textarena game 'Nope-v0'; single-player games: .*TowerOfHanoi-v0"):
-        load_config(GRPOConfig, None, overrides=["env.name=textarena", "env.options={game: Nope-v0}"])
+        load_and_validate(GRPOConfig, None, overrides=["env.name=textarena", "env.options={game: Nope-v0}"])
     # Hangman builds NLTK's word list when made: with no corpus on the search path it would download one.
     empty = tmp_path / "nltk_data"
     empty.mkdir()
@@ -440,7 +441,7 @@ def test_verifiers_kinds_that_need_their_own_client_are_refused_by_name_when_the
     with pytest.raises(
         ConfigError, match=f"verifiers environment 'vf_tiny_envs' \\(env_args {{'kind': '{kind}'}}\\) {reason}"
     ):
-        load_config(
+        load_and_validate(
             GRPOConfig,
             None,
             overrides=["env.name=verifiers", f"env.options={{env_id: vf_tiny_envs, env_args: {{kind: {kind}}}}}"],
@@ -471,7 +472,7 @@ def test_a_verifiers_env_that_would_download_or_is_not_installed_fails_before_a_
     with pytest.raises(
         ConfigError, match="cannot import verifiers environment 'vf_no_such_env'.*No module named 'vf_no_such_env'"
     ):
-        load_config(GRPOConfig, None, overrides=["env.name=verifiers", "env.options={env_id: vf_no_such_env}"])
+        load_and_validate(GRPOConfig, None, overrides=["env.name=verifiers", "env.options={env_id: vf_no_such_env}"])
 
 
 def test_sft_trains_on_a_verifiers_envs_reference_completions(tmp_path):

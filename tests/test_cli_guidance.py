@@ -12,6 +12,7 @@ import pytest
 from agentic_rl import cli
 from agentic_rl.config import load_config
 from agentic_rl.train_commands import config_class, next_step
+from agentic_rl.validation import load_and_validate
 
 TINY = {
     "sft": ["sources=[{kind: oracle, env: {name: arith, options: {difficulty: 1}}, n: 4}]"],
@@ -93,7 +94,7 @@ def test_a_setting_that_needs_an_oracle_names_the_env_without_one_when_the_confi
         ConfigError,
         match=rf"{re.escape(where)}: env 'no_oracle' has no oracle \(its class does not define oracle_actions",
     ):
-        load_config(
+        load_and_validate(
             config_class(command),
             None,
             overrides=[*(["model.name=tiny-qwen3"] if command != "audit" else []), *overrides],

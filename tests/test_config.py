@@ -2,6 +2,8 @@
 
 import dataclasses
 import re
+import subprocess
+import sys
 from typing import Literal
 
 import pytest
@@ -632,3 +634,50 @@ def test_the_kl_weight_is_bounded_by_the_same_marker_in_grpo_and_ppo(command):
     if command == "grpo":
         with pytest.raises(ConfigError, match=r"^--set: 'loss.epsilon_high' must be > 0, got 0.0\n"):
             load_config(config_class(command), None, ["loss.epsilon_high=0"])
+
+
+def test_loading_a_config_imports_no_plugin_and_builds_no_env(tmp_path):
+    """Guards against parsing running user code (docs/design.md, layers): loading a config that names a
+    plugin, an env and a reward the process has never seen imports nothing and builds nothing; the
+    validation step then imports the plugin (which builds its env once when checked) and names the
+    unknown reward with its file and key."""
+    plugin = tmp_path / "counting_plugin.py"
+    plugin.write_text(
+        "import dataclasses\n"
+        "from agentic_rl.envs.base import Task, register_env\n"
+        "from agentic_rl.envs.tool_env import ToolEnv\n"
+        "BUILT = []\n"
+        "@register_env('counted')\n"
+        "class Counted(ToolEnv):\n"
+        "    def __init__(self):\n"
+        "        BUILT.append(1)\n"
+        "        super().__init__(tools=['calculator'], max_turns=2)\n"
+        "    def tasks(self, split, n=None, seed=0):\n"
+        "        return [Task('c/0', 'What is 1+1?', '2')]\n"
+    )
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        f"plugins: [{plugin}]\nenv: {{name: counted}}\nrewards: [{{name: env_steps}}, {{name: no_such_term}}]\n"
+    )
+    probe = f"""
+import sys
+from agentic_rl.config import ConfigError, load_config
+from agentic_rl.training.grpo_config import GRPOConfig
+from agentic_rl.validation import validate
+cfg = load_config(GRPOConfig, {str(config)!r})
+print(cfg.env.name, [r.name for r in cfg.rewards], "counting_plugin" in sys.modules)
+try:
+    validate(cfg, {str(config)!r})
+except ConfigError as exc:
+    print(str(exc).splitlines()[0])
+print(sys.modules["counting_plugin"].BUILT)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "counted ['env_steps', 'no_such_term'] False"
+    assert lines[1].startswith(
+        f"{config}: invalid value in rewards[1]: unknown reward 'no_such_term'; available rewards:"
+    )
+    assert lines[2] == "[1]"
+    assert f"plugin {plugin}: importing {plugin} (named by {config})" in done.stderr

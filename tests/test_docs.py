@@ -106,9 +106,9 @@ def test_the_extending_guides_env_tool_and_reward_behave_as_it_says(tmp_path):
     (tmp_path / "grpo.yaml").write_text(config)
     probe = """
 import json, sys
-from agentic_rl.config import load_config
 from agentic_rl.train_commands import config_class
-cfg = load_config(config_class("grpo"), "grpo.yaml")  # imports unscramble.py, the config's plugin
+from agentic_rl.validation import load_and_validate
+cfg = load_and_validate(config_class("grpo"), "grpo.yaml")  # imports unscramble.py, the config's plugin
 out = {"config": [cfg.env.name, [(r.name, r.weight, r.params) for r in cfg.rewards]]}
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.oracle import run_oracle

@@ -82,7 +82,7 @@ def test_a_mix_that_cannot_work_is_refused_naming_its_part(cfg, message):
     """Guards against a bad part failing mid-run (or never, if no prompt of it is drawn), and
     against a mix of envs with different tools, whose episodes would see another system prompt."""
     with pytest.raises(ValueError, match=message):
-        EnvConfig(**cfg)
+        EnvConfig(**cfg).check()  # shares and sizes when built, each part's env in the validation step
 
 
 def test_a_config_file_mix_is_checked_key_by_key(tmp_path):

@@ -57,6 +57,28 @@ RULES = [
         "a tool is a typed function an env calls",
     ),
 ]
+# Loading a config only loads (docs/design.md, "Seams"): the loader's modules import no registry,
+# plugin or layer that builds an env; the validation step (validation.py) does that.
+_LOADER_NEVER = {
+    "plugins",
+    "validation",
+    "envs",
+    "rewards",
+    "tools",
+    "models",
+    "rollout",
+    "algorithms",
+    "training",
+    "evaluation",
+    "integrations",
+    "serving",
+    "cli",
+    "pipeline",
+}
+RULES += [
+    (loader, _LOADER_NEVER, "loading a config parses it; plugins and envs are the validation step's")
+    for loader in ("config", "config_extends", "config_yaml")
+]
 TOP = {"cli", "pipeline", "train_commands"}  # the commands: nothing below them imports them
 
 

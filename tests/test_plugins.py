@@ -234,14 +234,14 @@ def test_a_plugin_that_fails_to_import_stops_the_command_naming_it_and_the_error
 def test_a_plugin_inherited_through_extends_is_announced_with_its_file_and_the_configs_that_named_it(tmp_path, capsys):
     """Guards against a `plugins:` entry in a base file running a .py file the user never opened, with
     nothing printed."""
-    from agentic_rl.config import load_config
     from agentic_rl.evaluation.config import EvalCommandConfig
+    from agentic_rl.validation import load_and_validate
 
     plugin = tmp_path / "inherited_plugin.py"
     plugin.write_text("RAN = True\n")
     (tmp_path / "base.yaml").write_text(f"plugins: [{plugin}]\n")
     (tmp_path / "mine.yaml").write_text("extends: base.yaml\nmodel: tiny-qwen3\n")
-    load_config(EvalCommandConfig, tmp_path / "mine.yaml")
+    load_and_validate(EvalCommandConfig, tmp_path / "mine.yaml")
     assert sys.modules["inherited_plugin"].RAN
     assert (
         f"plugin {plugin}: importing {plugin} (named by {tmp_path / 'mine.yaml'}, extending "
@@ -331,8 +331,8 @@ def test_a_plugin_reusing_a_built_in_name_is_named_second(tmp_path):
 
 def test_a_configs_plugins_are_imported_before_its_env_is_checked_and_flags_append(tmp_path):
     """Guards against validating `env.name` before the plugin that registers it is imported."""
-    from agentic_rl.config import load_config
     from agentic_rl.evaluation.config import EvalCommandConfig
+    from agentic_rl.validation import load_and_validate
 
     plugin = tmp_path / "config_tasks.py"
     plugin.write_text(
@@ -340,7 +340,9 @@ def test_a_configs_plugins_are_imported_before_its_env_is_checked_and_flags_appe
     )
     config = tmp_path / "eval.yaml"
     config.write_text(f"model: tiny-qwen3\nplugins: [{plugin}]\nenv: {{name: config_env}}\n")
-    cfg = load_config(EvalCommandConfig, config, plugins=["json"])  # a module name, appended after the file's list
+    cfg = load_and_validate(
+        EvalCommandConfig, config, plugins=["json"]
+    )  # a module name, appended after the file's list
     assert cfg.plugins == [str(plugin), "json"] and cfg.env.make().name == "config_env"
 
 

@@ -110,7 +110,7 @@ def _run_python(code: str, *args: str, cwd: Path, pythonpath: Path | None = None
 _CHECK_COMMANDS = """
 import json, shlex, sys
 from agentic_rl import cli
-from agentic_rl.config import load_config
+from agentic_rl.validation import load_and_validate
 from agentic_rl.train_commands import config_class
 
 FLAGS = {"eval": cli._EVAL_FLAGS, "chat": cli._CHAT_FLAGS, "serve": cli._SERVE_FLAGS, "audit": cli._AUDIT_FLAGS}
@@ -119,7 +119,7 @@ for line in json.loads(sys.argv[1]):
     argv = shlex.split(line)
     args = cli.build_parser().parse_args(argv)
     if args.command in cli.TRAIN_COMMANDS:
-        load_config(config_class(args.command), args.config, args.set, plugins=args.plugin)
+        load_and_validate(config_class(args.command), args.config, args.set, plugins=args.plugin)
     elif args.command in FLAGS:
         cli.load_flagged(args, FLAGS[args.command], config_class(args.command))
     elif args.command in ("envs", "tools", "rewards"):
@@ -192,9 +192,9 @@ def test_the_readmes_reward_config_and_entry_points_load_the_tutorials_module(tm
     )
     done = _run_python(
         "from agentic_rl.train_commands import config_class\n"
-        "from agentic_rl.config import load_config\n"
+        "from agentic_rl.validation import load_and_validate\n"
         "from agentic_rl.envs.base import make_env\n"
-        "cfg = load_config(config_class('grpo'), 'rewards.yaml')\n"
+        "cfg = load_and_validate(config_class('grpo'), 'rewards.yaml')\n"
         "print([(r.name, r.weight, r.params) for r in cfg.rewards])\n"
         "print(type(make_env('squares')).__module__)\n"
         "from agentic_rl.tools.base import get_tool\n"

@@ -115,9 +115,9 @@ def test_unknown_reward_and_parameter_are_rejected_with_the_options():
     """Guards against a typo'd reward or parameter being ignored (invariant 6): the error lists the rewards or
     parameters that exist."""
     with pytest.raises(ValueError, match="unknown reward 'acuracy'; available rewards: .*accuracy"):
-        RewardSpec("acuracy")
+        RewardSpec("acuracy").check()
     with pytest.raises(ValueError, match=r"no parameter\(s\) \['gama'\]; allowed: \['gamma'\]"):
-        RewardSpec("env_steps", params={"gama": 0.9})
+        RewardSpec("env_steps", params={"gama": 0.9}).check()
 
 
 @pytest.mark.parametrize(
@@ -132,11 +132,12 @@ def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(p
     """Guards against `length_penalty` with `alpha: lots` passing validation and dying after the model
     loaded and the first rollout (`TypeError: bad operand type for unary -: 'str'`, 20 frames): each
     parameter is checked against the term's annotation when the config is read."""
-    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.config import ConfigError
     from agentic_rl.training.grpo_config import GRPOConfig
+    from agentic_rl.validation import load_and_validate
 
     with pytest.raises(ConfigError, match=re.escape(f"reward 'length_penalty': {message}")):
-        load_config(
+        load_and_validate(
             GRPOConfig,
             None,
             overrides=["model.name=tiny-qwen3", f"rewards=[{{name: length_penalty, params: {json.dumps(params)}}}]"],
@@ -145,5 +146,9 @@ def test_reward_params_of_the_wrong_type_stop_the_config_before_anything_loads(p
 
 def test_reward_params_of_the_annotated_types_pass_and_an_int_is_a_float():
     """Guards against the type check refusing good params: an int where a float is annotated is fine."""
-    assert RewardSpec("length_penalty", params={"alpha": 1, "target": 100}).params == {"alpha": 1, "target": 100}
-    assert RewardSpec("step_bonus", params={"beta": 0.1, "cap": 3}).params == {"beta": 0.1, "cap": 3}
+    for spec in (
+        RewardSpec("length_penalty", params={"alpha": 1, "target": 100}),
+        RewardSpec("step_bonus", params={"beta": 0.1, "cap": 3}),
+    ):
+        spec.check()
+    assert spec.params == {"beta": 0.1, "cap": 3}

@@ -323,10 +323,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentic_rl.config import load_config
+    from agentic_rl.validation import load_and_validate
 
     train = TRAIN_COMMANDS[args.command][0]
-    cfg = load_config(config_class(args.command), args.config, args.set, plugins=args.plugin)
+    cfg = load_and_validate(config_class(args.command), args.config, args.set, plugins=args.plugin)
     result = train(cfg)
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json

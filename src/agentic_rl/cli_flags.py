@@ -35,12 +35,13 @@ def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, 
 
 def load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
     """A command's config: --config, then its flags (each overrides one key; `--option K=V` is
-    env.options.K), then --set, all through the one loader, so a bad flag fails as a bad key would."""
-    from agentic_rl.config import load_config
+    env.options.K), then --set, all through the one loader and the validation step, so a bad flag
+    fails as a bad key would."""
+    from agentic_rl.validation import load_and_validate
 
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
     overrides += [f"env.options.{pair}" for pair in args.option or []]
-    return load_config(cls, args.config, overrides + args.set, plugins=args.plugin)
+    return load_and_validate(cls, args.config, overrides + args.set, plugins=args.plugin)
 
 
 def add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:

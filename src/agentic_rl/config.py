@@ -124,6 +124,38 @@ class Config:
         if type(self).__post_init__ is Config.__post_init__:
             check_fields(self)
 
+    def check(self) -> None:
+        """The checks that need the registries, run by the validation step (`check_config`), never
+        while loading: an env built from its options, a reward's name and parameters, an oracle where
+        a stage replays one. Loading a config imports no plugin and builds no env; the command (or
+        pipeline stage) imports the plugins, then calls this on every section. None here."""
+
+
+def check_config(config: Any, source: str = "config") -> None:
+    """The validation step after loading: `check()` on every section of `config`, depth first (a
+    section's own check runs after its sections'), each failure a ConfigError naming the file and
+    the key as loading names them. The plugins the checks need are imported first by the caller
+    (agentic_rl.validation)."""
+    _check_section(config, "", source)
+
+
+def _check_section(value: Any, prefix: str, source: str) -> None:
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_section(item, f"{prefix.rstrip('.')}[{index}].", source)
+        return
+    if not (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        return
+    for field in dataclasses.fields(value):
+        _check_section(getattr(value, field.name), f"{prefix}{field.name}.", source)
+    if isinstance(value, Config):
+        try:
+            value.check()
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{source}: invalid value in {prefix.rstrip('.') or 'the top level'}: {exc}") from exc
+
 
 def check_fields(config: Any) -> None:
     """Check `config`'s marked and `Literal` fields as loading checks them (ConfigError naming the
@@ -172,9 +204,18 @@ def load_config(
 ) -> T:
     """Build `cls` from a YAML file (optional) plus `key.sub=value` overrides, strictly.
 
-    `plugins` (the `--plugin` flags) are appended to the config's `plugins` list, and that list is
-    imported (agentic_rl.plugins) before anything else is read: a plugin's env and reward names
-    validate like built-in ones. A file may start from others (`extends:`, config_extends.py)."""
+    Loading only loads: it parses, resolves `extends:` (config_extends.py), applies the overrides and
+    checks every key's type and marker. It imports no plugin and builds no env: `plugins` (the
+    `--plugin` flags) are appended to the config's `plugins` list, which the validation step
+    (agentic_rl.validation.validate) imports before it checks env, reward and oracle names."""
+    return load_config_and_source(cls, path, overrides, plugins)[0]
+
+
+def load_config_and_source(
+    cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, plugins: list[str] | None = None
+) -> tuple[T, str]:
+    """`load_config`, and the source its errors name: the file and the files it extends ("defaults"
+    or "--set" without one), for the validation step's errors and plugin announcements."""
     from agentic_rl.config_extends import refuse_extends, resolve_extends
 
     data: dict[str, Any] = {}
@@ -185,17 +226,22 @@ def load_config(
     for override in overrides or []:
         _apply_override(data, override)
     if not overrides:
-        _import_plugins(cls, data, plugins or [], source)
-        return from_dict(cls, data, prefix="", source=source)
+        _record_plugins(cls, data, plugins or [])
+        return from_dict(cls, data, prefix="", source=source), source
     # The message first, then every override that went into the config it speaks of.
     source = source if path is not None else "--set"
     try:
         refuse_extends(data, source)
-        _import_plugins(cls, data, plugins or [], source)
-        return from_dict(cls, data, prefix="", source=source)
+        _record_plugins(cls, data, plugins or [])
+        return from_dict(cls, data, prefix="", source=source), source
     except ConfigError as exc:
-        given = f"--set {' '.join(map(_shown, overrides))}"
-        raise ConfigError(f"{exc}\n  ({given if path is None else f'config: {source} with {given}'})") from None
+        raise ConfigError(f"{exc}\n  {overrides_note(path, source, overrides)}") from None
+
+
+def overrides_note(path: str | Path | None, source: str, overrides: list[str]) -> str:
+    """What an error says after its message: the config file and every override that went into it."""
+    given = f"--set {' '.join(map(_shown, overrides))}"
+    return f"({given if path is None else f'config: {source} with {given}'})"
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -228,19 +274,13 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-def _import_plugins(cls: type, data: dict[str, Any], extra: list[str], source: str) -> None:
-    """Import the config's `plugins` (its own list, then `extra`) before the rest is validated."""
-    from agentic_rl.plugins import load_plugins
-
+def _record_plugins(cls: type, data: dict[str, Any], extra: list[str]) -> None:
+    """Append the `--plugin` flags (`extra`) to the config's `plugins` list; nothing is imported."""
     has_plugins = dataclasses.is_dataclass(cls) and any(f.name == "plugins" for f in dataclasses.fields(cls))
     if extra and not has_plugins:
         raise ConfigError(f"{cls.__name__} has no plugins key: this command loads no plugins")
-    if not has_plugins:
-        return  # a `plugins` key is then an unknown key, which from_dict names
-    own = _coerce(list[str], data["plugins"], "plugins", source) if "plugins" in data else []
-    load_plugins(own, named_by=source)
-    load_plugins(extra)
-    if extra:
+    own = data.get("plugins", [])
+    if extra and isinstance(own, list):  # anything else is not a list, which from_dict names
         data["plugins"] = [*own, *extra]
 
 

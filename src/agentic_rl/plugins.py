@@ -8,8 +8,9 @@ Nobody edits `agentic_rl/` to add a task. Two ways in:
 
        agentic-rl grpo --plugin tasks/squares.py --set env.name=squares
 
-   `load_config` imports them before it reads the rest of the config, so the plugin's env names,
-   env options and reward names validate like built-in ones. The config keeps the list, so every
+   Loading a config only records them; the command's validation step (agentic_rl.validation)
+   imports them before it checks env, reward and oracle names, so the plugin's env names, env
+   options and reward names validate like built-in ones. The config keeps the list, so every
    process that builds envs imports them too: each pipeline stage's process (`pipeline._run_stage`)
    and each rank of `accelerate launch -m agentic_rl.cli ...`, whose command line is the same.
 

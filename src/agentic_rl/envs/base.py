@@ -188,8 +188,10 @@ class EnvSpec(Config):
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Its options, checked against its options dataclass (`agentic-rl envs list -v`)."""
 
-    def __post_init__(self) -> None:
-        self.make()  # an unknown env or option fails here, at load time, not mid-run
+    def check(self) -> None:
+        """Build one (the validation step, config.check_config): an unknown env or option fails
+        before any model loads, not mid-run."""
+        self.make()
 
     def make(self) -> Env:
         """A fresh instance (one per concurrent episode: envs are stateful)."""

@@ -95,13 +95,15 @@ class AuditConfig(PluginsConfig):
     """Largest allowed |sampler − trainer| log-prob gap for float32 decoding (nats per token)."""
 
     def __post_init__(self) -> None:
+        require_model(self.model)
+        if not self.dtypes:
+            raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")
+
+    def check(self) -> None:
+        """The audit replays the env's oracle: the env must have one (the validation step)."""
         if has_oracle(self.env.name) is False:
             raise no_oracle_error(
                 self.env.name,
                 "audit",
-                "audit replays oracle episodes to check the chat template; "
-                "run `agentic-rl eval` to check the env instead",
+                "audit replays oracle episodes to check the chat template; run `agentic-rl eval` to check the env instead",
             )
-        require_model(self.model)
-        if not self.dtypes:
-            raise ValueError(f"dtypes must be a non-empty list of float32, bfloat16 and auto, got {self.dtypes}")

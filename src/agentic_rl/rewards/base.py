@@ -105,7 +105,8 @@ class RewardSpec(Config):
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword parameters of the term (e.g. beta, cap for step_bonus)."""
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """The name and parameters against the registry (the validation step, config.check_config)."""
         get_reward(self.name)  # raises with the list of known names
         allowed = reward_parameters(self.name)
         unknown = sorted(set(self.params) - set(allowed))

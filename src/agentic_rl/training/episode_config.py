@@ -41,10 +41,17 @@ class EnvConfig(EnvSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.mix:
-            return
         if any(not part.share > 0 for part in self.mix):
             raise ValueError(f"env.mix shares must be > 0, got {[part.share for part in self.mix]}")
+        if self.mix and min(self.part_sizes()) == 0:
+            raise ValueError(
+                f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "
+                "raise task_pool or the small shares, so that every part has tasks"
+            )
+
+    def check(self) -> None:
+        """The env built from its options, and each mix part's (the validation step)."""
+        super().check()
         tools = None
         for k, options in enumerate(self.part_options()):
             try:
@@ -57,11 +64,6 @@ class EnvConfig(EnvSpec):
                     "same tools (one system prompt and tool schema per run)"
                 )
             tools = schemas
-        if min(self.part_sizes()) == 0:
-            raise ValueError(
-                f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "
-                "raise task_pool or the small shares, so that every part has tasks"
-            )
 
     def part_options(self) -> list[dict[str, Any]]:
         """Each mix part's env options: env.options updated by the part's."""

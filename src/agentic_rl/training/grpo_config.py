@@ -135,8 +135,6 @@ class GRPOConfig(PluginsConfig):
             budget = min(self.rollout.max_turns * self.rollout.max_turn_tokens, self.rollout.max_episode_tokens)
             self.loss = dataclasses.replace(self.loss, max_completion_length=budget)
         check_old_logprobs(self.old_logprobs, self.updates_per_batch, self.rollout.dtype, self.model.dtype)
-        if self.guidance.enabled and has_oracle(self.env.name) is False:
-            raise no_oracle_error(self.env.name, "guidance.enabled", "set guidance.enabled: false")
         if (
             self.backend == "agentic_rl"
         ):  # TRL places its model itself, from rollout.device (integrations/trl_backend.py)
@@ -153,3 +151,8 @@ class GRPOConfig(PluginsConfig):
                 f"episode's reward). Keep advantage.gamma: 1 (then G_t = sum_(k>=t) gamma^k·r_k, the discounted objective's "
                 f"policy gradient), or move the discount from the term to advantage.gamma"
             )
+
+    def check(self) -> None:
+        """Guidance replays the env's oracle: the env must have one (the validation step)."""
+        if self.guidance.enabled and has_oracle(self.env.name) is False:
+            raise no_oracle_error(self.env.name, "guidance.enabled", "set guidance.enabled: false")

@@ -67,16 +67,19 @@ class DemoSource(Config):
         else:
             unused, used_with = ["path"], "sft.sources[].kind: jsonl"
         refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
-        if self.kind == "oracle" and has_oracle(self.env.name) is False:
-            raise no_oracle_error(
-                self.env.name, "sft.sources[].kind: oracle", "give demonstrations of your own (kind: jsonl, path: FILE)"
-            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(
                 f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}"
             )
         if self.max_repeats is not None and self.max_repeats < 1:
             raise ValueError(f"sft.sources[].max_repeats must be >= 1 or null (keep all), got {self.max_repeats}")
+
+    def check(self) -> None:
+        """An oracle source replays the env's oracle: the env must have one (the validation step)."""
+        if self.kind == "oracle" and has_oracle(self.env.name) is False:
+            raise no_oracle_error(
+                self.env.name, "sft.sources[].kind: oracle", "give demonstrations of your own (kind: jsonl, path: FILE)"
+            )
 
 
 @dataclasses.dataclass
