@@ -370,15 +370,6 @@ class Episodes:
             )
         return metrics
 
-    def batch_for(self, step: int, batch: Any, roll_out: Callable[[int], Any]) -> Any:
-        """The rollout batch step `step` trains on: `roll_out(step)` every μ = updates_per_batch
-        steps (or when there is none yet), else `batch` again; its staleness (updates since it was
-        sampled) set."""
-        if step % self.cfg.updates_per_batch == 0 or batch is None:
-            batch = roll_out(step)
-        batch.staleness = self.engine.weights_version - batch.weights_version
-        return batch
-
     # ---------------------------------------------------------------- after each optimizer step
 
     def after_update(self, batch: Any) -> dict[str, float]:

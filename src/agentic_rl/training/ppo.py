@@ -78,8 +78,11 @@ class PPO:
         return metrics | {"time/data": data_seconds, "time/optimizer": time.perf_counter() - started}
 
     def batch_for(self, step: int) -> PPOBatch:
-        """The rollout batch step `step` trains on (Episodes.batch_for: fresh every μ steps)."""
-        self.batch = self.episodes.batch_for(step, self.batch, self.rollout_batch)
+        """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps (or
+        when there is none yet), else the last one again; its staleness (updates since it was sampled) set."""
+        if step % self.cfg.updates_per_batch == 0 or self.batch is None:
+            self.batch = self.rollout_batch(step)
+        self.batch.staleness = self.episodes.engine.weights_version - self.batch.weights_version
         return self.batch
 
     def rollout_batch(self, step: int) -> PPOBatch:
