@@ -1,7 +1,9 @@
 """Our engine's decode step beside llama.cpp's, on the same model, precision, rows and threads, in one run.
 
-    .venv/bin/python benchmarks/decode_vs_llamacpp.py --llama-python /work/runs/s43/llamacpp-venv/bin/python \
-        --gguf /work/runs/s43/smollm2-135m-f32.gguf
+    .venv/bin/python benchmarks/decode_vs_llamacpp.py --llama-python LLAMA_VENV/bin/python --gguf MODEL.gguf
+
+LLAMA_VENV is a venv of its own with llama-cpp-python built from source, MODEL.gguf SmolLM2-135M-Instruct
+converted to an f32 GGUF (benchmarks/llamacpp_anchor.py says how).
 
 For each setting (rows, cached tokens per row, of them a shared prefix) it times FastRunner's step
 (roofline.py's `decode_phase`, fp32, 2 threads) in this process, then llama.cpp's

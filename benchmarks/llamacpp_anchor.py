@@ -1,6 +1,6 @@
 """llama.cpp's decode step on the same model, precision, batch and threads as FastRunner's: an anchor (issue 66).
 
-    /work/runs/s43/llamacpp-venv/bin/python benchmarks/llamacpp_anchor.py --model /work/runs/s43/smollm2-135m-f32.gguf
+    LLAMA_VENV/bin/python benchmarks/llamacpp_anchor.py --model MODEL.gguf
     ... --batch 1 --shared 0                  # one row alone
     ... --batch 32 --context 430 --shared 0   # rows with nothing in common
 

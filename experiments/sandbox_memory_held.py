@@ -252,13 +252,14 @@ def main(names: list[str], repeats: int, trace: bool = False) -> None:
     for name in names or list(ATTACKS):
         rows = [held_bytes(ATTACKS[name], limits) for _ in range(repeats)]
         if trace:
-            mib = lambda value: f"{value / 2**20:+.0f}"  # noqa: E731
             for held, _peak, result, at_peak in rows:
                 over = held - at_peak.get("cgroup_usage", 0)
                 print(
                     f"  run: held {held / 2**20:.0f} MiB, cgroups then {at_peak.get('cgroup_usage', 0) / 2**20:.0f}, "
                     f"over them {over / 2**20:+.0f} ({result.exit_reason}); meminfo change: "
-                    + ", ".join(f"{key} {mib(value)}" for key, value in at_peak.items() if key != "cgroup_usage")
+                    + ", ".join(
+                        f"{key} {value / 2**20:+.0f}" for key, value in at_peak.items() if key != "cgroup_usage"
+                    )
                 )
         held = sorted(row[0] / 2**20 for row in rows)
         result = rows[-1][2]

@@ -1,6 +1,7 @@
 """The documentation site (mkdocs.yml over docs/): it builds strictly, and its reference pages are
 what the code generates, so a key or metric added to the code cannot be missing from the site."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +148,7 @@ except ToolError as exc:
     out["tool_error"] = str(exc)
 print(json.dumps(out))
 """
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "src")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

@@ -315,14 +315,14 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
     toolkit), so the envs, tools and rewards of `cfg.plugins` are registered here, before the stage
     builds its first env. Run as the pipeline's child (pipeline_pid given), it ends with the
     pipeline (`end_with_the_pipeline`)."""
-    from agentic_rl.validation import validate
+    from agentic_rl.plugins import PluginError, load_plugins
 
     if pipeline_pid is not None:
         end_with_the_pipeline(pipeline_pid)
 
-    try:
-        validate(cfg, "the pipeline's config")  # this process's plugins imported, its envs and names checked
-    except ValueError as exc:  # a PluginError or a ConfigError
+    try:  # the pipeline command validated the whole config; a stage's process only imports its plugins
+        load_plugins(cfg.plugins)
+    except PluginError as exc:
         print(f"error: pipeline stage '{stage}': {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     root = Path(cfg.output_dir)

@@ -9,8 +9,9 @@ loads. Loading (config.py) only parses; this step runs the user's code the confi
 2. `check()` runs on every section (config.check_config): each env is built from its options, each
    reward's name and parameters are looked up, and each stage that replays an oracle finds one.
 
-`load_and_validate` is both, as the CLI and each pipeline stage call them; an error is a
-ConfigError naming the file, the key and (after the message) the overrides, as loading's are.
+`load_and_validate` is both, as every command calls them (`pipeline` for the whole config, whose
+stages' processes then only import its plugins); an error is a ConfigError naming the file, the
+key and (after the message) the overrides, as loading's are.
 """
 
 from __future__ import annotations

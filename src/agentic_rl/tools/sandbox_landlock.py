@@ -23,6 +23,8 @@ showed of the caller is closed by other layers on every kernel: init's command l
 and /proc/keys, /proc/key-users are masked (sandbox_root.py).
 """
 
+import ctypes
+
 LANDLOCK_SOURCE = r"""
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # x86_64 and aarch64
 LANDLOCK_ACCESS_FS_READ_FILE, LANDLOCK_RULE_PATH_BENEATH = 1 << 2, 1
@@ -61,8 +63,6 @@ def hide_proc_files():
 def landlock_abi() -> int:
     """The Landlock ABI version this kernel offers the sandbox's worker, 0 where it has none (the
     worker then reads /proc's files as before: the module docstring)."""
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     version = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
     return max(version, 0)
