@@ -20,13 +20,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import helpers_training as shared  # noqa: E402  (registers the test reward)
-from agentic_rl.training.episodes import Episodes  # noqa: E402
 from agentic_rl.training.grpo import GRPO, train_grpo  # noqa: E402
 
 
 def main(out: Path) -> None:
     records: list[dict] = []
-    original_advantages, original_after = GRPO.advantages, Episodes.after_update
+    original_advantages, original_step = GRPO.advantages, GRPO.step
 
     def advantages(self, collected):
         result = original_advantages(self, collected)  # (R_local, T): episode mode, one value per row
@@ -42,10 +41,10 @@ def main(out: Path) -> None:
         )
         return result
 
-    def after_update(self, batch):  # μ = 1: one rollout batch (one `advantages` record) per step
-        metrics = original_after(self, batch)
-        step = len(records) - 1
-        params = [p.detach().double() for p in self.policy.parameters() if p.requires_grad]
+    def step(self, trainer, index):  # μ = 1: one rollout batch (one `advantages` record) per step
+        metrics = original_step(self, trainer, index)
+        batch, step = self.batch, len(records) - 1
+        params = [p.detach().double() for p in self.episodes.policy.parameters() if p.requires_grad]
         digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in params)).hexdigest()
         logged = {
             k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k
@@ -63,7 +62,7 @@ def main(out: Path) -> None:
         )
         return metrics
 
-    GRPO.advantages, Episodes.after_update = advantages, after_update
+    GRPO.advantages, GRPO.step = advantages, step
     cfg = shared.grpo_cfg(
         out / "run",
         "train.steps=2",

@@ -158,7 +158,7 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros
     )
     _step_in_place(model, grads, lr=1.0)
-    objective.episodes.after_update(objective.batch)  # the engine syncs the new weights (version 1)
+    objective.episodes.sync_weights()  # the engine syncs the new weights (version 1)
 
     again = objective.batch_for(1)
     assert again is batch and again.staleness == 1
@@ -189,7 +189,7 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
         moved |= abs(metrics["loss/ratio_mean"] - 1.0) > 1e-3 and metrics["loss/clip_ratio_region"] > 0
     assert moved, "after one update the ratio against the sampler's log-probs must leave 1 and be clipped"
-    objective.episodes.after_update(objective.batch)
+    objective.episodes.sync_weights()
 
     fresh = objective.batch_for(2)
     assert fresh is not batch and fresh.staleness == 0
@@ -226,10 +226,13 @@ def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_prec
     assert gap > 1e-4, "the test needs bf16 and fp32 log-probs that differ"
     rows = objective.rows_to_train(batch)
     assert rows and float(batch.old_logprobs.abs().sum()) == 0.0  # nothing recorded before the first update
+    micros = objective.micro_batches(batch)
     with objective.accelerator.autocast():
-        for micro in objective.micro_batches(batch):
+        for micro in micros:
             _, metrics = objective.loss(model, micro)
             assert metrics["loss/ratio_mean"] == 1.0 and metrics["loss/clip_ratio_region"] == 0.0
+    assert float(batch.old_logprobs.abs().sum()) == 0.0  # the loss reads the batch; it writes nothing into it
+    objective.keep_first_forward(batch, micros)  # the step's line after the first update: π_old kept
     trained = mask[rows]
     assert trained.sum() > 0
     assert float((logps.float()[rows] - batch.old_logprobs[rows])[trained].abs().max()) < 1e-6 < gap
@@ -239,7 +242,7 @@ def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_prec
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.add_(torch.randn_like(p) * 0.05)
-    objective.episodes.after_update(batch)
+    objective.episodes.sync_weights()
     again = objective.batch_for(1)
     assert again is batch and again.staleness == 1
     with objective.accelerator.autocast():

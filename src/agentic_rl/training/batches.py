@@ -30,8 +30,8 @@ class RolloutBatch:
     turn_position; 0 between turns)."""
     old_logprobs: torch.Tensor | None
     """(R_local, T) π_old; None: π_θ.detach() (old_logprobs: detach, exact on-policy). With
-    old_logprobs: recompute it starts at 0 and the batch's first update writes the rows it trains
-    from its own forward pass (GRPO.loss); no other row is ever read."""
+    old_logprobs: recompute it starts at 0 and, after the batch's first update, holds the rows that
+    update trained from its own forward pass (GRPO.keep_first_forward); no other row is ever read."""
     ref_logprobs: torch.Tensor | None
     """(R_local, T) π_ref, computed only when the loss needs a reference (β > 0)."""
     off_policy: torch.Tensor
@@ -64,6 +64,9 @@ class MicroBatch:
     dummy: bool = False
     """A padding micro-batch (its loss times 0): under DDP every rank must run as many backward
     passes, and non-prefix episodes can leave ranks with different numbers of rows."""
+    logprobs: torch.Tensor | None = None
+    """(b, t) π_θ's log-probs of the rows from the forward that trained them (the loss's output,
+    detached; t = the rows' longest length): a batch's first update keeps them (keep_first_forward)."""
 
 
 @dataclasses.dataclass
@@ -96,3 +99,5 @@ class PPOMicroBatch:
     rows: list[int]
     dummy: bool = False
     """DDP padding (its loss times 0; see MicroBatch.dummy)."""
+    logprobs: torch.Tensor | None = None
+    """(b, t) π_θ's log-probs from the forward that trained the rows (see MicroBatch.logprobs)."""

@@ -1,14 +1,17 @@
 """The on-policy building blocks GRPO and PPO share: draw prompts, roll out their episodes
 with the current weights, score them, gather what a multi-process run needs, score log-probs,
-weigh the sampler/trainer mismatch, and keep the rollout weights in sync after each update.
+audit the run's first batch, and keep the rollout weights in sync after each update.
 
     episodes = Episodes(cfg, tokenizer, reference)     # one per run; bound to the prepared model
     groups, draw_metrics = episodes.draw(step)         # prompts -> G episodes each -> rewards
     collected = episodes.collate(groups, draw_metrics)  # rows, (R_local, T) tensors, statistics
-    ...                                                 # the algorithm's advantages and loss
-    metrics = episodes.after_update(batch)              # weight sync; the batch's statistics
+    ...                                                 # the algorithm's advantages, loss, update
+    episodes.audit_first_forward(tensors, micros)      # a batch's first update: the audit's trainer side
+    metrics = episodes.sync_weights()                   # the next batch samples the new weights
+    metrics |= episodes.finish_audit()                  # the run's first update: the audit's verdict
 
-Each algorithm's step (training/grpo.py, training/ppo.py) calls them in that order. Its config
+Each algorithm's step (training/grpo.py, training/ppo.py) calls them in that order; the command
+driver around the steps is training/on_policy.py. Its config
 must carry the sections of episode_config.py (env, rollout, reward_model, audit) plus rewards,
 rollout_correction, selection, updates_per_batch, micro_batch_size and train.
 
@@ -35,17 +38,14 @@ per-turn values). The stride split stays over episodes, so a rank may hold more 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from agentic_rl.algorithms.logprobs import sequence_logprobs
-from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.errors import RunStopped
 from agentic_rl.rewards.base import RewardComposer, RewardSpec, reported_terms
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBatch, collate
@@ -256,20 +256,28 @@ class Episodes:
                 "audit on start: another process's first batch failed the audit; its message names the token"
             )
 
-    # ---------------------------------------------------------------- the loss's shared parts
+    # ---------------------------------------------------------------- the audit's trainer side
 
-    def correction(
-        self, staleness: int, logps: torch.Tensor, old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """This micro-batch's sampler/trainer mismatch weights for the policy loss (None: mode off)
-        and statistics, from π_old and the sampler's recorded log-probs, (b, T) each, over `mask`.
-        π_old and the record are fixed for the batch, so the weights are the same at each of its μ
-        updates. At the first update of a batch (staleness 0) π_θ is the sampling weights, so the
-        first such forward also gives the audit its trainer log-probs (no extra pass)."""
-        if self.start_audit is not None and self.start_audit.episodes_checked and staleness == 0:
-            self.start_audit.record_logprobs(logps, sampler, mask)
-        weights, metrics = rollout_correction(old, sampler, mask, self.cfg.rollout_correction)
-        return weights, {key: float(value) for key, value in metrics.items()}
+    def audit_first_forward(
+        self, tensors: TrajectoryBatch, micros: list, off_policy: torch.Tensor | None = None
+    ) -> None:
+        """Give the audit on start the trainer's log-probs of the run's first trained update, whose
+        forwards ran the weights that sampled the batch (each micro-batch's `logprobs`, kept by its
+        loss), beside the sampler's record, over the tokens the policy sampled (`off_policy` (R_local,):
+        rows guidance added, which nobody sampled). Nothing once the audit has its numbers."""
+        if self.start_audit is None or not self.start_audit.episodes_checked:
+            return
+        for micro in micros:
+            if micro.dummy:  # DDP padding repeats a row this rank already recorded
+                continue
+            index, length = torch.tensor(micro.rows, dtype=torch.long), micro.logprobs.shape[1]
+            mask = tensors.loss_mask[index, :length]  # (b, t)
+            if off_policy is not None:
+                mask = mask * (~off_policy[index])[:, None].to(mask.dtype)
+            device = micro.logprobs.device
+            self.start_audit.record_logprobs(
+                micro.logprobs, tensors.logprobs[index, :length].to(device), mask.to(device)
+            )
 
     # ---------------------------------------------------------------- scoring
 
@@ -372,16 +380,18 @@ class Episodes:
 
     # ---------------------------------------------------------------- after each optimizer step
 
-    def after_update(self, batch: Any) -> dict[str, float]:
-        """Sync the rollout weights to the ones the optimizer just stepped (the engine stamps the
-        new version on the episodes it samples next); the trained batch's statistics and, after
-        the run's first update, the audit's log-prob drift."""
-        metrics = dict(batch.metrics)
-        metrics["rollout/staleness"] = float(batch.staleness)
-        metrics["rollout/weights_version"] = float(self.engine.sync_weights())
-        if self.start_audit is not None and self.start_audit.logprobs_measured:  # the audit's first trained update
-            metrics.update(self.start_audit.finish(lambda *drift: combine_drift(self.accelerator, *drift)))
-            self.start_audit = None
+    def sync_weights(self) -> dict[str, float]:
+        """Sync the rollout weights to the ones the optimizer just stepped: the engine stamps the new
+        version on the episodes it samples next."""
+        return {"rollout/weights_version": float(self.engine.sync_weights())}
+
+    def finish_audit(self) -> dict[str, float]:
+        """After the run's first trained update: the audit's log-prob drift over every process, and
+        its verdict (printed); {} at every other step."""
+        if self.start_audit is None or not self.start_audit.logprobs_measured:
+            return {}
+        metrics = self.start_audit.finish(lambda *drift: combine_drift(self.accelerator, *drift))
+        self.start_audit = None
         return metrics
 
     def state_dict(self, batch: Any) -> dict[str, Any]:
@@ -447,38 +457,3 @@ def pad_micro_batches(micros: list, accelerator: Any, make_dummy) -> list:
     count = torch.tensor([len(micros)], device=accelerator.device)
     most = int(accelerator.gather(count).max().cpu())
     return micros + [make_dummy() for _ in range(most - len(micros))]
-
-
-def train_on_policy(
-    command: str, cfg: Any, build: Callable[[Any, Any, torch.nn.Module | None, Any], tuple[Any, torch.nn.Module]]
-) -> dict[str, Any]:
-    """What `agentic-rl grpo` and `ppo` share around their steps: the accelerator, the run
-    folder (stops if it holds another run; returns a finished one's result), the policy and π_ref
-    (a frozen copy for a full fine-tune with β > 0; LoRA disables its adapters instead), the loop,
-    and `final/` (the policy only). `build(policy, tokenizer, reference, accelerator)` gives the
-    algorithm (training/loop.py's Objective) and the module the loop trains."""
-    from agentic_rl.models.policy import load_policy
-    from agentic_rl.models.stage_output import save_final
-    from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.loop import run_training
-    from agentic_rl.training.run_record import start_run
-    from agentic_rl.training.scoring import require_replicated_weights
-
-    accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
-    require_replicated_weights(accelerator, command)  # rollouts (and a reward head) read whole weights
-    run_dir = start_run(command, cfg, accelerator)  # stops here if the folder holds another run
-    if run_dir.finished is not None:
-        return run_dir.finished
-    policy, tokenizer, base_name = load_policy(cfg.model, accelerator.device, log=accelerator.print)
-    reference = None
-    if cfg.loss.needs_reference and not cfg.model.lora.enabled:
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)  # full fine-tune: a frozen copy is π_ref
-    algorithm, model = build(policy, tokenizer, reference, accelerator)
-    history = run_training(algorithm, model, cfg.train, cfg.optim, accelerator, run_dir, description=command)
-    final = save_final(
-        unwrap_policy(algorithm.model, accelerator), tokenizer, Path(cfg.train.output_dir), base_name, accelerator
-    )
-    result = {"final": str(final), "history": history}
-    run_dir.finish(cfg.train.steps, result)
-    run_dir.close()
-    return result

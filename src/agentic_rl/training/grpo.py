@@ -14,13 +14,14 @@ One optimizer step, `GRPO.step` (the "seed" GRPO, docs/design.md "What the syste
      its turn's tokens;
   5. π_old as `old_logprobs` says, and π_ref only when β > 0: the base model with adapters
      disabled (LoRA), or a frozen copy (full fine-tune). With old_logprobs: recompute π_old is the
-     weights of the batch's first update, so that update's own forward records it (in `loss`)
-     for the μ − 1 after it: no separate re-scoring pass;
+     weights of the batch's first update, so that update's own forward is kept after it
+     (`keep_first_forward`) for the μ − 1 after it: no separate re-scoring pass;
   6. clipped-ratio loss + β·k3 KL (algorithms/grpo.py) per micro-batch, gradients accumulated;
      each token's clipped surrogate times the sampler/trainer mismatch weight when
      rollout_correction is on (algorithms/rollout_correction.py; its statistics every step);
-  7. the optimizer step (training/loop.py: clip, finite checks, AdamW), then the rollout weights
-     synced to the new ones, and the step's metrics.
+  7. the optimizer step (training/loop.py: clip, finite checks, AdamW); after a batch's first
+     update its forwards are kept (π_old, the audit), then the rollout weights synced to the new
+     ones, and the step's metrics.
 Steps 1-5 are `GRPO.rollout_batch`. With μ = `updates_per_batch` > 1 the same rollouts serve μ
 optimizer steps; π_old is the sampling log-probs recorded by the engine (or, with
 old_logprobs: recompute, the first update's training forward, in the training precision). The
@@ -46,20 +47,15 @@ from typing import Any
 import torch
 
 from agentic_rl.algorithms.grpo import group_advantages, grpo_loss
+from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.algorithms.turn_credit import discounted_turn_returns, token_advantages_from_turns, turn_advantages
-from agentic_rl.training.episodes import (
-    Collected,
-    Episodes,
-    episode_token_shares,
-    pad_micro_batches,
-    rewards_per_turn,
-    train_on_policy,
-)
+from agentic_rl.training.episodes import Collected, Episodes, episode_token_shares, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.batches import MicroBatch, RolloutBatch
 from agentic_rl.training.gather import gather_objects
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import guide
 from agentic_rl.training.loop import Trainer
+from agentic_rl.training.on_policy import train_on_policy
 from agentic_rl.training.scoring import TokenScorer
 
 
@@ -89,15 +85,24 @@ class GRPO:
         batch = self.batch_for(step)  # 1-5, or the batch of the step before (μ > 1)
         data_seconds = time.perf_counter() - started
         rows = self.rows_to_train(batch)  # 6: rows whose gradient is not exactly 0
-        metrics = trainer.accumulate(self.micro_batches(batch, rows), lambda micro: self.loss(trainer.model, micro))
+        micros = self.micro_batches(batch, rows)
+        metrics = trainer.accumulate(micros, lambda micro: self.loss(trainer.model, micro))
         started = time.perf_counter()
         metrics |= trainer.optimizer_step(step)  # 7: clip, AdamW, schedule (finite or fail)
-        metrics |= self.episodes.after_update(batch)  # sync the rollout weights; the batch's statistics
-        return metrics | {
-            "train/episodes_trained": float(len(rows)),
-            "time/data": data_seconds,
-            "time/optimizer": time.perf_counter() - started,
-        }
+        if batch.staleness == 0:  # its forwards ran the weights that sampled the batch
+            self.keep_first_forward(batch, micros)  # 5: π_old (recompute); the audit's trainer side
+        metrics |= self.episodes.sync_weights()  # the next batch is sampled with the new weights
+        metrics |= self.episodes.finish_audit()  # after the run's first trained update: its verdict
+        return (
+            metrics
+            | batch.metrics
+            | {
+                "rollout/staleness": float(batch.staleness),
+                "train/episodes_trained": float(len(rows)),
+                "time/data": data_seconds,
+                "time/optimizer": time.perf_counter() - started,
+            }
+        )
 
     def batch_for(self, step: int) -> RolloutBatch:
         """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps (or
@@ -229,17 +234,15 @@ class GRPO:
             advantages = advantages[:, 0]  # (b,): one value per row, so GSPO's clip fractions count sequences
         if batch.old_logprobs is None or (cfg.old_logprobs == "recompute" and batch.staleness == 0):
             old = logps.detach()  # π_θ before this batch's first optimizer step IS π_old: ratio exactly 1
-            if batch.old_logprobs is not None and not micro.dummy:  # recompute: the record the later updates read
-                batch.old_logprobs[index, :length] = old.float().cpu()
         else:
             old = rows_of(batch.old_logprobs)
         off_policy = batch.off_policy[index].to(device)  # (b,): oracle demonstrations (guidance)
         if bool(off_policy.any()):  # no π_old for tokens the policy did not sample: ratio 1 (GuidanceConfig)
             old = torch.where(off_policy[:, None], logps.detach(), old)
         sampled = mask * (~off_policy)[:, None].to(mask.dtype)  # (b, T): nobody sampled an oracle demonstration
-        is_weights, correction = self.episodes.correction(
-            batch.staleness, logps, old, rows_of(t.logprobs), sampled
-        )  # t.logprobs: the sampler's
+        is_weights, correction = rollout_correction(
+            old, rows_of(t.logprobs), sampled, cfg.rollout_correction
+        )  # t.logprobs: the sampler's; the weights are the same at each of the batch's μ updates
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
         num_items = micro.tokens if cfg.loss.loss_type in ("dapo", "token") else None
         weights = (
@@ -263,9 +266,25 @@ class GRPO:
             loss = loss * micro.share  # per-sequence means: weight this micro-batch by its share of episodes
         if micro.dummy:
             loss = loss * 0.0  # DDP padding: a backward pass with no gradient (MicroBatch.dummy)
-        out = {k: float(v) for k, v in metrics.items()} | correction
+        out = {k: float(v) for k, v in (metrics | correction).items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        micro.logprobs = logps.detach()  # the forward's output, for keep_first_forward
         return loss, out
+
+    def keep_first_forward(self, batch: RolloutBatch, micros: list[MicroBatch]) -> None:
+        """After a batch's first update, whose forwards ran the weights that sampled it: with
+        old_logprobs: recompute each trained row's log-probs from that forward (in the training
+        precision) become its π_old for the μ − 1 updates after it, so no re-scoring pass runs
+        (rows not trained are never read); and the run's first such update gives the audit on start
+        its trainer log-probs."""
+        if self.cfg.old_logprobs == "recompute":
+            for micro in micros:
+                if not micro.dummy:
+                    length = micro.logprobs.shape[1]
+                    batch.old_logprobs[torch.tensor(micro.rows, dtype=torch.long), :length] = (
+                        micro.logprobs.float().cpu()
+                    )
+        self.episodes.audit_first_forward(batch.tensors, micros, batch.off_policy)
 
     def state_dict(self) -> dict[str, Any]:
         return self.episodes.state_dict(self.batch)

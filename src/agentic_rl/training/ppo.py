@@ -44,13 +44,15 @@ from agentic_rl.algorithms.ppo import (
     token_rewards,
     whiten,
 )
+from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.models.policy import load_policy
 from agentic_rl.models.reward_scorer import is_reward_model_folder, load_reward_backbone
 from agentic_rl.rollout.trajectory import TrajectoryBatch
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.batches import PPOBatch, PPOMicroBatch
-from agentic_rl.training.episodes import Episodes, pad_micro_batches, rewards_per_turn, train_on_policy
+from agentic_rl.training.episodes import Episodes, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.loop import Trainer
+from agentic_rl.training.on_policy import train_on_policy
 from agentic_rl.training.ppo_config import PPOConfig
 
 
@@ -71,11 +73,23 @@ class PPO:
         started = time.perf_counter()
         batch = self.batch_for(step)  # 1-4, or the batch of the step before (μ > 1)
         data_seconds = time.perf_counter() - started
-        metrics = trainer.accumulate(self.micro_batches(batch), lambda micro: self.loss(trainer.model, micro))  # 5
+        micros = self.micro_batches(batch)
+        metrics = trainer.accumulate(micros, lambda micro: self.loss(trainer.model, micro))  # 5
         started = time.perf_counter()
         metrics |= trainer.optimizer_step(step)  # 6: clip, AdamW, schedule (finite or fail)
-        metrics |= self.episodes.after_update(batch)  # sync the rollout weights; the batch's statistics
-        return metrics | {"time/data": data_seconds, "time/optimizer": time.perf_counter() - started}
+        if batch.staleness == 0:  # its forwards ran the weights that sampled the batch
+            self.episodes.audit_first_forward(batch.tensors, micros)  # the audit's trainer side
+        metrics |= self.episodes.sync_weights()  # the next batch is sampled with the new weights
+        metrics |= self.episodes.finish_audit()  # after the run's first trained update: its verdict
+        return (
+            metrics
+            | batch.metrics
+            | {
+                "rollout/staleness": float(batch.staleness),
+                "time/data": data_seconds,
+                "time/optimizer": time.perf_counter() - started,
+            }
+        )
 
     def batch_for(self, step: int) -> PPOBatch:
         """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps (or
@@ -201,8 +215,8 @@ class PPO:
         )  # (b, T) each
         old = logps.detach() if batch.old_logprobs is None else rows_of(batch.old_logprobs)
         ref = rows_of(batch.ref_logprobs) if batch.ref_logprobs is not None else None
-        is_weights, correction = self.episodes.correction(
-            batch.staleness, logps, old, rows_of(t.logprobs), mask
+        is_weights, correction = rollout_correction(
+            old, rows_of(t.logprobs), mask, self.cfg.rollout_correction
         )  # t.logprobs: the sampler's
         loss, metrics = ppo_loss(
             logps,
@@ -218,8 +232,9 @@ class PPO:
             num_tokens=batch.tokens,
             is_weights=is_weights,
         )
-        out = {k: float(v) for k, v in metrics.items()} | correction
+        out = {k: float(v) for k, v in (metrics | correction).items()}
         out["loss/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        micro.logprobs = logps.detach()  # the forward's output: the audit reads the first update's
         return (loss * 0.0 if micro.dummy else loss), out
 
     def state_dict(self) -> dict[str, Any]:
