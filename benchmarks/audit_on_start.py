@@ -91,12 +91,12 @@ def tiny_run(steps: int, repeats: int) -> dict[str, float]:
     policy, tokenizer, _ = load_policy(cfg.model, log=lambda *_: None)
     objective = GRPO(cfg, tokenizer, None)
     objective.bind(TokenScorer(policy), make_accelerator("no", cfg.train.seed))
-    episodes = objective.episodes.collate(*objective.episodes.draw(0)).trajectories
+    episodes = objective.sampler.collate(*objective.sampler.draw(0)).trajectories
     times = []
     for _ in range(repeats):
         audit = StartAudit(
-            objective.episodes.engine.chat_format,
-            objective.episodes.env_for(objective.episodes.task_pool[0]).tool_schemas,
+            objective.sampler.engine.chat_format,
+            objective.sampler.env_for(objective.sampler.task_pool[0]).tool_schemas,
             True,
             log=lambda *_: None,
         )

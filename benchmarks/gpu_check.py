@@ -99,7 +99,7 @@ def build_model(tiny: bool, device: str, dtype: torch.dtype):
 def check_correctness(model, tokenizer, args) -> dict:
     from rollout_throughput import _NoStopFormat, _tasks_and_envs
 
-    from agentic_rl.algorithms.logprobs import sequence_logprobs
+    from agentic_rl.models.logprobs import sequence_logprobs
     from agentic_rl.rollout.backend import RunnerBackend
     from agentic_rl.rollout.config import RolloutConfig
     from agentic_rl.rollout.engine import RolloutEngine
@@ -236,7 +236,7 @@ def check_grpo_step(model, tokenizer, args) -> dict:
 
 def check_memory(model, tokenizer, args) -> dict:
     """Peak memory of the Qwen3-0.6B config's shapes (on CPU: the same code, no figures)."""
-    from agentic_rl.algorithms.logprobs import sequence_logprobs
+    from agentic_rl.models.logprobs import sequence_logprobs
     from agentic_rl.models.lora import LoraConfig, apply_lora
     from agentic_rl.rollout.factory import build_runner
 

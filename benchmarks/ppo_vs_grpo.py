@@ -63,8 +63,8 @@ def child(variant: str, model: str, steps: int, seed: int, out: str) -> dict:
     def counting(objective, scorer, *args, **kwargs):
         held["parameters"] = sum(p.numel() for p in scorer.parameters())
         held["trainable"] = sum(p.numel() for p in scorer.parameters() if p.requires_grad)
-        if objective.episodes.reference is not None:
-            held["parameters"] += sum(p.numel() for p in objective.episodes.reference.parameters())
+        if objective.reference is not None:
+            held["parameters"] += sum(p.numel() for p in objective.reference.parameters())
         return original(objective, scorer, *args, **kwargs)
 
     loop_module.run_training = counting

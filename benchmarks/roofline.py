@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs
 from agentic_rl.models import load_model
 from agentic_rl.models.lora import LoraConfig, apply_lora
 from agentic_rl.models.precision import bf16_is_fast

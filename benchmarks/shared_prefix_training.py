@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs
 from agentic_rl.models.backbone import shared_prefix_length
 from agentic_rl.envs.base import make_env
 from agentic_rl.models import load_model

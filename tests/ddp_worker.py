@@ -44,7 +44,7 @@ def main(out: Path) -> None:
     def step(self, trainer, index):  # μ = 1: one rollout batch (one `advantages` record) per step
         metrics = original_step(self, trainer, index)
         batch, step = self.batch, len(records) - 1
-        params = [p.detach().double() for p in self.episodes.policy.parameters() if p.requires_grad]
+        params = [p.detach().double() for p in self.sampler.policy.parameters() if p.requires_grad]
         digest = hashlib.sha256(b"".join(p.cpu().numpy().tobytes() for p in params)).hexdigest()
         logged = {
             k: v for k, v in metrics.items() if k.startswith(("reward/", "rollout/")) and "tokens_per_second" not in k

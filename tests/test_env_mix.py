@@ -120,7 +120,7 @@ def test_grpo_rolls_out_each_task_in_its_parts_env_and_logs_each_parts_accuracy(
         "env.mix=[{options: {difficulty: 1}}, {options: {difficulty: 3}}]",
     )
     _, objective, batch = first_batch(cfg)
-    rolled = [(task, difficulty) for task, difficulty in made if task in objective.episodes.task_pool]
+    rolled = [(task, difficulty) for task, difficulty in made if task in objective.sampler.task_pool]
     assert len(rolled) >= 8  # the batch's episodes, each through env_for (the start audit may add one)
     assert all(difficulty == ((1,), (3,))[task.meta["mix_part"]] for task, difficulty in rolled)
     parts = {t.task_id.split(":")[0] for t in batch.trajectories}

@@ -76,8 +76,8 @@ def test_band_stops_drawing_prompts_whose_success_rate_lies_outside_it(tmp_path)
     """Guards against selection.band drawing prompts that are always or never solved, and against a band too
     narrow to fill a batch stalling the draw instead of falling back (and counting it)."""
     _, objective, _ = first_batch(grpo_cfg(tmp_path, "selection.band=[0.1, 0.9]", "env.task_pool=8"))
-    pool = objective.episodes.task_pool
-    selector = objective.episodes.selector
+    pool = objective.sampler.task_pool
+    selector = objective.sampler.selector
     selector.outcomes = {pool[0].id: (8, 8), pool[1].id: (0, 8), pool[2].id: (3, 8)}  # always, never, sometimes
     drawn = {t.id for seed in range(50) for t in selector.draw(random.Random(seed), 2)}
     assert pool[0].id not in drawn and pool[1].id not in drawn
@@ -102,11 +102,11 @@ def test_guided_groups_put_the_oracle_demonstration_in_groups_that_all_fail(tmp_
     assert not any(t.info.get("correct") for i, t in enumerate(trajs) if i % G != G - 1)  # the sampled members all fail
     assert batch.off_policy.tolist() == [i % G == G - 1 for i in range(len(trajs))]
     assert batch.metrics["train/guided_groups"] == len(trajs) // G
-    chat_format = ChatFormat.for_tokenizer(objective.episodes.tokenizer)
+    chat_format = ChatFormat.for_tokenizer(objective.sampler.tokenizer)
     for row in range(G - 1, len(trajs), G):
         demo = trajs[row]
-        task = next(t for t in objective.episodes.task_pool if t.id == demo.task_id)
-        assert demo.input_ids == oracle_demos(objective.episodes.env_for(task), [task], chat_format)[0].input_ids
+        task = next(t for t in objective.sampler.task_pool if t.id == demo.task_id)
+        assert demo.input_ids == oracle_demos(objective.sampler.env_for(task), [task], chat_format)[0].input_ids
         assert demo.info["correct"] and demo.reward == 1.0
         assert float(batch.advantages[row, 0]) > 0 > float(batch.advantages[row - 1, 0])
         assert demo.task_id == trajs[row - 1].task_id  # it joined its own prompt's group
@@ -158,7 +158,7 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         objective.loss(model, m)[1]["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for m in micros
     )
     _step_in_place(model, grads, lr=1.0)
-    objective.episodes.sync_weights()  # the engine syncs the new weights (version 1)
+    objective.sampler.sync_weights()  # the engine syncs the new weights (version 1)
 
     again = objective.batch_for(1)
     assert again is batch and again.staleness == 1
@@ -189,11 +189,11 @@ def test_mu_two_trains_twice_on_one_rollout_batch_with_the_sampler_logprobs_as_p
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
         moved |= abs(metrics["loss/ratio_mean"] - 1.0) > 1e-3 and metrics["loss/clip_ratio_region"] > 0
     assert moved, "after one update the ratio against the sampler's log-probs must leave 1 and be clipped"
-    objective.episodes.sync_weights()
+    objective.sampler.sync_weights()
 
     fresh = objective.batch_for(2)
     assert fresh is not batch and fresh.staleness == 0
-    assert {t.weights_version for t in fresh.trajectories} == {objective.episodes.engine.weights_version}
+    assert {t.weights_version for t in fresh.trajectories} == {objective.sampler.engine.weights_version}
 
 
 def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_precision(
@@ -207,16 +207,19 @@ def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_prec
     average, 3.5e-3 at most) into every ratio before any update; against a second update that
     reads π_θ again (its ratio stuck at 1: the clip never acts); and against the re-scoring pass
     (a forward over the whole batch, a third of an update's cost) coming back."""
-    from agentic_rl.training.episodes import Episodes
+    from agentic_rl.training import scoring
 
-    def no_rescoring(self, tensors, reference):
-        assert reference, "π_old must come from the first update's forward, not a re-scoring pass"
-        return original(self, tensors, reference)
+    passes = []
+    original = scoring.sequence_logprobs
 
-    original = Episodes.score
-    monkeypatch.setattr(Episodes, "score", no_rescoring)
+    def counting(*args, **kwargs):  # every forward of the trainer's model runs through it
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(scoring, "sequence_logprobs", counting)
     cfg = grpo_cfg(tmp_path, "updates_per_batch=2", "old_logprobs=recompute", "loss.beta=0", "micro_batch_size=4")
     model, objective, batch = first_batch(cfg, mixed_precision="bf16")
+    assert passes == [], "π_old must come from the first update's forward, not a re-scoring pass"
     t, mask = batch.tensors, batch.tensors.loss_mask.bool()
     with torch.no_grad():
         with objective.accelerator.autocast():
@@ -242,7 +245,7 @@ def test_recomputed_pi_old_is_the_first_updates_own_forward_in_the_training_prec
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.add_(torch.randn_like(p) * 0.05)
-    objective.episodes.sync_weights()
+    objective.sampler.sync_weights()
     again = objective.batch_for(1)
     assert again is batch and again.staleness == 1
     with objective.accelerator.autocast():

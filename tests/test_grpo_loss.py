@@ -23,7 +23,7 @@ from helpers_references import (
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig, group_advantages, grpo_loss
 from agentic_rl.algorithms.turn_credit import discounted_turn_returns, token_advantages_from_turns, turn_advantages
-from agentic_rl.algorithms.logprobs import sequence_logprobs, token_entropy, token_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs, token_entropy, token_logprobs
 from agentic_rl.models.backbone import shared_prefix_length
 
 # ----------------------------------------------------------------------------------------------

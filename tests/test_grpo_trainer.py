@@ -19,7 +19,6 @@ from helpers_training import accumulated_gradient, adapters, first_batch, grpo_c
 from sigkill import interrupt_then_resume, run_until
 
 from agentic_rl.config import ConfigError
-from agentic_rl.training.episodes import Episodes
 from agentic_rl.training.grpo import GRPO, train_grpo
 from agentic_rl.training.run_dir import read_metrics
 
@@ -110,14 +109,16 @@ def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight
 
 def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
     """Guards against paying for π_ref (a full forward per batch) when β = 0 (invariant 4)."""
+    import agentic_rl.training.grpo as grpo_module
+
     calls = []
-    original = Episodes.score
+    original = grpo_module.reference_logprobs
 
-    def recording(self, tensors, reference):
+    def recording(policy, reference, *args):
         calls.append(reference)
-        return original(self, tensors, reference)
+        return original(policy, reference, *args)
 
-    monkeypatch.setattr(Episodes, "score", recording)
+    monkeypatch.setattr(grpo_module, "reference_logprobs", recording)
     result = train_grpo(grpo_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
     assert calls == []
     assert result["history"][0]["time/reference"] < 0.05
@@ -127,18 +128,19 @@ def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
 def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch, tiny_qwen3):
     """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
     toggle on a model that has none, when lora.enabled=false and β > 0."""
-    seen = []
-    original = Episodes.score
+    import agentic_rl.training.grpo as grpo_module
 
-    def recording(self, tensors, reference):
-        seen.append((reference, self.reference))
-        return original(self, tensors, reference)
+    refs = []
+    original = grpo_module.reference_logprobs
 
-    monkeypatch.setattr(Episodes, "score", recording)
+    def recording(policy, reference, *args):
+        refs.append(reference)
+        return original(policy, reference, *args)
+
+    monkeypatch.setattr(grpo_module, "reference_logprobs", recording)
     result = train_grpo(
         grpo_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3")
     )
-    refs = [ref for is_ref, ref in seen if is_ref]
     assert len(refs) == 2 and refs[0] is not None and refs[0] is refs[1]
     initial = tiny_qwen3[0].state_dict()
     assert all(not p.requires_grad for p in refs[0].parameters())
@@ -155,11 +157,11 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled_not_a_copy(tmp_
     """Guards against π_ref kept as a second copy of the weights under LoRA (twice the memory) or scored with
     the adapters on (the KL pinned at 0): with β > 0 the objective holds no reference model, and the batch's
     reference log-probs are the bare base model's, not the sampler's (invariant 4)."""
-    from agentic_rl.algorithms.logprobs import sequence_logprobs
+    from agentic_rl.models.logprobs import sequence_logprobs
 
     cfg = grpo_cfg(tmp_path, "loss.beta=0.04")
     _, objective, batch = first_batch(cfg)  # non-zero LoRA B: the adapters change the log-probs
-    assert objective.episodes.reference is None
+    assert objective.reference is None
     t = batch.tensors
     with torch.no_grad():
         base, _ = sequence_logprobs(
@@ -392,6 +394,7 @@ def test_a_rank_with_fewer_live_rows_runs_dummy_micro_batches_that_add_no_gradie
         assert [(list(micro.rows), micro.dummy) for micro in micros] == [(rows, False), ([0], True), ([0], True)]
         for name in alone:
             torch.testing.assert_close(padded[name], alone[name], atol=0, rtol=0, msg=name)
+        objective.keep_first_forward(batch, micros)  # the step's line after the update: π_old kept
         recorded = batch.old_logprobs.abs().sum(-1) > 0  # (8,)
         assert recorded.tolist() == [i in rows for i in range(8)]
 

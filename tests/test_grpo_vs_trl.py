@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig, group_advantages, grpo_loss
-from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs
 
 trl = pytest.importorskip("trl")
 

@@ -28,8 +28,25 @@ RULES = [
     ),
     (
         "algorithms",
-        {"training", "rollout", "envs", "rewards", "tools", "evaluation", "serving", "integrations", "cli", "pipeline"},
-        "algorithms/ is losses and advantages: pure tensor code, no I/O",
+        {
+            "models",
+            "training",
+            "rollout",
+            "envs",
+            "rewards",
+            "tools",
+            "evaluation",
+            "serving",
+            "integrations",
+            "cli",
+            "pipeline",
+        },
+        "algorithms/ is losses and advantages: pure tensor code, no model and no I/O (a model's forward is models/)",
+    ),
+    (
+        "rewards",
+        {"algorithms", "training", "evaluation", "integrations", "serving", "cli", "pipeline"},
+        "a reward term scores trajectories; the trainers call it, never the other way round",
     ),
     (
         "rollout",

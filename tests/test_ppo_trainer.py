@@ -17,12 +17,13 @@ from helpers_references import assert_same_sum, float64_model
 from helpers_training import adapters, bound, ppo_cfg, random_lora  # registers the test reward and envs
 from sigkill import interrupt_then_resume, run_until
 
-from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs
 from agentic_rl.algorithms.ppo import gae
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.models.backbone import backbone_and_head
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.ppo import PPO, train_ppo
+from agentic_rl.training.scoring import reference_logprobs
 from agentic_rl.training.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def test_the_value_loss_trains_the_shared_trunk_but_never_a_separate_critics_pol
     only the critic, and the optimizer groups put the value model at lr × lr_multiplier."""
     cfg = ppo_cfg(tmp_path, f"value.critic={critic}")
     model, objective = bound(cfg, critic=critic == "separate")
-    ids, attention, mask = _ids(objective.episodes.tokenizer)
+    ids, attention, mask = _ids(objective.sampler.tokenizer)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.1)
     _, _, values = model(ids, attention, mask)
@@ -130,7 +131,9 @@ def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
         rewards[row, traj.policy_spans[-1].end - 1] = (
             traj.reward_components["token_parity"] + 0.5 * traj.reward_components["format"]
         )
-    ref = objective.episodes.score(t, reference=True).double()
+    ref = reference_logprobs(
+        objective.sampler.policy, None, t, cfg, objective.accelerator
+    ).double()  # LoRA: adapters off
     rewards = rewards - 0.1 * (batch.old_logprobs.double() - ref) * mask
     advantages, returns = gae(rewards, batch.old_values.double(), mask, 0.95, 0.9)
     torch.testing.assert_close(batch.returns.double(), returns, atol=1e-5, rtol=0)

@@ -93,7 +93,7 @@ def test_audit_on_start_false_trains_on_the_same_batch(tmp_path, monkeypatch, qw
     injected = _shift_one_mask_onto_an_observation(monkeypatch)
     objective = _bound_objective(grpo_cfg(tmp_path / "run", *MULTI_TURN, "audit.on_start=false"), qwen3_tokenizer)
     batch = objective.batch_for(0)
-    assert injected and objective.episodes.start_audit is None
+    assert injected and objective.audit.done
     assert batch.tensors.loss_mask.sum() > 0
 
 

@@ -153,7 +153,7 @@ def _sample(model: Any, tokenizer: Any, cfg: AuditConfig, dtype: str, seed_offse
 def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], temperature: float) -> torch.Tensor:
     """|sampler log-prob − training forward log-prob| at every masked token of every token sequence
     of `trajectories` (1-D, float64)."""
-    from agentic_rl.algorithms.logprobs import sequence_logprobs
+    from agentic_rl.models.logprobs import sequence_logprobs
     from agentic_rl.rollout.trajectory import collate
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

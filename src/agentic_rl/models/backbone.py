@@ -84,7 +84,7 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     padding, or P < MIN_SHARED_PREFIX.
 
     Args: input_ids, attention_mask (B, T); loss_mask (B, T), 1 where a token is predicted (the
-    hidden state one position before it is needed), as in algorithms/logprobs.py.
+    hidden state one position before it is needed), as in models/logprobs.py.
     """
     if input_ids.shape[0] < 2 or input_ids.shape[1] < 2:
         return 0

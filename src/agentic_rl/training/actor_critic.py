@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agentic_rl.algorithms.logprobs import logprobs_from_hidden, scatter_rows, scored_hidden_states
+from agentic_rl.models.logprobs import logprobs_from_hidden, scatter_rows, scored_hidden_states
 from agentic_rl.models.backbone import unwrap_causal_lm
 from agentic_rl.training.scoring import TokenScorer
 

@@ -1,5 +1,5 @@
 """Gathering across processes in global row order. Episodes are split across ranks by stride
-(training/episodes.py), so rank r holds global rows r, r + world, ...; these put every rank's
+(training/sampler.py), so rank r holds global rows r, r + world, ...; these put every rank's
 rows back in that order, so each rank computes exactly what one process would.
 """
 

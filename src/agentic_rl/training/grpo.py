@@ -27,7 +27,7 @@ optimizer steps; π_old is the sampling log-probs recorded by the engine (or, wi
 old_logprobs: recompute, the first update's training forward, in the training precision). The
 first batch of every run is audited before its first gradient (audit.on_start,
 training/start_audit.py): prefixes and loss masks of its own episodes.
-Processes split each batch by stride and gather rewards in global order (training/episodes.py),
+Processes split each batch by stride and gather rewards in global order (training/sampler.py),
 so the advantages are exactly those of a single process.
 
 Episodes of several token sequences (an env that changes the context; training/episodes.py):
@@ -49,22 +49,26 @@ import torch
 from agentic_rl.algorithms.grpo import group_advantages, grpo_loss
 from agentic_rl.algorithms.rollout_correction import rollout_correction
 from agentic_rl.algorithms.turn_credit import discounted_turn_returns, token_advantages_from_turns, turn_advantages
-from agentic_rl.training.episodes import Collected, Episodes, episode_token_shares, pad_micro_batches, rewards_per_turn
+from agentic_rl.training.episodes import Collected, episode_token_shares, pad_micro_batches, rewards_per_turn
 from agentic_rl.training.batches import MicroBatch, RolloutBatch
 from agentic_rl.training.gather import gather_objects
 from agentic_rl.training.grpo_config import GRPOConfig
 from agentic_rl.training.groups import guide
 from agentic_rl.training.loop import Trainer
 from agentic_rl.training.on_policy import train_on_policy
-from agentic_rl.training.scoring import TokenScorer
+from agentic_rl.training.sampler import Sampler
+from agentic_rl.training.scoring import TokenScorer, reference_logprobs
+from agentic_rl.training.start_audit import RunAudit
 
 
 class GRPO:
-    """GRPO's state between steps: the episode machinery and the rollout batch its μ updates share."""
+    """GRPO's state between steps: the sampler, π_ref, the audit on start, and the rollout batch
+    its μ updates share."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer: Any, reference: torch.nn.Module | None):
         self.cfg = cfg
-        self.episodes = Episodes(cfg, tokenizer, reference)
+        self.sampler = Sampler(cfg, tokenizer)
+        self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
         self.batch: RolloutBatch | None = None
 
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
@@ -77,7 +81,10 @@ class GRPO:
                 f"({r.group_size}) to be a multiple of the {accelerator.num_processes} processes"
             )
         self.model, self.accelerator = model, accelerator
-        self.episodes.bind(model, accelerator)
+        self.sampler.bind(model, accelerator)
+        self.audit = RunAudit.for_run(
+            self.cfg, self.sampler.engine, self.sampler.env_for(self.sampler.task_pool[0]), accelerator
+        )
 
     def step(self, trainer: Trainer, step: int) -> dict[str, float]:
         """One optimizer step (module docstring, 1-7)."""
@@ -90,54 +97,49 @@ class GRPO:
         started = time.perf_counter()
         metrics |= trainer.optimizer_step(step)  # 7: clip, AdamW, schedule (finite or fail)
         if batch.staleness == 0:  # its forwards ran the weights that sampled the batch
-            self.keep_first_forward(batch, micros)  # 5: π_old (recompute); the audit's trainer side
-        metrics |= self.episodes.sync_weights()  # the next batch is sampled with the new weights
-        metrics |= self.episodes.finish_audit()  # after the run's first trained update: its verdict
-        return (
-            metrics
-            | batch.metrics
-            | {
-                "rollout/staleness": float(batch.staleness),
-                "train/episodes_trained": float(len(rows)),
-                "time/data": data_seconds,
-                "time/optimizer": time.perf_counter() - started,
-            }
-        )
+            self.keep_first_forward(batch, micros)  # 5: π_old for the μ − 1 updates after it (recompute)
+            self.audit.record_first_forward(batch.tensors, micros, batch.off_policy)  # the trainer's log-probs
+        metrics |= self.sampler.sync_weights()  # the next batch is sampled with the new weights
+        metrics |= self.audit.finish()  # after the run's first trained update: the audit's verdict
+        metrics |= batch.metrics | {"rollout/staleness": float(batch.staleness), "time/data": data_seconds}
+        return metrics | {"train/episodes_trained": float(len(rows)), "time/optimizer": time.perf_counter() - started}
 
     def batch_for(self, step: int) -> RolloutBatch:
         """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps (or
         when there is none yet), else the last one again; its staleness (updates since it was sampled) set."""
         if step % self.cfg.updates_per_batch == 0 or self.batch is None:
             self.batch = self.rollout_batch(step)
-        self.batch.staleness = self.episodes.engine.weights_version - self.batch.weights_version
+        self.batch.staleness = self.sampler.engine.weights_version - self.batch.weights_version
         return self.batch
 
     def rollout_batch(self, step: int) -> RolloutBatch:
         """Steps 1-5: this process's rows of a fresh rollout batch, with everything the loss needs."""
-        cfg, episodes = self.cfg, self.episodes
-        groups, draw_metrics = episodes.draw(step)  # 1-3: prompts, G episodes each, rewards (gathered)
+        cfg, sampler = self.cfg, self.sampler
+        groups, draw_metrics = sampler.draw(step)  # 1-3: prompts, G episodes each, rewards (gathered)
         guided = (
             guide(
                 groups,
-                episodes.env_for,
-                episodes.engine.chat_format,
-                episodes.composer,
-                episodes.engine.weights_version,
+                sampler.env_for,
+                sampler.engine.chat_format,
+                sampler.composer,
+                sampler.engine.weights_version,
                 self.accelerator,
             )
             if cfg.guidance.enabled
             else 0
         )
-        collected = episodes.collate(groups, draw_metrics | {"train/guided_groups": float(guided)})
+        collected = sampler.collate(groups, draw_metrics | {"train/guided_groups": float(guided)})
         tensors, trajs = collected.tensors, collected.trajectories
+        self.audit.check_first_batch(trajs)  # the run's first batch: prefixes and masks, before any gradient
         advantages = self.advantages(collected)  # 4: (R_local, T)
         started = time.perf_counter()
         old = {
             "recompute": lambda: torch.zeros_like(tensors.logprobs),
             "sampling": lambda: tensors.logprobs,
             "detach": lambda: None,
-        }[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: filled by `loss`)
-        ref = episodes.score(tensors, reference=True) if cfg.loss.needs_reference else None  # π_ref, β > 0 only
+        }[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: kept after the first update)
+        beta = cfg.loss.needs_reference  # π_ref only when β > 0
+        ref = reference_logprobs(sampler.policy, self.reference, tensors, cfg, self.accelerator) if beta else None
         collected.metrics["time/reference"] = time.perf_counter() - started
         off_policy = torch.tensor(
             collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool
@@ -275,22 +277,19 @@ class GRPO:
         """After a batch's first update, whose forwards ran the weights that sampled it: with
         old_logprobs: recompute each trained row's log-probs from that forward (in the training
         precision) become its π_old for the μ − 1 updates after it, so no re-scoring pass runs
-        (rows not trained are never read); and the run's first such update gives the audit on start
-        its trainer log-probs."""
-        if self.cfg.old_logprobs == "recompute":
-            for micro in micros:
-                if not micro.dummy:
-                    length = micro.logprobs.shape[1]
-                    batch.old_logprobs[torch.tensor(micro.rows, dtype=torch.long), :length] = (
-                        micro.logprobs.float().cpu()
-                    )
-        self.episodes.audit_first_forward(batch.tensors, micros, batch.off_policy)
+        (rows not trained are never read). Nothing with the other old_logprobs modes."""
+        if self.cfg.old_logprobs != "recompute":
+            return
+        for micro in micros:
+            if not micro.dummy:
+                rows, length = torch.tensor(micro.rows, dtype=torch.long), micro.logprobs.shape[1]
+                batch.old_logprobs[rows, :length] = micro.logprobs.float().cpu()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.episodes.state_dict(self.batch)
+        return self.sampler.state_dict(self.batch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batch = self.episodes.load_state_dict(state)
+        self.batch = self.sampler.load_state_dict(state)
 
 
 def train_grpo(cfg: GRPOConfig) -> dict[str, Any]:

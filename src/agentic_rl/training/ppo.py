@@ -50,10 +50,13 @@ from agentic_rl.models.reward_scorer import is_reward_model_folder, load_reward_
 from agentic_rl.rollout.trajectory import TrajectoryBatch
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.batches import PPOBatch, PPOMicroBatch
-from agentic_rl.training.episodes import Episodes, pad_micro_batches, rewards_per_turn
+from agentic_rl.training.episodes import pad_micro_batches, rewards_per_turn
 from agentic_rl.training.loop import Trainer
 from agentic_rl.training.on_policy import train_on_policy
 from agentic_rl.training.ppo_config import PPOConfig
+from agentic_rl.training.sampler import Sampler
+from agentic_rl.training.scoring import reference_logprobs
+from agentic_rl.training.start_audit import RunAudit
 
 
 class PPO:
@@ -61,12 +64,16 @@ class PPO:
 
     def __init__(self, cfg: PPOConfig, tokenizer: Any, reference: torch.nn.Module | None):
         self.cfg = cfg
-        self.episodes = Episodes(cfg, tokenizer, reference)
+        self.sampler = Sampler(cfg, tokenizer)
+        self.reference = reference  # frozen copy (full fine-tune) or None (LoRA: adapters disabled)
         self.batch: PPOBatch | None = None
 
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
         self.model, self.accelerator = model, accelerator
-        self.episodes.bind(model, accelerator)
+        self.sampler.bind(model, accelerator)
+        self.audit = RunAudit.for_run(
+            self.cfg, self.sampler.engine, self.sampler.env_for(self.sampler.task_pool[0]), accelerator
+        )
 
     def step(self, trainer: Trainer, step: int) -> dict[str, float]:
         """One optimizer step (module docstring, 1-6)."""
@@ -78,38 +85,33 @@ class PPO:
         started = time.perf_counter()
         metrics |= trainer.optimizer_step(step)  # 6: clip, AdamW, schedule (finite or fail)
         if batch.staleness == 0:  # its forwards ran the weights that sampled the batch
-            self.episodes.audit_first_forward(batch.tensors, micros)  # the audit's trainer side
-        metrics |= self.episodes.sync_weights()  # the next batch is sampled with the new weights
-        metrics |= self.episodes.finish_audit()  # after the run's first trained update: its verdict
-        return (
-            metrics
-            | batch.metrics
-            | {
-                "rollout/staleness": float(batch.staleness),
-                "time/data": data_seconds,
-                "time/optimizer": time.perf_counter() - started,
-            }
-        )
+            self.audit.record_first_forward(batch.tensors, micros)  # the trainer's log-probs
+        metrics |= self.sampler.sync_weights()  # the next batch is sampled with the new weights
+        metrics |= self.audit.finish()  # after the run's first trained update: the audit's verdict
+        metrics |= batch.metrics | {"rollout/staleness": float(batch.staleness), "time/data": data_seconds}
+        return metrics | {"time/optimizer": time.perf_counter() - started}
 
     def batch_for(self, step: int) -> PPOBatch:
         """The rollout batch step `step` trains on: a fresh one every μ = updates_per_batch steps (or
         when there is none yet), else the last one again; its staleness (updates since it was sampled) set."""
         if step % self.cfg.updates_per_batch == 0 or self.batch is None:
             self.batch = self.rollout_batch(step)
-        self.batch.staleness = self.episodes.engine.weights_version - self.batch.weights_version
+        self.batch.staleness = self.sampler.engine.weights_version - self.batch.weights_version
         return self.batch
 
     def rollout_batch(self, step: int) -> PPOBatch:
         """Steps 1-4: this process's rows of a fresh rollout batch, with everything the loss needs."""
-        cfg, episodes = self.cfg, self.episodes
-        groups, draw_metrics = episodes.draw(step)  # 1: prompts, G episodes each, rewards (gathered)
-        collected = episodes.collate(groups, draw_metrics)
+        cfg, sampler = self.cfg, self.sampler
+        groups, draw_metrics = sampler.draw(step)  # 1: prompts, G episodes each, rewards (gathered)
+        collected = sampler.collate(groups, draw_metrics)
         trajs, t = collected.trajectories, collected.tensors
+        self.audit.check_first_batch(trajs)  # the run's first batch: prefixes and masks, before any gradient
         mask = t.loss_mask  # (R_local, T): one row per token sequence
         started = time.perf_counter()
         old_values, recomputed = self._value_pass(t)  # 3: (R_local, T) each
         old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
-        ref = episodes.score(t, reference=True) if cfg.loss.needs_reference else None
+        beta = cfg.loss.needs_reference  # π_ref only when β > 0
+        ref = reference_logprobs(sampler.policy, self.reference, t, cfg, self.accelerator) if beta else None
         collected.metrics["time/reference"] = time.perf_counter() - started
         # 2: the composed reward on its turns, then on each turn's last token
         per_turn = collected.turns_by_row(
@@ -238,10 +240,10 @@ class PPO:
         return (loss * 0.0 if micro.dummy else loss), out
 
     def state_dict(self) -> dict[str, Any]:
-        return self.episodes.state_dict(self.batch)
+        return self.sampler.state_dict(self.batch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batch = self.episodes.load_state_dict(state)
+        self.batch = self.sampler.load_state_dict(state)
 
 
 def _explained_variance(residual: torch.Tensor, target: torch.Tensor) -> float:

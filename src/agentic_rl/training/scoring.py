@@ -13,9 +13,11 @@ policy is no usable model: `full_policy_state_dict` gathers the whole one for sa
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from agentic_rl.algorithms.logprobs import sequence_logprobs
+from agentic_rl.models.logprobs import sequence_logprobs
 
 
 class TokenScorer(torch.nn.Module):
@@ -87,3 +89,31 @@ def require_replicated_weights(accelerator, command: str) -> None:
             "multi-GPU config) or DeepSpeed ZeRO-2 (configs/accelerate/deepspeed_zero2.yaml). "
             "FSDP and ZeRO-3 are supported for `agentic-rl sft`."
         )
+
+
+@torch.no_grad()
+def reference_logprobs(
+    policy: torch.nn.Module, reference: torch.nn.Module | None, tensors: Any, cfg: Any, accelerator: Any
+) -> torch.Tensor:
+    """(R, T) log-probs under π_ref, in micro-batches of `cfg.micro_batch_size` rows, at the rollout's
+    temperature (`cfg.rollout.sampling.temperature`, as every trained token is scored): the frozen
+    `reference` (a full fine-tune), or `policy` with its LoRA adapters disabled (reference None:
+    the base model, no second copy in memory). They run in the precision the loss runs in (the
+    loop's autocast, e.g. bf16), so the KL term compares like with like."""
+    out = torch.zeros_like(tensors.logprobs)
+    micro_batch_size, temperature = cfg.micro_batch_size, cfg.rollout.sampling.temperature
+    for start in range(0, tensors.input_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        args = (
+            tensors.input_ids[rows].to(accelerator.device),
+            tensors.attention_mask[rows].to(accelerator.device),
+            tensors.loss_mask[rows].to(accelerator.device),
+        )
+        with accelerator.autocast():
+            if reference is not None:
+                logps, _ = sequence_logprobs(reference, *args, temperature=temperature)
+            else:
+                with policy.disable_adapter():
+                    logps, _ = sequence_logprobs(policy, *args, temperature=temperature)
+        out[rows] = logps.float().cpu()
+    return out

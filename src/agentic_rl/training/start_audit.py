@@ -46,6 +46,7 @@ from agentic_rl.rollout.episode_checks import (
     turn_cuts,
 )
 from agentic_rl.rollout.trajectory import Trajectory
+from agentic_rl.training.gather import combine_drift, sum_over_processes
 
 
 class AuditFailed(RunStopped):
@@ -184,3 +185,68 @@ class StartAudit:
             "rollout/logprob_drift_mean": mean,
             "time/audit": self.seconds,
         }
+
+
+class RunAudit:
+    """One on-policy run's audit on start across its processes: `check_first_batch` on the first
+    batch's episodes, `record_first_forward` after the first update that trained on them, then
+    `finish`. Off (`audit.on_start: false`) or done, each call does nothing."""
+
+    def __init__(self, audit: StartAudit | None, accelerator: Any):
+        self.audit, self.accelerator = audit, accelerator
+
+    @classmethod
+    def for_run(cls, cfg: Any, engine: Any, env: Any, accelerator: Any) -> RunAudit:
+        """The run's audit (`cfg.audit.on_start`), with the float32 tolerance when the sampler and
+        the trainer both run float32 (else the drift is the mismatch, reported only)."""
+        if not cfg.audit.on_start:
+            return cls(None, accelerator)
+        from agentic_rl.models.precision import decoded_dtype
+
+        decodes = decoded_dtype(cfg.rollout.dtype, accelerator.device)
+        float32 = decodes == "float32" and cfg.model.dtype == "float32" and accelerator.mixed_precision == "no"
+        return cls(StartAudit(engine.chat_format, env.tool_schemas, float32, log=accelerator.print), accelerator)
+
+    @property
+    def done(self) -> bool:
+        return self.audit is None
+
+    def check_first_batch(self, trajectories: Sequence[Trajectory]) -> None:
+        """The prefix and mask checks of the run's first batch, before any gradient; every process
+        stops if any one's episodes fail (a rank alone would leave the others waiting)."""
+        if self.audit is None or self.audit.episodes_checked:
+            return
+        failure = self.audit.check_episodes(trajectories)
+        failed_somewhere = sum_over_processes(self.accelerator, float(failure is not None))
+        if failure is not None:
+            raise AuditFailed(failure)
+        if failed_somewhere:
+            raise AuditFailed(
+                "audit on start: another process's first batch failed the audit; its message names the token"
+            )
+
+    def record_first_forward(self, tensors: Any, micros: Sequence[Any], off_policy: torch.Tensor | None = None) -> None:
+        """The trainer's side, after the first update that trained on the checked batch, whose
+        forwards ran the weights that sampled it: each micro-batch's `logprobs` (kept by its loss)
+        against the sampler's record, over the tokens the policy sampled (`off_policy` (R,): the
+        rows guidance added, which nobody sampled)."""
+        if self.audit is None or not self.audit.episodes_checked:
+            return
+        for micro in micros:
+            if micro.dummy:  # DDP padding repeats a row this rank already recorded
+                continue
+            index, length = torch.tensor(micro.rows, dtype=torch.long), micro.logprobs.shape[1]
+            mask = tensors.loss_mask[index, :length]  # (b, t)
+            if off_policy is not None:
+                mask = mask * (~off_policy[index])[:, None].to(mask.dtype)
+            device = micro.logprobs.device
+            self.audit.record_logprobs(micro.logprobs, tensors.logprobs[index, :length].to(device), mask.to(device))
+
+    def finish(self) -> dict[str, float]:
+        """After the update whose forwards were recorded: the drift over every process and the
+        verdict (printed); then the audit is done. {} at every other step."""
+        if self.audit is None or not self.audit.logprobs_measured:
+            return {}
+        metrics = self.audit.finish(lambda *drift: combine_drift(self.accelerator, *drift))
+        self.audit = None
+        return metrics
