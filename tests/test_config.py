@@ -677,7 +677,7 @@ print(sys.modules["counting_plugin"].BUILT)
     lines = done.stdout.splitlines()
     assert lines[0] == "counted ['env_steps', 'no_such_term'] False"
     assert lines[1].startswith(
-        f"{config}: invalid value in rewards[1]: unknown reward 'no_such_term'; available rewards:"
+        f"{config}: invalid value in rewards[1]: unknown reward 'no_such_term'; registered rewards:"
     )
     assert lines[2] == "[1]"
     assert f"plugin {plugin}: importing {plugin} (named by {config})" in done.stderr

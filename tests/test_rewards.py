@@ -114,7 +114,7 @@ def test_an_envs_reported_reward_parts_are_logged_at_weight_zero_and_never_paid_
 def test_unknown_reward_and_parameter_are_rejected_with_the_options():
     """Guards against a typo'd reward or parameter being ignored (invariant 6): the error lists the rewards or
     parameters that exist."""
-    with pytest.raises(ValueError, match="unknown reward 'acuracy'; available rewards: .*accuracy"):
+    with pytest.raises(ValueError, match="unknown reward 'acuracy'; registered rewards: .*accuracy"):
         RewardSpec("acuracy").check()
     with pytest.raises(ValueError, match=r"no parameter\(s\) \['gama'\]; allowed: \['gamma'\]"):
         RewardSpec("env_steps", params={"gama": 0.9}).check()

@@ -37,7 +37,7 @@ import importlib.util
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from agentic_rl.config import Config
 
@@ -167,21 +167,6 @@ def _load_registries() -> None:
     from agentic_rl.tools.base import list_tools
 
     list_tools(), list_envs(), list_rewards()
-
-
-def registration_origin(obj: Any) -> str:
-    """Where `obj` (a registered class or function) comes from: its module and the module's file."""
-    module = getattr(obj, "__module__", None) or "an unnamed module"
-    file = getattr(sys.modules.get(module), "__file__", None)
-    return f"{module} ({file})" if file else module
-
-
-def duplicate_registration(kind: str, name: str, first: str, second: str) -> PluginError:
-    """The error for a second registration of `name`: both origins named."""
-    return PluginError(
-        f"{kind} '{name}' is registered twice: first by {first}, again by {second}; "
-        "rename one of them (names are global across plugins and built-ins)"
-    )
 
 
 def _describe(exc: BaseException) -> str:

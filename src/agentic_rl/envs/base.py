@@ -21,7 +21,8 @@ import dataclasses
 from typing import Any, Callable
 
 from agentic_rl.config import Config
-from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
+from agentic_rl.plugins import load_entry_points
+from agentic_rl.registry import Registry
 from agentic_rl.tools.base import Tool
 
 
@@ -130,9 +131,10 @@ class Env:
 
 
 EnvFactory = Callable[..., Env]
-_REGISTRY: dict[str, tuple[EnvFactory, type | None]] = {}
-_ORIGINS: dict[str, str] = {}
-"""Where each name was registered (module and file), for the error on a second registration."""
+_ENVS: Registry[tuple[EnvFactory, type | None]] = Registry(
+    "environment", "environments", lambda: _ensure_builtin_envs()
+)
+"""name -> (the class or factory, its options dataclass or None)."""
 
 
 def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory], EnvFactory]:
@@ -143,10 +145,7 @@ def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory
     """
 
     def decorator(factory: EnvFactory) -> EnvFactory:
-        if name in _REGISTRY:
-            raise duplicate_registration("environment", name, _ORIGINS[name], registration_origin(factory))
-        _REGISTRY[name] = (factory, options)
-        _ORIGINS[name] = registration_origin(factory)
+        _ENVS.add(name, (factory, options), factory)
         return factory
 
     return decorator
@@ -154,10 +153,7 @@ def register_env(name: str, options: type | None = None) -> Callable[[EnvFactory
 
 def make_env(name: str, **options: Any) -> Env:
     """A fresh environment `name` built with `options` (checked against its options dataclass)."""
-    _ensure_builtin_envs()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
-    factory, options_cls = _REGISTRY[name]
+    factory, options_cls = _ENVS.get(name)
     if options_cls is None:
         if options:
             raise ValueError(f"environment '{name}' takes no options, got {sorted(options)}")
@@ -200,10 +196,7 @@ class EnvSpec(Config):
 
 def env_factory(name: str) -> EnvFactory:
     """The class (or factory) registered as `name`."""
-    _ensure_builtin_envs()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
-    return _REGISTRY[name][0]
+    return _ENVS.get(name)[0]
 
 
 def has_oracle(name: str) -> bool | None:
@@ -225,15 +218,11 @@ def no_oracle_error(name: str, where: str, instead: str) -> ValueError:
 
 
 def env_options_class(name: str) -> type | None:
-    _ensure_builtin_envs()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown environment '{name}'; registered environments: {sorted(_REGISTRY)}")
-    return _REGISTRY[name][1]
+    return _ENVS.get(name)[1]
 
 
 def list_envs() -> list[str]:
-    _ensure_builtin_envs()
-    return sorted(_REGISTRY)
+    return _ENVS.names()
 
 
 def _ensure_builtin_envs() -> None:

@@ -36,13 +36,13 @@ import typing
 from typing import Any, Callable, Sequence
 
 from agentic_rl.config import Config
-from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
+from agentic_rl.plugins import load_entry_points
+from agentic_rl.registry import Registry
 from agentic_rl.rollout.trajectory import Trajectory
 
 RewardFn = Callable[..., list[float]]
-_REGISTRY: dict[str, RewardFn] = {}
-_ORIGINS: dict[str, str] = {}
-"""Where each name was registered (module and file), for the error on a second registration."""
+_REWARDS: Registry[RewardFn] = Registry("reward", "rewards", lambda: _ensure_builtin_rewards())
+"""name -> the term, lifted to a batch (trajectories, **params) -> one float each."""
 
 
 def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable], Callable]:
@@ -54,9 +54,6 @@ def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable],
     """
 
     def decorator(fn: Callable) -> Callable:
-        if name in _REGISTRY:
-            raise duplicate_registration("reward", name, _ORIGINS[name], registration_origin(fn))
-        _ORIGINS[name] = registration_origin(fn)
         if per_episode:
 
             def batched(trajectories: Sequence[Trajectory], **params: Any) -> list[float]:
@@ -64,24 +61,20 @@ def register_reward(name: str, per_episode: bool = True) -> Callable[[Callable],
 
             batched.__wrapped__ = fn  # type: ignore[attr-defined]
             batched.__doc__ = fn.__doc__
-            _REGISTRY[name] = batched
+            _REWARDS.add(name, batched, fn)
         else:
-            _REGISTRY[name] = fn
+            _REWARDS.add(name, fn, fn)
         return fn
 
     return decorator
 
 
 def get_reward(name: str) -> RewardFn:
-    _ensure_builtin_rewards()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown reward '{name}'; available rewards: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
+    return _REWARDS.get(name)
 
 
 def list_rewards() -> list[str]:
-    _ensure_builtin_rewards()
-    return sorted(_REGISTRY)
+    return _REWARDS.names()
 
 
 def reward_parameters(name: str) -> list[str]:

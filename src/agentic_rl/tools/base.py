@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 from transformers.utils import get_json_schema
 
-from agentic_rl.plugins import duplicate_registration, load_entry_points, registration_origin
+from agentic_rl.plugins import load_entry_points
+from agentic_rl.registry import Registry
 
 
 class ToolError(Exception):
@@ -91,9 +92,8 @@ def _json_type_matches(expected: str | None, value: Any) -> bool:
     return isinstance(value, _JSON_TYPES[expected])
 
 
-_REGISTRY: dict[str, Callable[[], Tool]] = {}
-_ORIGINS: dict[str, str] = {}
-"""Where each name was registered (module and file), for the error on a second registration."""
+_TOOLS: Registry[Callable[[], Tool]] = Registry("tool", "tools", lambda: _ensure_builtin_tools())
+"""name -> a factory of a fresh Tool."""
 
 
 def register_tool(name: str) -> Callable:
@@ -112,29 +112,22 @@ def register_tool(name: str) -> Callable:
     """
 
     def decorator(fn: Callable) -> Callable:
-        if name in _REGISTRY:
-            raise duplicate_registration("tool", name, _ORIGINS[name], registration_origin(fn))
-        _ORIGINS[name] = registration_origin(fn)
         if inspect.isfunction(fn) and fn.__annotations__.get("return") in ("Tool", Tool):
-            _REGISTRY[name] = fn
+            _TOOLS.add(name, fn, fn)
         else:
-            _REGISTRY[name] = lambda: Tool.from_function(fn, name=name)
+            _TOOLS.add(name, lambda: Tool.from_function(fn, name=name), fn)
         return fn
 
     return decorator
 
 
 def get_tool(name: str) -> Tool:
-    """The registered tool `name`; raises ValueError listing the known tools otherwise."""
-    _ensure_builtin_tools()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown tool '{name}'; known tools: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]()
+    """The registered tool `name`, freshly built; raises ValueError listing the registered tools otherwise."""
+    return _TOOLS.get(name)()
 
 
 def list_tools() -> list[str]:
-    _ensure_builtin_tools()
-    return sorted(_REGISTRY)
+    return _TOOLS.names()
 
 
 def _ensure_builtin_tools() -> None:
