@@ -88,7 +88,7 @@ def test_describe_lists_every_leaf_key_with_its_docstring():
     """Guards against `agentic-rl config` help that drifts from the dataclasses: every leaf key is listed once
     with its type, default and docstring."""
     lines = describe(Example)
-    assert any(line.startswith("optim.lr (float, default 1e-05): Peak learning rate.") for line in lines)
+    assert any(line.startswith("optim.lr (float > 0, default 1e-05): Peak learning rate.") for line in lines)
     assert len(lines) == 6
 
 
@@ -233,7 +233,7 @@ def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defa
     from agentic_rl.config_docs import field_help
 
     lines = describe(DeclaredStage)
-    assert "optim.lr (float, default 0.0003): Peak learning rate." in lines, lines
+    assert "optim.lr (float > 0, default 0.0003): Peak learning rate." in lines, lines
     assert any(line.startswith("optim.schedule (one of constant, cosine, default 'cosine')") for line in lines), lines
     assert field_help(DeclaredStage, "optim.lr").endswith("(default 0.0003)")
     with pytest.raises(TypeError, match=r"Stage.optim: a section's default must be default_factory=Optim"):
@@ -616,7 +616,7 @@ def test_sampling_is_declared_once_and_the_engine_params_derive_from_it():
     assert cfg.sampling_params(seed=3) == SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3)
     greedy = cfg.sampling_params(seed=3, temperature=0.0)
     assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.is_greedy) == (0.0, 0.9, 5, True)
-    with pytest.raises(ConfigError, match=r"invalid value in sampling: top_p must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"^--set: 'sampling.top_p' must be in \(0, 1\], got 1.5"):
         load_config(RolloutConfig, None, ["sampling.top_p=1.5"])
     with pytest.raises(ConfigError, match=r"^Sampling: 'temperature' must be >= 0, got -1"):
         Sampling(temperature=-1.0)
@@ -634,6 +634,45 @@ def test_the_kl_weight_is_bounded_by_the_same_marker_in_grpo_and_ppo(command):
     if command == "grpo":
         with pytest.raises(ConfigError, match=r"^--set: 'loss.epsilon_high' must be > 0, got 0.0\n"):
             load_config(config_class(command), None, ["loss.epsilon_high=0"])
+
+
+@pytest.mark.parametrize(
+    "command, key, value, interval",
+    [
+        ("grpo", "loss.epsilon", "1.0", "(0, 1)"),
+        ("grpo", "loss.epsilon", "0", "(0, 1)"),
+        ("grpo", "loss.entropy_coef", "1", "[0, 1)"),
+        ("grpo", "advantage.gamma", "1.5", "[0, 1]"),
+        ("grpo", "model.lora.dropout", "1.0", "[0, 1)"),
+        ("grpo", "rollout.sampling.top_p", "0", "(0, 1]"),
+        ("ppo", "loss.gamma", "1.01", "[0, 1]"),
+        ("ppo", "loss.lam", "-0.1", "[0, 1]"),
+    ],
+)
+def test_a_bounded_number_is_refused_outside_its_interval_with_the_interval_named(command, key, value, interval):
+    """Guards against a range checked by a hand-written __post_init__ with its own wording (or not at
+    all): every bounded float carries an Interval marker, so loading names the key, the interval and
+    the value, `agentic-rl config` shows the interval beside the type, and each end the interval
+    holds loads."""
+    from agentic_rl.config_docs import describe
+    from agentic_rl.train_commands import config_class
+
+    cls = config_class(command)
+    with pytest.raises(ConfigError) as refused:
+        load_config(cls, None, [f"{key}={value}"])
+    assert str(refused.value).split("\n")[0] == f"--set: '{key}' must be in {interval}, got {float(value)}"
+    assert any(line.startswith(f"{key} (float in {interval}, default ") for line in describe(cls))
+    low, high = interval[1:-1].split(", ")
+    turn_mode = ["advantage.mode=turn"] if key == "advantage.gamma" else []  # a discount only the turn modes use
+    for end, bracket in ((low, interval[0]), (high, interval[-1])):
+        if bracket in "[]":
+            assert _leaf(load_config(cls, None, [*turn_mode, f"{key}={end}"]), key) == float(end)
+
+
+def _leaf(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def test_loading_a_config_imports_no_plugin_and_builds_no_env(tmp_path):

@@ -8,8 +8,9 @@ start with a `ConfigError` that names the key and what is allowed. No setting is
 Numbers are checked here too, in one place (docs/design.md invariant 8): NaN and ±inf are rejected
 for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the strings `nan`,
 `inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0, one annotated
-`NonNegativeInt` / `NonNegativeFloat` must be >= 0; all are plain int and float to the rest of
-the code.
+`NonNegativeInt` / `NonNegativeFloat` must be >= 0, and one annotated with an `Interval`
+(`Fraction` [0, 1], `OpenFraction` (0, 1), `FractionBelowOne` [0, 1)) must lie in it; all are
+plain int and float to the rest of the code.
 
 Every config dataclass derives from `Config`, which runs the same checks of its typed fields
 (the markers above and `Literal` values) when it is constructed, however: from YAML, `--set`
@@ -53,7 +54,7 @@ class _Positive:
     """Marker in `Annotated[...]`: the value must be > 0 (a count, a size, a rate)."""
 
     def __repr__(self) -> str:
-        return "positive"
+        return "> 0"
 
 
 PositiveInt = Annotated[int, _Positive()]
@@ -66,13 +67,39 @@ class _NonNegative:
     """Marker in `Annotated[...]`: the value must be >= 0 (a count where 0 means none or off)."""
 
     def __repr__(self) -> str:
-        return "non-negative"
+        return ">= 0"
 
 
 NonNegativeInt = Annotated[int, _NonNegative()]
 """An int that must be >= 0 (0: none, or off)."""
 NonNegativeFloat = Annotated[float, _NonNegative()]
 """A finite float that must be >= 0 (a weight, a temperature)."""
+
+
+class Interval:
+    """Marker in `Annotated[...]`: the value must lie in an interval, written as in mathematics:
+    `Interval("[0, 1)")` holds 0 and every value below 1."""
+
+    def __init__(self, spec: str) -> None:
+        left, low, high, right = spec[0], *spec[1:-1].split(","), spec[-1]
+        self.spec, self.low, self.high = spec, float(low), float(high)
+        self.low_closed, self.high_closed = left == "[", right == "]"
+
+    def holds(self, value: float) -> bool:
+        above = value >= self.low if self.low_closed else value > self.low
+        below = value <= self.high if self.high_closed else value < self.high
+        return above and below
+
+    def __repr__(self) -> str:
+        return f"in {self.spec}"
+
+
+Fraction = Annotated[float, Interval("[0, 1]")]
+"""A float in [0, 1] (a discount γ, GAE's λ)."""
+OpenFraction = Annotated[float, Interval("(0, 1)")]
+"""A float in (0, 1) (a clip range: 1 − ε must stay above 0)."""
+FractionBelowOne = Annotated[float, Interval("[0, 1)")]
+"""A float in [0, 1) (a dropout rate, a weight that must stay below 1)."""
 
 
 class Derived:
@@ -382,6 +409,9 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
             raise ConfigError(f"{source}: '{key}' must be > 0, got {quoted(value)}")
         if any(isinstance(mark, _NonNegative) for mark in args[1:]) and not value >= 0:
             raise ConfigError(f"{source}: '{key}' must be >= 0, got {quoted(value)}")
+        for mark in args[1:]:
+            if isinstance(mark, Interval) and not mark.holds(value):
+                raise ConfigError(f"{source}: '{key}' must be {mark!r}, got {quoted(value)}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)

@@ -12,9 +12,9 @@ import dataclasses
 import inspect
 import textwrap
 import types
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from agentic_rl.config import _derived
+from agentic_rl.config import Derived, _derived
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -73,7 +73,7 @@ def describe(cls: type, prefix: str = "") -> list[str]:
             check_section_default(cls, f, hint)
             lines.extend(describe(hint, prefix=f"{prefix}{f.name}."))
             continue
-        type_name = type_label(hint)
+        type_name = type_label(marked[f.name])
         lines.append(
             f"{prefix}{f.name} ({type_name}, default {_shown_default(_leaf_default(f))}): {docs.get(f.name, '')}"
         )
@@ -117,8 +117,12 @@ def markdown_text(text: str) -> str:
 
 def type_label(hint: Any) -> str:
     """A field's type as a user reads it: a Literal as its choices (`one of float32, bfloat16, auto`),
-    an Optional as `X or null`, a list by its item type; else the type's name."""
+    an Optional as `X or null`, a list by its item type, a marked number with its bound (`int > 0`,
+    `float in [0, 1)`); else the type's name."""
     origin, args = get_origin(hint), get_args(hint)
+    if origin is Annotated:
+        bounds = [repr(mark) for mark in args[1:] if not isinstance(mark, Derived)]
+        return " ".join([type_label(args[0]), *bounds])
     if origin is Literal:
         return "one of " + ", ".join(str(arg) for arg in args)
     if origin in (Union, types.UnionType):

@@ -67,7 +67,7 @@ from typing import Annotated, Literal, get_args
 
 import torch
 
-from agentic_rl.config import Config, Derived, NonNegativeFloat, PositiveFloat
+from agentic_rl.config import Config, Derived, FractionBelowOne, NonNegativeFloat, OpenFraction, PositiveFloat
 
 
 LossType = Literal["grpo", "dapo", "token", "dr_grpo", "bnpo"]
@@ -92,7 +92,7 @@ class GRPOLossConfig(Config):
     scale_rewards: RewardScaling = "group"
     """Advantage scaling after subtracting the group mean: "group" divides by the group's std,
     "batch" by the std of all B rewards, "none" does not divide (Dr. GRPO). Used by `group_advantages`."""
-    epsilon: float = 0.2
+    epsilon: OpenFraction = 0.2
     """Lower clip: the ratio is clipped below at 1 - epsilon. 0 < epsilon < 1."""
     epsilon_high: PositiveFloat | None = None
     """Upper clip: the ratio is clipped above at 1 + epsilon_high (DAPO clip-higher, e.g. 0.28).
@@ -108,7 +108,7 @@ class GRPOLossConfig(Config):
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """"token": one ratio per token (PPO/GRPO). "sequence": one ratio per sequence,
     exp(mean over its tokens of logp - old_logp), applied to all its tokens (GSPO)."""
-    entropy_coef: NonNegativeFloat = 0.0
+    entropy_coef: FractionBelowOne = 0.0
     """c_H: weight of an entropy bonus, -c_H * H per trained token, aggregated like the surrogate.
     Keeps a near-deterministic policy exploring (0: off; the GRPO paper has none). Needs the
     differentiable entropy passed to `grpo_loss`."""
@@ -129,12 +129,6 @@ class GRPOLossConfig(Config):
         return not self.needs_reference and self.entropy_coef == 0 and self.loss_type != "bnpo"
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.epsilon < 1.0:
-            raise ValueError(f"epsilon={self.epsilon} must be in (0, 1): the ratio is clipped at 1 - epsilon > 0")
-        if self.entropy_coef >= 1.0:  # >= 0: its marker
-            raise ValueError(
-                f"entropy_coef={self.entropy_coef} must be in [0, 1): it weights an entropy bonus (0 turns it off)"
-            )
         if self.kl_importance_correction and self.beta == 0.0:
             raise ValueError(
                 "kl_importance_correction=True reweights the KL term, but beta=0 has no KL term; "

@@ -49,7 +49,7 @@ from typing import Literal, Sequence
 import torch
 
 from agentic_rl.algorithms.spans import spread_over_spans
-from agentic_rl.config import Config, NonNegativeFloat, PositiveFloat, refuse_unused
+from agentic_rl.config import Config, Fraction, NonNegativeFloat, PositiveFloat, refuse_unused
 
 KLMode = Literal["reward", "loss"]
 
@@ -64,9 +64,9 @@ class PPOLossConfig(Config):
     """ε_V: clip range of the new value around the old one (None: the plain squared error)."""
     vf_coef: NonNegativeFloat = 0.5
     """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
-    gamma: float = 1.0
+    gamma: Fraction = 1.0
     """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
-    lam: float = 1.0
+    lam: Fraction = 1.0
     """GAE's λ, per policy token: 1 is the Monte-Carlo return minus V (verl's default), smaller
     values lean on V. λ decays the outcome reward by λ^k over the k tokens that follow, and an
     agent episode has ~100 policy tokens: λ = 0.95 leaves 0.95^100 ≈ 0.006 of the outcome at the
@@ -82,8 +82,6 @@ class PPOLossConfig(Config):
     """c_H: weight of an entropy bonus (0: off)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"gamma={self.gamma} and lam={self.lam} must lie in [0, 1]")
         if self.beta == 0:
             refuse_unused(
                 self, ["kl_mode"], prefix="loss.", used_with="loss.beta > 0", now="loss.beta is 0: no KL term"

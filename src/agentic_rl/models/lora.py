@@ -17,7 +17,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from transformers import PreTrainedModel
 
-from agentic_rl.config import Config, PositiveFloat, PositiveInt
+from agentic_rl.config import Config, FractionBelowOne, PositiveFloat, PositiveInt
 
 
 @dataclasses.dataclass
@@ -30,7 +30,7 @@ class LoraConfig(Config):
     """Adapter rank r."""
     alpha: PositiveFloat = 32.0
     """Scale numerator: the update is (alpha / r)·B·A."""
-    dropout: float = 0.0
+    dropout: FractionBelowOne = 0.0
     """Dropout on the adapter input during training."""
     target_modules: list[str] = dataclasses.field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -38,8 +38,6 @@ class LoraConfig(Config):
     """Names (last path component) of the linear layers to adapt."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if self.enabled and not self.target_modules:
             raise ValueError("lora.target_modules is empty; name at least one linear layer, e.g. [q_proj, v_proj]")
 

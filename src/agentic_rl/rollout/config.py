@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveInt
+from agentic_rl.config import Config, Interval, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16", "auto"]
@@ -42,14 +42,10 @@ class Sampling(Config):
     temperature: NonNegativeFloat = 1.0
     """Softmax temperature (0: greedy). Recorded log-probs use log_softmax(logits / T), and trainers
     score tokens at the same T. An evaluation decodes pass@1 greedily and uses this for its k samples."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Interval("(0, 1]")] = 1.0
     """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p (1: off)."""
     top_k: NonNegativeInt = 0
     """Keep only the k most likely tokens (0: off)."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable nucleus sampling")
 
 
 @dataclasses.dataclass(frozen=True)
