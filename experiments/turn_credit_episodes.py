@@ -54,7 +54,7 @@ def credit_table(trajs, rewards: list[float], cfg) -> list[dict]:
     """One row per (episode, turn): the turn's placed reward and the three modes' advantages."""
     G, scale = cfg.rollout.group_size, cfg.loss.scale_rewards
     placed = rewards_per_turn(trajs, rewards, cfg.rewards)
-    returns = discounted_turn_returns(placed, cfg.advantage.gamma)
+    returns = discounted_turn_returns(placed, cfg.advantage.gamma_per_turn)
     episode = group_advantages(torch.tensor(rewards, dtype=torch.float32), G, scale).tolist()
     start = turn_advantages(returns, G, scale, baseline="start")
     position = turn_advantages(returns, G, scale, baseline="position")

@@ -88,7 +88,7 @@ def test_describe_lists_every_leaf_key_with_its_docstring():
     """Guards against `agentic-rl config` help that drifts from the dataclasses: every leaf key is listed once
     with its type, default and docstring."""
     lines = describe(Example)
-    assert any(line.startswith("optim.lr (float > 0, default 1e-05): Peak learning rate.") for line in lines)
+    assert any(line.startswith("optim.lr (float, default 1e-05): Peak learning rate.") for line in lines)
     assert len(lines) == 6
 
 
@@ -233,7 +233,7 @@ def test_describe_and_field_help_show_a_sections_own_defaults_not_its_class_defa
     from agentic_rl.config_docs import field_help
 
     lines = describe(DeclaredStage)
-    assert "optim.lr (float > 0, default 0.0003): Peak learning rate." in lines, lines
+    assert "optim.lr (float, default 0.0003): Peak learning rate." in lines, lines
     assert any(line.startswith("optim.schedule (one of constant, cosine, default 'cosine')") for line in lines), lines
     assert field_help(DeclaredStage, "optim.lr").endswith("(default 0.0003)")
     with pytest.raises(TypeError, match=r"Stage.optim: a section's default must be default_factory=Optim"):
@@ -642,11 +642,11 @@ def test_the_kl_weight_is_bounded_by_the_same_marker_in_grpo_and_ppo(command):
         ("grpo", "loss.epsilon", "1.0", "(0, 1)"),
         ("grpo", "loss.epsilon", "0", "(0, 1)"),
         ("grpo", "loss.entropy_coef", "1", "[0, 1)"),
-        ("grpo", "advantage.gamma", "1.5", "[0, 1]"),
+        ("grpo", "advantage.gamma_per_turn", "1.5", "[0, 1]"),
         ("grpo", "model.lora.dropout", "1.0", "[0, 1)"),
         ("grpo", "rollout.sampling.top_p", "0", "(0, 1]"),
-        ("ppo", "loss.gamma", "1.01", "[0, 1]"),
-        ("ppo", "loss.lam", "-0.1", "[0, 1]"),
+        ("ppo", "loss.gamma_per_token", "1.01", "[0, 1]"),
+        ("ppo", "loss.lam_per_token", "-0.1", "[0, 1]"),
     ],
 )
 def test_a_bounded_number_is_refused_outside_its_interval_with_the_interval_named(command, key, value, interval):
@@ -663,10 +663,45 @@ def test_a_bounded_number_is_refused_outside_its_interval_with_the_interval_name
     assert str(refused.value).split("\n")[0] == f"--set: '{key}' must be in {interval}, got {float(value)}"
     assert any(line.startswith(f"{key} (float in {interval}, default ") for line in describe(cls))
     low, high = interval[1:-1].split(", ")
-    turn_mode = ["advantage.mode=turn"] if key == "advantage.gamma" else []  # a discount only the turn modes use
+    turn_mode = (
+        ["advantage.mode=turn"] if key == "advantage.gamma_per_turn" else []
+    )  # a discount only the turn modes use
     for end, bracket in ((low, interval[0]), (high, interval[-1])):
         if bracket in "[]":
             assert _leaf(load_config(cls, None, [*turn_mode, f"{key}={end}"]), key) == float(end)
+
+
+@pytest.mark.parametrize(
+    "command, old, new",
+    [
+        ("grpo", "advantage.gamma", "gamma_per_turn"),
+        ("ppo", "loss.gamma", "gamma_per_token"),
+        ("ppo", "loss.lam", "lam_per_token"),
+    ],
+)
+def test_a_discount_names_its_unit_and_the_old_key_is_refused_with_the_new_name(command, old, new):
+    """Guards against one name for three units (GRPO's discount per turn, PPO's per token): the keys
+    say which, and a config written with the old key stops, naming the key it became."""
+    from agentic_rl.train_commands import config_class
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(config_class(command), None, [f"{old}=0.9"])
+    assert str(refused.value).startswith(f"--set: unknown key '{old}' ('{old.split('.')[1]}' is now {new}")
+    section = old.split(".")[0]
+    assert (
+        getattr(
+            getattr(
+                load_config(
+                    config_class(command),
+                    None,
+                    [f"{section}.{new}=0.9", *(["advantage.mode=turn"] if command == "grpo" else [])],
+                ),
+                section,
+            ),
+            new,
+        )
+        == 0.9
+    )
 
 
 def _leaf(cfg, key: str):

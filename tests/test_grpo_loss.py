@@ -360,7 +360,7 @@ def test_a_group_of_identical_failures_is_never_divided_by_eps_alone():
 
 def test_turn_mode_credits_late_turns_of_a_failure_and_turn_position_does_not():
     """The bias `turn` documents, in numbers, as configs/plan.yaml's GRPO places rewards (env_steps
-    with γ_s = 0.95: step k's reward on turn k as 0.95^k·r_k; advantage.gamma 1): one 9-turn
+    with γ_s = 0.95: step k's reward on turn k as 0.95^k·r_k; advantage.gamma_per_turn 1): one 9-turn
     success and seven 20-turn failures (−0.05 per action, +1 at the goal). Against the mean G_0
     a failure's first turn gets −0.353 and its last +1.529; against the same turn's mean
     return-to-go its last turn gets G_19 / 8 / s ≈ −0.007 (the success has ended: 0)."""

@@ -442,7 +442,7 @@ def test_turn_mode_with_an_outcome_reward_and_gamma_one_trains_exactly_like_epis
         cfg = grpo_cfg(
             tmp_path,
             f"advantage.mode={mode}",
-            "advantage.gamma=1.0",
+            "advantage.gamma_per_turn=1.0",
             f"loss.scale_rewards={scale}",
             "loss.beta=0",
             "rollout.max_turns=2",
@@ -497,16 +497,16 @@ def test_turn_position_mode_trains_on_each_turns_return_against_the_same_turns_g
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("advantage.gamma=0.9", "only used by the turn modes"),
-        ("advantage.gamma=1.5", "must be in [0, 1]"),
+        ("advantage.gamma_per_turn=0.9", "only used by the turn modes"),
+        ("advantage.gamma_per_turn=1.5", "must be in [0, 1]"),
         (
-            "advantage.mode=turn|advantage.gamma=0.95|rewards=[{name: env_steps, params: {gamma: 0.95}}]",
+            "advantage.mode=turn|advantage.gamma_per_turn=0.95|rewards=[{name: env_steps, params: {gamma: 0.95}}]",
             "discount it twice",
         ),
     ],
 )
 def test_an_advantage_gamma_that_would_be_ignored_is_refused(tmp_path, override, fragment):
-    """Invariant 6: episode mode never reads advantage.gamma, so setting it is an error; nor may a
+    """Invariant 6: episode mode never reads advantage.gamma_per_turn, so setting it is an error; nor may a
     turn mode discount the env_steps term's already discounted step rewards a second time."""
     with pytest.raises(ConfigError) as info:
         grpo_cfg(tmp_path, *override.split("|"))

@@ -121,7 +121,9 @@ def test_ppo_runs_gae_across_the_sequences_of_a_memory_episode(tmp_path):
     mask = batch.tensors.loss_mask.bool()
     # γ = λ = 1: the value target at every policy token is the episode's reward-to-go, all of it on the
     # last sequence's last turn here; without the bootstrap the first sequence's targets would be 0
-    assert objective.cfg.loss.gamma == objective.cfg.loss.lam == 1.0 and objective.cfg.loss.beta == 0.0
+    assert (
+        objective.cfg.loss.gamma_per_token == objective.cfg.loss.lam_per_token == 1.0 and objective.cfg.loss.beta == 0.0
+    )
     for episode in range(4):
         targets = torch.cat(
             [batch.returns[2 * episode][mask[2 * episode]], batch.returns[2 * episode + 1][mask[2 * episode + 1]]]

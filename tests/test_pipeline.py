@@ -116,11 +116,14 @@ def test_stage_inputs_follow_what_each_stage_reads():
 
     assert changed("sft.optim.lr=0.123") == ["sft", "eval_sft", "rm", "grpo", "eval_grpo", "control", "eval_control"]
     assert changed("rm.optim.lr=0.123") == ["rm"]
-    assert changed("rm.optim.lr=0.123", "use_reward_model=0.5") == [
+    assert changed("rm.optim.lr=0.123", "grpo.reward_model.weight=0.5") == [
         "rm",
         "grpo",
         "eval_grpo",
-    ]  # the RM is a reward term
+        "control",
+        "eval_control",
+    ]  # the RM is a reward term (and the control matches the time of a GRPO that scores with it)
+    assert changed("grpo.reward_model.weight=0.5") == ["grpo", "eval_grpo", "control", "eval_control"]
     assert changed("grpo.optim.lr=0.123") == [
         "grpo",
         "eval_grpo",
@@ -271,6 +274,30 @@ def test_the_control_seed_defaults_to_a_batch_order_the_sft_stage_did_not_use():
     assert control_seed(load_config(PipelineConfig, CONFIG, overrides=["sft.train.seed=4", "control.seed=11"])) == 11
 
 
+def test_the_reward_model_weight_is_the_rl_sections_own_key_in_the_pipeline_as_alone():
+    """Guards against two names for one setting (the pipeline's `use_reward_model`, grpo's
+    `reward_model.weight`): the pipeline reads the RL section's weight and sets the path itself, refuses
+    a path, a weight with the rm stage skipped, and the old key with the new one's name; alone, a weight
+    without a folder stops at validation."""
+    from agentic_rl.config import ConfigError, load_config
+    from agentic_rl.pipeline import PipelineConfig
+    from agentic_rl.training.grpo_config import GRPOConfig
+    from agentic_rl.validation import load_and_validate
+
+    assert load_config(PipelineConfig, CONFIG, ["grpo.reward_model.weight=0.5"]).grpo.reward_model.weight == 0.5
+    refused = {
+        "use_reward_model=0.5": "'use_reward_model' is now grpo.reward_model.weight",
+        "grpo.reward_model.path=runs/rm/final": "grpo.reward_model.path is set by the pipeline",
+    }
+    for override, fragment in refused.items():
+        with pytest.raises(ConfigError, match=re.escape(fragment)):
+            load_config(PipelineConfig, CONFIG, [override])
+    with pytest.raises(ConfigError, match=re.escape("grpo.reward_model.weight uses the reward model the rm stage")):
+        load_config(PipelineConfig, CONFIG, ["grpo.reward_model.weight=0.5", "skip=[rm]"])
+    with pytest.raises(ConfigError, match=re.escape("reward_model.weight is set but reward_model.path is empty")):
+        load_and_validate(GRPOConfig, None, ["reward_model.weight=0.5"])
+
+
 def test_the_tour_runs_every_stage_and_its_grpo_uses_the_trained_reward_model():
     """`make tour` (configs/smoke.yaml) is the first thing a user runs: it must skip no stage, train
     on the embedded model, and give the reward model a part in GRPO's reward."""
@@ -278,7 +305,7 @@ def test_the_tour_runs_every_stage_and_its_grpo_uses_the_trained_reward_model():
     from agentic_rl.pipeline import PipelineConfig
 
     cfg = load_config(PipelineConfig, Path(__file__).parent.parent / "configs" / "smoke.yaml")
-    assert cfg.skip == [] and cfg.model == "smollm2-135m-instruct" and cfg.use_reward_model > 0
+    assert cfg.skip == [] and cfg.model == "smollm2-135m-instruct" and cfg.grpo.reward_model.weight > 0
     assert cfg.rl.algorithm == "grpo" and cfg.grpo.loss.beta == 0.0
     assert "agentic-rl pipeline --config configs/smoke.yaml" in (Path(__file__).parent.parent / "Makefile").read_text()
 

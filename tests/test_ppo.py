@@ -148,8 +148,8 @@ def test_whiten_uses_policy_tokens_only():
 def test_config_rejects_nonsense():
     """Guards against a λ above 1 or an unknown kl_mode being accepted, and a reference model loaded when β = 0
     (invariant 4)."""
-    with pytest.raises(ValueError, match="lam"):
-        PPOLossConfig(lam=1.5)
+    with pytest.raises(ValueError, match="lam_per_token"):
+        PPOLossConfig(lam_per_token=1.5)
     with pytest.raises(ValueError, match="kl_mode"):
         PPOLossConfig(kl_mode="both")  # type: ignore[arg-type]
     assert not PPOLossConfig().needs_reference and PPOLossConfig(beta=0.05).needs_reference

@@ -94,7 +94,7 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
     reward still to come: the whole episode reward, which sits on its last policy token. Guards
     against rewards on the wrong token, returns leaking onto prompt or padding, and whitening over
     the wrong positions."""
-    cfg = ppo_cfg(tmp_path, "loss.lam=1.0", "loss.gamma=1.0")
+    cfg = ppo_cfg(tmp_path, "loss.lam_per_token=1.0", "loss.gamma_per_token=1.0")
     _, objective = bound(cfg)
     batch = objective.batch_for(0)
     mask = batch.tensors.loss_mask.bool()
@@ -119,7 +119,9 @@ def test_the_first_batch_returns_are_the_episode_reward_on_every_policy_token(tm
 def test_the_batch_advantages_are_gae_of_its_own_values_and_rewards(tmp_path):
     """A trained head (V ≠ 0), γ < 1, λ < 1, KL in the reward: the batch must hold exactly
     whiten(GAE(rewards − β·(log π_old − log π_ref), V_old)), recomputed here from its parts."""
-    cfg = ppo_cfg(tmp_path, "loss.lam=0.9", "loss.gamma=0.95", "loss.beta=0.1", "old_logprobs=recompute")
+    cfg = ppo_cfg(
+        tmp_path, "loss.lam_per_token=0.9", "loss.gamma_per_token=0.95", "loss.beta=0.1", "old_logprobs=recompute"
+    )
     model, objective = bound(cfg)
     with torch.no_grad():
         model.value_head.weight.normal_(0, 0.05)

@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from agentic_rl.config import Config, ConfigError, NonNegativeInt, refuse_unused
 from agentic_rl.errors import RunStopped
@@ -115,6 +115,11 @@ class ControlConfig(Config):
 class PipelineConfig(PluginsConfig):
     """`agentic-rl pipeline`: every stage of the seed pipeline, in order."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "use_reward_model": "grpo.reward_model.weight (or ppo's), the key `agentic-rl grpo` reads; "
+        "the pipeline sets its path to the rm stage's model"
+    }
+
     model: str = "smollm2-135m-instruct"
     """Base model for every stage (built-in name, local directory or hub id)."""
     output_dir: str = "runs/demo"
@@ -134,8 +139,6 @@ class PipelineConfig(PluginsConfig):
     """PPO stage (rl.algorithm: ppo); starts from the SFT model."""
     control: ControlConfig = dataclasses.field(default_factory=ControlConfig)
     """The compute-matched SFT control (off by default: it costs as much as GRPO)."""
-    use_reward_model: float = 0.0
-    """Weight of the trained reward model as an RL reward term (0: train it, report it, don't use it)."""
     skip: list[str] = dataclasses.field(default_factory=list)
     """Stages to skip, from: eval_base, sft, eval_sft, rm, grpo, eval_grpo, ppo, eval_ppo (only
     rl.algorithm's RL stages run; control and eval_control only when control.enabled)."""
@@ -177,10 +180,16 @@ class PipelineConfig(PluginsConfig):
                 f"control.steps: 0 matches the RL stage's measured training time, but '{rl}' is skipped; set control.steps"
             )
         for name, stage in (("grpo", self.grpo), ("ppo", self.ppo)):
-            if stage.reward_model.path or stage.reward_model.weight:
+            if stage.reward_model.path:
                 raise ValueError(
-                    f"{name}.reward_model is set by the pipeline; use `use_reward_model: <weight>` instead"
+                    f"{name}.reward_model.path is set by the pipeline (its rm stage's model); set only "
+                    f"{name}.reward_model.weight"
                 )
+        if getattr(self, rl).reward_model.weight and "rm" in self.skip:
+            raise ValueError(
+                f"{rl}.reward_model.weight uses the reward model the rm stage trains, but 'rm' is skipped; "
+                f"remove it from skip, or set {rl}.reward_model.weight: 0"
+            )
         thinking = {
             "sft.enable_thinking": self.sft.enable_thinking,
             "rm.pairs.rollout.enable_thinking": self.rm.pairs.rollout.enable_thinking,
@@ -365,14 +374,17 @@ def stage_inputs(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
         "sft": ["model", "sft"],
         "eval_sft": ["model", "sft", "evals"],
         "rm": ["model", "sft", "rm"],
-        "grpo": ["model", "sft", "grpo", "use_reward_model"],
-        "eval_grpo": ["model", "sft", "grpo", "use_reward_model", "evals"],
-        "ppo": ["model", "sft", "ppo", "use_reward_model"],
-        "eval_ppo": ["model", "sft", "ppo", "use_reward_model", "evals"],
+        "grpo": ["model", "sft", "grpo"],
+        "eval_grpo": ["model", "sft", "grpo", "evals"],
+        "ppo": ["model", "sft", "ppo"],
+        "eval_ppo": ["model", "sft", "ppo", "evals"],
         "control": ["model", "sft", cfg.rl.algorithm, "control"],
         "eval_control": ["model", "sft", cfg.rl.algorithm, "control", "evals"],
     }[stage]
-    if cfg.use_reward_model and stage in ("grpo", "eval_grpo", "ppo", "eval_ppo"):
+    if (
+        stage in ("grpo", "eval_grpo", "ppo", "eval_ppo")
+        and getattr(cfg, stage.removeprefix("eval_")).reward_model.weight
+    ):
         sections.append("rm")
     as_dict = dataclasses.asdict(cfg)
     if stage.startswith("eval_"):  # the evaluations this stage runs, as they were before `stages` existed
@@ -522,11 +534,8 @@ def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict
 
     section = getattr(cfg, algorithm)
     start = sft_model if "sft" not in cfg.skip else cfg.model
-    term = (
-        RewardModelTerm(path=str(root / "rm" / "final"), weight=cfg.use_reward_model)
-        if cfg.use_reward_model
-        else RewardModelTerm()
-    )
+    weight = section.reward_model.weight
+    term = RewardModelTerm(path=str(root / "rm" / "final"), weight=weight) if weight else RewardModelTerm()
     stage = dataclasses.replace(
         section,
         model=dataclasses.replace(section.model, name=start),

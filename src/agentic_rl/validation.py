@@ -32,6 +32,14 @@ def validate(cfg: Any, source: str = "config", flagged: Sequence[str] = ()) -> N
     load_plugins([spec for spec in plugins if spec not in flagged], named_by=source)
     load_plugins([spec for spec in plugins if spec in flagged])
     check_config(cfg, source)
+    term = getattr(
+        cfg, "reward_model", None
+    )  # grpo or ppo on its own: a weight needs its folder (the pipeline sets it)
+    if term is not None:
+        try:
+            term.check_path()
+        except ValueError as exc:
+            raise ConfigError(f"{source}: invalid value in reward_model: {exc}") from None
 
 
 def load_and_validate(

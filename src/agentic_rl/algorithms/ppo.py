@@ -44,7 +44,7 @@ algorithms/rollout_correction.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import ClassVar, Literal, Sequence
 
 import torch
 
@@ -58,15 +58,20 @@ KLMode = Literal["reward", "loss"]
 class PPOLossConfig(Config):
     """Every knob of the PPO objective. Validated at construction."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "gamma": "gamma_per_token (PPO discounts per token; GRPO's advantage.gamma_per_turn per turn)",
+        "lam": "lam_per_token",
+    }
+
     epsilon: PositiveFloat = 0.2
     """Clip range of the policy ratio."""
     value_clip: PositiveFloat | None = 0.2
     """ε_V: clip range of the new value around the old one (None: the plain squared error)."""
     vf_coef: NonNegativeFloat = 0.5
     """Weight of the value loss in the total (shared trunk: the two losses share gradients)."""
-    gamma: Fraction = 1.0
-    """Discount per policy token (1: undiscounted, the usual choice for language episodes)."""
-    lam: Fraction = 1.0
+    gamma_per_token: Fraction = 1.0
+    """γ, the discount per policy token (1: undiscounted, the usual choice for language episodes)."""
+    lam_per_token: Fraction = 1.0
     """GAE's λ, per policy token: 1 is the Monte-Carlo return minus V (verl's default), smaller
     values lean on V. λ decays the outcome reward by λ^k over the k tokens that follow, and an
     agent episode has ~100 policy tokens: λ = 0.95 leaves 0.95^100 ≈ 0.006 of the outcome at the

@@ -91,8 +91,10 @@ def _check_unmappable(cfg) -> None:
         errors.append(
             f"advantage.mode={cfg.advantage.mode}: TRL's GRPOTrainer has one advantage per completion; use mode: episode"
         )
-    if cfg.advantage.gamma != 1.0:
-        errors.append(f"advantage.gamma={cfg.advantage.gamma}: only per-turn advantages discount; TRL has none")
+    if cfg.advantage.gamma_per_turn != 1.0:
+        errors.append(
+            f"advantage.gamma_per_turn={cfg.advantage.gamma_per_turn}: only per-turn advantages discount; TRL has none"
+        )
     if cfg.rollout.backend == "fast":
         errors.append("rollout.backend=fast: TRL decodes with transformers generate; use backend: auto or hf")
     if cfg.rollout.tool_workers != defaults.tool_workers:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from agentic_rl.config import Config, PositiveInt
+from agentic_rl.config import Config, NonNegativeFloat, PositiveInt
 from agentic_rl.envs.base import Env, EnvSpec, Task, make_env
 from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.config import RolloutConfig
@@ -131,11 +131,14 @@ class RewardModelTerm(Config):
     """An optional learned reward term."""
 
     path: str = ""
-    """A reward model folder from `agentic-rl rm` (empty: no reward-model term)."""
-    weight: float = 0.0
-    """Its weight in the total reward."""
+    """A reward model folder from `agentic-rl rm` (empty: no reward-model term). The pipeline sets it
+    to its rm stage's model: there, set only the weight."""
+    weight: NonNegativeFloat = 0.0
+    """Its weight in the total reward (0: no reward-model term)."""
 
-    def __post_init__(self) -> None:
+    def check_path(self) -> None:
+        """A weight needs a folder to score with (the commands that train on their own; the pipeline
+        supplies its rm stage's)."""
         if self.weight and not self.path:
             raise ValueError(
                 "reward_model.weight is set but reward_model.path is empty; give the folder from `agentic-rl rm`"

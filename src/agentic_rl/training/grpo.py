@@ -177,7 +177,7 @@ class GRPO:
         all_turns = gather_objects(
             self.accelerator, rewards_per_turn(trajs, global_rewards[local_rows].tolist(), cfg.rewards)
         )
-        returns = discounted_turn_returns(all_turns, cfg.advantage.gamma)
+        returns = discounted_turn_returns(all_turns, cfg.advantage.gamma_per_turn)
         baseline = "position" if cfg.advantage.mode == "turn_position" else "start"
         per_turn = turn_advantages(returns, cfg.rollout.group_size, cfg.loss.scale_rewards, baseline=baseline)
         by_row = collected.turns_by_row([per_turn[i] for i in local_rows])  # (R_local,) ragged per-turn values

@@ -5,7 +5,7 @@ documentation and its one default. `agentic-rl config grpo` prints them; trainin
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 from agentic_rl.algorithms.grpo import GRPOLossConfig
 from agentic_rl.config import Config, Fraction, NonNegativeInt
@@ -35,6 +35,10 @@ class GRPORolloutConfig(BatchRolloutConfig):
 class AdvantageConfig(Config):
     """What the advantage is computed from."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "gamma": "gamma_per_turn (GRPO discounts per turn; PPO's loss.gamma_per_token per token)"
+    }
+
     mode: Literal["episode", "turn", "turn_position"] = "episode"
     """episode: one advantage per episode from its composed reward. turn and turn_position: the
     composed reward is placed on the turns (the env_steps term's share on its turns, every other
@@ -46,15 +50,15 @@ class AdvantageConfig(Config):
     remaining cost, even in failed episodes. turn_position: the baseline of turn t is the group
     mean of the returns-to-go at turn t (an ended episode counts 0), so each turn is compared
     with the group's turns at the same point; use it with per-step rewards."""
-    gamma: Fraction = 1.0
-    """Discount per policy turn for the turn modes: G_t = sum_(k>=t) gamma^(k-t)·r_k. An env_steps
+    gamma_per_turn: Fraction = 1.0
+    """γ, the discount per policy turn for the turn modes: G_t = sum_(k>=t) γ^(k-t)·r_k. An env_steps
     term with its own gamma has already discounted its rewards from the episode's start
     (gamma_s^k·r_k on turn k), so keep this at 1 with it (a second discount is refused)."""
 
     def __post_init__(self):
-        if self.mode == "episode" and self.gamma != 1.0:
+        if self.mode == "episode" and self.gamma_per_turn != 1.0:
             raise ValueError(
-                f"advantage.gamma={self.gamma} is only used by the turn modes (advantage.mode is 'episode'); "
+                f"advantage.gamma_per_turn={self.gamma_per_turn} is only used by the turn modes (advantage.mode is 'episode'); "
                 "discount the episode reward in its reward term (env_steps' gamma), or set advantage.mode: turn_position"
             )
 
@@ -104,12 +108,12 @@ class GRPOConfig(OnPolicyConfig):
             for spec in self.rewards
             if spec.name == "env_steps" and spec.params.get("gamma", 1.0) != 1.0
         ]
-        if self.advantage.gamma != 1.0 and discounted:
+        if self.advantage.gamma_per_turn != 1.0 and discounted:
             raise ValueError(
-                f"advantage.gamma={self.advantage.gamma} with an env_steps term of gamma={discounted[0]}: the term already places "
+                f"advantage.gamma_per_turn={self.advantage.gamma_per_turn} with an env_steps term of gamma={discounted[0]}: the term already places "
                 f"step k's reward on turn k as gamma^k·r_k, so a turn's return-to-go would discount it twice (G_0 would not be the "
-                f"episode's reward). Keep advantage.gamma: 1 (then G_t = sum_(k>=t) gamma^k·r_k, the discounted objective's "
-                f"policy gradient), or move the discount from the term to advantage.gamma"
+                f"episode's reward). Keep advantage.gamma_per_turn: 1 (then G_t = sum_(k>=t) gamma^k·r_k, the discounted objective's "
+                f"policy gradient), or move the discount from the term to advantage.gamma_per_turn"
             )
 
     def check(self) -> None:

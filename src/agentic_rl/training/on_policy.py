@@ -28,6 +28,7 @@ def train_on_policy(
     from agentic_rl.training.run_record import start_run
     from agentic_rl.training.scoring import require_replicated_weights
 
+    cfg.reward_model.check_path()  # before anything loads (validation.py checks it at the command line)
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     require_replicated_weights(accelerator, command)  # rollouts (and a reward head) read whole weights
     run_dir = start_run(command, cfg, accelerator)  # stops here if the folder holds another run

@@ -129,7 +129,7 @@ class PPO:
             collected.metrics["value/kl_in_reward"] = self._masked_mean(rewards - shaped, mask)
             rewards = shaped
         advantages, returns = sequence_gae(
-            rewards, old_values.double(), mask, cfg.loss.gamma, cfg.loss.lam, collected.row_episode
+            rewards, old_values.double(), mask, cfg.loss.gamma_per_token, cfg.loss.lam_per_token, collected.row_episode
         )  # 4: (R_local, T)
         moments = self._global_moments(advantages, mask)
         if (
