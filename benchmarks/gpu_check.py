@@ -175,7 +175,8 @@ def grpo_cfg(model_dir: str, setting: str, backend: str, args, out: str):
     from agentic_rl.models.lora import LoraConfig
     from agentic_rl.models.policy import ModelConfig
     from agentic_rl.rewards.base import RewardSpec
-    from agentic_rl.training.grpo_config import EnvConfig, GRPOConfig, GRPORolloutConfig
+    from agentic_rl.training.episode_config import EnvConfig
+    from agentic_rl.training.grpo_config import GRPOConfig, GRPORolloutConfig
     from agentic_rl.training.loop import LoopConfig, OptimConfig
 
     prompts, group, new_tokens = (2, 4, 8) if args.tiny else (4, 8, 128)

@@ -41,7 +41,8 @@ from agentic_rl.models.lora import LoraConfig  # noqa: E402
 from agentic_rl.rewards.base import RewardSpec  # noqa: E402
 from agentic_rl.models.policy import ModelConfig  # noqa: E402
 from agentic_rl.training.grpo import train_grpo  # noqa: E402
-from agentic_rl.training.grpo_config import EnvConfig, GRPOConfig, GRPORolloutConfig  # noqa: E402
+from agentic_rl.training.episode_config import EnvConfig  # noqa: E402
+from agentic_rl.training.grpo_config import GRPOConfig, GRPORolloutConfig  # noqa: E402
 from agentic_rl.training.loop import LoopConfig, OptimConfig  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

@@ -104,7 +104,8 @@ def test_environment_factory_runs_our_tools_and_grades():
 
 def _cfg(tmp_path, **overrides):
     from agentic_rl.models.policy import ModelConfig
-    from agentic_rl.training.grpo_config import EnvConfig, GRPOConfig, GRPORolloutConfig
+    from agentic_rl.training.episode_config import EnvConfig
+    from agentic_rl.training.grpo_config import GRPOConfig, GRPORolloutConfig
     from agentic_rl.training.loop import LoopConfig
 
     base = dict(
