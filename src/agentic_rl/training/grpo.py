@@ -138,8 +138,8 @@ class GRPO:
             "sampling": lambda: tensors.logprobs,
             "detach": lambda: None,
         }[cfg.old_logprobs]()  # 5: π_old (None: π_θ.detach(); recompute: kept after the first update)
-        beta = cfg.loss.needs_reference  # π_ref only when β > 0
-        ref = reference_logprobs(sampler.policy, self.reference, tensors, cfg, self.accelerator) if beta else None
+        needs_ref = cfg.loss.needs_reference  # π_ref only when β > 0
+        ref = reference_logprobs(sampler.policy, self.reference, tensors, cfg, self.accelerator) if needs_ref else None
         collected.metrics["time/reference"] = time.perf_counter() - started
         off_policy = torch.tensor(
             collected.rows_of([bool(traj.info.get("off_policy")) for traj in trajs]), dtype=torch.bool

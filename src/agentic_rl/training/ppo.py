@@ -110,8 +110,8 @@ class PPO:
         started = time.perf_counter()
         old_values, recomputed = self._value_pass(t)  # 3: (R_local, T) each
         old = {"recompute": recomputed, "sampling": t.logprobs, "detach": None}[cfg.old_logprobs]
-        beta = cfg.loss.needs_reference  # π_ref only when β > 0
-        ref = reference_logprobs(sampler.policy, self.reference, t, cfg, self.accelerator) if beta else None
+        needs_ref = cfg.loss.needs_reference  # π_ref only when β > 0
+        ref = reference_logprobs(sampler.policy, self.reference, t, cfg, self.accelerator) if needs_ref else None
         collected.metrics["time/reference"] = time.perf_counter() - started
         # 2: the composed reward on its turns, then on each turn's last token
         per_turn = collected.turns_by_row(
