@@ -71,9 +71,7 @@ class PPO:
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
         self.model, self.accelerator = model, accelerator
         self.sampler.bind(model, accelerator)
-        self.audit = RunAudit.for_run(
-            self.cfg, self.sampler.engine, self.sampler.env_for(self.sampler.task_pool[0]), accelerator
-        )
+        self.audit = RunAudit.for_run(self.cfg, self.sampler, accelerator)
 
     def step(self, trainer: Trainer, step: int) -> dict[str, float]:
         """One optimizer step (module docstring, 1-6)."""

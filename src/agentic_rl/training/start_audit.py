@@ -196,16 +196,18 @@ class RunAudit:
         self.audit, self.accelerator = audit, accelerator
 
     @classmethod
-    def for_run(cls, cfg: Any, engine: Any, env: Any, accelerator: Any) -> RunAudit:
-        """The run's audit (`cfg.audit.on_start`), with the float32 tolerance when the sampler and
-        the trainer both run float32 (else the drift is the mismatch, reported only)."""
+    def for_run(cls, cfg: Any, sampler: Any, accelerator: Any) -> RunAudit:
+        """The run's audit (`cfg.audit.on_start`) of what `sampler` (training/sampler.py, bound) rolls
+        out, with the float32 tolerance when the sampler and the trainer both run float32 (else the
+        drift is the mismatch, reported only)."""
         if not cfg.audit.on_start:
             return cls(None, accelerator)
         from agentic_rl.models.precision import decoded_dtype
 
         decodes = decoded_dtype(cfg.rollout.dtype, accelerator.device)
         float32 = decodes == "float32" and cfg.model.dtype == "float32" and accelerator.mixed_precision == "no"
-        return cls(StartAudit(engine.chat_format, env.tool_schemas, float32, log=accelerator.print), accelerator)
+        tools = sampler.env_for(sampler.task_pool[0]).tool_schemas
+        return cls(StartAudit(sampler.engine.chat_format, tools, float32, log=accelerator.print), accelerator)
 
     @property
     def done(self) -> bool:
