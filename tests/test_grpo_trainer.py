@@ -107,18 +107,24 @@ def test_grpo_resume_after_a_real_sigkill_matches_the_uninterrupted_run(straight
         assert torch.equal(expected[key], got[key]), key
 
 
-def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
-    """Guards against paying for π_ref (a full forward per batch) when β = 0 (invariant 4)."""
+def _reference_passes(monkeypatch) -> list:
+    """The π_ref model of each reference pass GRPO runs from now on (None: LoRA's adapters disabled)."""
     import agentic_rl.training.grpo as grpo_module
 
-    calls = []
+    passes = []
     original = grpo_module.reference_logprobs
 
     def recording(policy, reference, *args):
-        calls.append(reference)
+        passes.append(reference)
         return original(policy, reference, *args)
 
     monkeypatch.setattr(grpo_module, "reference_logprobs", recording)
+    return passes
+
+
+def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
+    """Guards against paying for π_ref (a full forward per batch) when β = 0 (invariant 4)."""
+    calls = _reference_passes(monkeypatch)
     result = train_grpo(grpo_cfg(tmp_path / "b0", "train.steps=1", "loss.beta=0"))
     assert calls == []
     assert result["history"][0]["time/reference"] < 0.05
@@ -128,16 +134,7 @@ def test_beta_zero_never_runs_the_reference_pass(tmp_path, monkeypatch):
 def test_full_finetune_with_beta_uses_a_frozen_reference_copy(tmp_path, monkeypatch, tiny_qwen3):
     """Guards against π_ref drifting with the policy (the KL would be 0 forever) or an adapter
     toggle on a model that has none, when lora.enabled=false and β > 0."""
-    import agentic_rl.training.grpo as grpo_module
-
-    refs = []
-    original = grpo_module.reference_logprobs
-
-    def recording(policy, reference, *args):
-        refs.append(reference)
-        return original(policy, reference, *args)
-
-    monkeypatch.setattr(grpo_module, "reference_logprobs", recording)
+    refs = _reference_passes(monkeypatch)
     result = train_grpo(
         grpo_cfg(tmp_path / "full", "train.steps=2", "model.lora.enabled=false", "loss.beta=0.1", "optim.lr=1e-3")
     )

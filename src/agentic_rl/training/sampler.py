@@ -64,7 +64,7 @@ class Sampler:
         """Build the rollout engine on the prepared model's policy (its weights, shared, not copied)."""
         from agentic_rl.rollout.factory import build_engine
 
-        self.model, self.accelerator = model, accelerator
+        self.accelerator = accelerator
         self.policy = unwrap_policy(model, accelerator)
         if self.cfg.rollout.batch_size % accelerator.num_processes:
             raise ValueError(
