@@ -147,18 +147,19 @@ def test_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
 
 @pytest.mark.parametrize("value", ["cuda:x", "gpu", "cuda:-1", "CPU", "cuda:0,1"])
 def test_a_malformed_device_is_rejected_naming_the_key(value, tmp_path, capsys):
-    """Guards against a typo that passes validation and fails (or is ignored) at load time."""
-    with pytest.raises(ValueError, match=r"rollout\.device must be auto, cpu, cuda or cuda:N"):
+    """Guards against a typo that passes validation and fails (or is ignored) at load time: the
+    config's `DeviceSetting` marker refuses it wherever a rollout section is built, naming the key."""
+    with pytest.raises(ValueError, match=r"RolloutConfig: 'device' must be auto, cpu, cuda or cuda:N"):
         RolloutConfig(device=value)
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"model: tiny-qwen3\nevals:\n  - rollout: {{device: '{value}'}}\n")
     from agentic_rl.pipeline import PipelineConfig
 
-    with pytest.raises(ValueError, match=r"evals\[0\]\.rollout: rollout\.device must be"):
+    with pytest.raises(ValueError, match=r"'evals\[0\]\.rollout\.device' must be auto, cpu"):
         load_config(PipelineConfig, config)
     assert main(["eval", "--model", "tiny-qwen3", "--device", value]) == 2
     assert (
-        f"rollout.device must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}"
+        f"'rollout.device' must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}"
         in capsys.readouterr().err
     )
 

@@ -1,8 +1,8 @@
 """docs/design.md invariant 9, arrows point down: the import rules docs/design.md states, read from the source with
 `ast`. Imports inside functions count too, so a lazy import cannot hide an upward arrow.
 
-Only the rules docs/design.md writes down are checked; the package's other arrows are not a strict
-order today (e.g. models/ and rollout/ import each other), so a total layering would not pass.
+Beyond the rules docs/design.md writes down, the parts' arrows form no circle at all: whatever two
+parts are, at most one of them imports the other, directly or through others.
 """
 
 from __future__ import annotations
@@ -23,8 +23,14 @@ RULES = [
     ),
     (
         "models",
-        {"training", "integrations", "cli", "pipeline"},
-        "anything that needs a model loaded imports models/, never training/",
+        {"rollout", "training", "evaluation", "serving", "integrations", "cli", "pipeline"},
+        "anything that needs a model loaded imports models/, never training/; the engine (rollout/) sits on models/",
+    ),
+    (
+        "plugins",
+        {"envs", "tools", "rewards", "registry", "rollout", "models", "training", "validation", "cli", "pipeline"},
+        "plugins.py is the `plugins` key and the entry points, below the registries that load them; "
+        "importing a user's modules after the built-ins is plugin_loading.py's",
     ),
     (
         "algorithms",
@@ -151,3 +157,53 @@ def test_nothing_below_the_commands_imports_them():
     """Guards against library code importing the CLI or the pipeline, the two entry points at the top."""
     wrong = {here: {t: f for t, f in there.items() if t in TOP} for here, there in _arrows().items() if here not in TOP}
     assert not any(wrong.values()), {here: files for here, files in wrong.items() if files}
+
+
+def _circles(arrows: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Every circle of parts (a strongly connected group of two or more), found by Tarjan's algorithm."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(part: str) -> None:
+        order[part] = low[part] = len(order)
+        stack.append(part)
+        for there in arrows.get(part, {}):
+            if there not in order:
+                visit(there)
+                low[part] = min(low[part], low[there])
+            elif there in stack:
+                low[part] = min(low[part], order[there])
+        if low[part] == order[part]:
+            group = []
+            while not group or group[-1] != part:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for part in sorted(arrows):
+        if part not in order:
+            visit(part)
+    return circles
+
+
+def test_the_circle_finder_finds_a_circle():
+    """Guards against the no-circle rule below passing vacuously: two parts that import each other,
+    and a three-part circle beside an innocent arrow, are found."""
+    assert _circles({"a": {"b": []}, "b": {"a": []}}) == [["a", "b"]]
+    assert _circles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b": []}, "b": {"c": []}}) == []
+
+
+def test_no_two_parts_import_each_other():
+    """Guards against a package circle, e.g. models/device.py importing rollout/config.py while rollout/
+    imports models/, or plugins.py importing the registries that import it: with a circle, which part
+    is lower is a matter of which import runs first, and a function-local import is what holds it up.
+    Imports inside functions count."""
+    arrows = _arrows()
+    circles = _circles(arrows)
+    where = {
+        f"{a} -> {b}": arrows[a][b] for circle in circles for a in circle for b in circle if b in arrows.get(a, {})
+    }
+    assert not circles, f"parts importing each other: {circles}; the arrows: {where}"

@@ -268,7 +268,8 @@ def test_envs_oracle_refuses_fewer_than_one_task(n):
 def test_a_missing_plugin_file_or_module_is_named(tmp_path):
     """Guards against a typo'd plugin path or module being ignored, and against a name that is neither a module
     nor a .py path being guessed at."""
-    from agentic_rl.plugins import PluginError, load_plugins
+    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugins import PluginError
 
     missing = tmp_path / "nowhere" / "tasks.py"
     with pytest.raises(PluginError, match=re.escape(f"plugin file '{missing}' does not exist")):
@@ -298,7 +299,8 @@ _DUPLICATES = {
 def test_two_plugins_registering_one_name_is_an_error_naming_both(kind, tmp_path):
     """Guards against a second registration that silently replaces the first (or a message that
     leaves the user to find which two modules clash)."""
-    from agentic_rl.plugins import PluginError, load_plugins
+    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugins import PluginError
 
     name = f"dup_{kind}_name"
     first, second = tmp_path / f"first_{kind}s.py", tmp_path / f"second_{kind}s.py"
@@ -315,7 +317,8 @@ def test_a_plugin_reusing_a_built_in_name_is_named_second(tmp_path):
     """Guards against a plugin silently replacing a built-in env: registering 'arith' twice names both modules
     and files."""
     from agentic_rl.envs import arith
-    from agentic_rl.plugins import PluginError, load_plugins
+    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugins import PluginError
 
     plugin = tmp_path / "my_arith.py"
     plugin.write_text(_DUPLICATES["environment"].format(name="arith"))

@@ -100,6 +100,6 @@ def add_plugin_flag(p: argparse.ArgumentParser) -> None:
 
 def load_plugin_flags(args: argparse.Namespace) -> None:
     """--plugin on a command without a config (envs, tools, rewards)."""
-    from agentic_rl.plugins import load_plugins
+    from agentic_rl.plugin_loading import load_plugins
 
     load_plugins(args.plugin)

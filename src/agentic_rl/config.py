@@ -10,7 +10,8 @@ for every key, typed or not (YAML reads `.nan`, `.inf`, and a float key the stri
 `inf`). A field annotated `PositiveInt` / `PositiveFloat` must be > 0, one annotated
 `NonNegativeInt` / `NonNegativeFloat` must be >= 0, and one annotated with an `Interval`
 (`Fraction` [0, 1], `OpenFraction` (0, 1), `FractionBelowOne` [0, 1)) must lie in it; all are
-plain int and float to the rest of the code.
+plain int and float to the rest of the code. A string annotated with a `Pattern` (`DeviceSetting`)
+must match it.
 
 Every config dataclass derives from `Config`, which runs the same checks of its typed fields
 (the markers above and `Literal` values) when it is constructed, however: from YAML, `--set`
@@ -36,18 +37,16 @@ import functools
 import types
 from pathlib import Path
 import math
+import re
 from typing import Annotated, Any, Literal, Sequence, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from agentic_rl.config_yaml import MAX_CONFIG_BYTES, ConfigBoundError, DuplicateKeyError, load_yaml
-from agentic_rl.errors import QUOTE_LIMIT, quoted
+from agentic_rl.config_extends import refuse_extends, resolve_extends
+from agentic_rl.config_yaml import ConfigBoundError, DuplicateKeyError, load_yaml, read_config_file
+from agentic_rl.errors import QUOTE_LIMIT, ConfigError, quoted
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key and the fix."""
 
 
 class _Positive:
@@ -100,6 +99,26 @@ OpenFraction = Annotated[float, Interval("(0, 1)")]
 """A float in (0, 1) (a clip range: 1 − ε must stay above 0)."""
 FractionBelowOne = Annotated[float, Interval("[0, 1)")]
 """A float in [0, 1) (a dropout rate, a weight that must stay below 1)."""
+
+
+class Pattern:
+    """Marker in `Annotated[...]`: the string must match `regex` in full; `shown` is how the message
+    and `agentic-rl config` spell the values it allows."""
+
+    def __init__(self, regex: str, shown: str) -> None:
+        self.regex, self.shown = re.compile(regex), shown
+
+    def holds(self, value: str) -> bool:
+        return isinstance(value, str) and self.regex.fullmatch(value) is not None
+
+    def __repr__(self) -> str:
+        return f"one of {self.shown}"
+
+
+DEVICE = Pattern(r"auto|cpu|cuda(:[0-9]+)?", "auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1)")
+"""The values a device setting takes; models/device.py `resolve_device` turns one into a torch.device."""
+DeviceSetting = Annotated[str, DEVICE]
+"""Where a model runs: auto, cpu, cuda or cuda:N (`rollout.device`)."""
 
 
 class Derived:
@@ -243,8 +262,6 @@ def load_config_and_source(
 ) -> tuple[T, str]:
     """`load_config`, and the source its errors name: the file and the files it extends ("defaults"
     or "--set" without one), for the validation step's errors and plugin announcements."""
-    from agentic_rl.config_extends import refuse_extends, resolve_extends
-
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -269,36 +286,6 @@ def overrides_note(path: str | Path | None, source: str, overrides: list[str]) -
     """What an error says after its message: the config file and every override that went into it."""
     given = f"--set {' '.join(map(_shown, overrides))}"
     return f"({given if path is None else f'config: {source} with {given}'})"
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The mapping a YAML config file holds (an empty file is {}), strictly parsed (no repeated keys),
-    within config_yaml.py's bounds; a path that is not a regular file (`/dev/zero`, a FIFO) is refused unread."""
-    file = Path(path)
-    if file.exists() and not file.is_file():
-        raise ConfigError(f"config file {path} is not a regular file; give the path of a YAML file")
-    try:
-        with open(file, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    try:
-        loaded = load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-    except ConfigBoundError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
-    return loaded
 
 
 def _record_plugins(cls: type, data: dict[str, Any], extra: list[str]) -> None:
@@ -412,6 +399,8 @@ def _coerce(hint: Any, value: Any, key: str, source: str) -> Any:
         for mark in args[1:]:
             if isinstance(mark, Interval) and not mark.holds(value):
                 raise ConfigError(f"{source}: '{key}' must be {mark!r}, got {quoted(value)}")
+            if isinstance(mark, Pattern) and not mark.holds(value):
+                raise ConfigError(f"{source}: '{key}' must be {mark.shown}, got {quoted(value)}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, prefix=f"{key}.", source=source)

@@ -30,9 +30,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.config import ConfigError, read_config_file
-from agentic_rl.config_yaml import MAX_CONFIG_VALUES, Replacing
-from agentic_rl.errors import quoted
+from agentic_rl.config_yaml import MAX_CONFIG_VALUES, Replacing, read_config_file
+from agentic_rl.errors import ConfigError, quoted
 
 EXTENDS = "extends"
 """The reserved key."""

@@ -1,14 +1,17 @@
 """Reading YAML for configs: strictly (a repeated key is an error, never the last value silently)
 and within bounds (size, values once aliases are expanded, depth), so a hostile or broken file
-stops with an error instead of exhausting memory or the recursion limit. `config.read_config_file`
-reads files through it, `--set`/`--option`/`--arg` values too, and `config_extends` counts its
+stops with an error instead of exhausting memory or the recursion limit. `read_config_file`
+(below) reads files through it, `--set`/`--option`/`--arg` values too, and `config_extends` counts its
 expansion against the same bound."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agentic_rl.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
 """A config file larger than this (1 MiB) is refused: configs are a few kilobytes."""
@@ -99,3 +102,33 @@ def check_config_bounds(value: Any) -> None:
             stack.extend((item, depth + 1) for pair in node.items() for item in pair)
         elif isinstance(node, list):
             stack.extend((item, depth + 1) for item in node)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds (an empty file is {}), strictly parsed (no repeated keys),
+    within config_yaml.py's bounds; a path that is not a regular file (`/dev/zero`, a FIFO) is refused unread."""
+    file = Path(path)
+    if file.exists() and not file.is_file():
+        raise ConfigError(f"config file {path} is not a regular file; give the path of a YAML file")
+    try:
+        with open(file, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes; a config is a few kilobytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        loaded = load_yaml(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    except ConfigBoundError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+    return loaded

@@ -12,6 +12,10 @@ QUOTE_LIMIT = 200
 """Characters of a user's value an error message quotes; the rest is counted, not shown."""
 
 
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key and the fix."""
+
+
 class RunStopped(RuntimeError):
     """The run stopped on purpose; the message says why and what to do."""
 

@@ -324,7 +324,8 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
     toolkit), so the envs, tools and rewards of `cfg.plugins` are registered here, before the stage
     builds its first env. Run as the pipeline's child (pipeline_pid given), it ends with the
     pipeline (`end_with_the_pipeline`)."""
-    from agentic_rl.plugins import PluginError, load_plugins
+    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugins import PluginError
 
     if pipeline_pid is not None:
         end_with_the_pipeline(pipeline_pid)

@@ -4,7 +4,7 @@ loads. Loading (config.py) only parses; this step runs the user's code the confi
     cfg = load_config(GRPOConfig, "my.yaml", ["env.name=squares"], plugins=["my_tasks.py"])
     validate(cfg, "my.yaml", flagged=["my_tasks.py"])   # plugins imported, envs built, names checked
 
-1. The config's `plugins` are imported (agentic_rl.plugins), each announced with the file that
+1. The config's `plugins` are imported (plugin_loading.py), each announced with the file that
    named it (the config file, or --plugin), so a plugin's env and reward names check like built-in ones.
 2. `check()` runs on every section (config.check_config): each env is built from its options, each
    reward's name and parameters are looked up, and each stage that replays an oracle finds one.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
 from agentic_rl.config import ConfigError, check_config, load_config_and_source, overrides_note
-from agentic_rl.plugins import load_plugins
+from agentic_rl.plugin_loading import load_plugins
 
 T = TypeVar("T")
 

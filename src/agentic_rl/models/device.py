@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentic_rl.rollout.config import check_device_setting
+from agentic_rl.config import DEVICE
 
 WEIGHTS_DTYPE = "float32"
 """The precision decoding commands load weights in: the trainers', so audit and RM log-probs
@@ -29,7 +29,8 @@ compare like with like and the hf backend (float32 only) runs; rollout.dtype pic
 def resolve_device(setting: str, key: str = "rollout.device") -> torch.device:
     """The torch.device of an `auto | cpu | cuda | cuda:N` setting; ValueError naming `key` for a
     malformed value or a GPU torch does not see (before any model is loaded)."""
-    check_device_setting(setting, key)
+    if not DEVICE.holds(setting):
+        raise ValueError(f"{key} must be {DEVICE.shown}, got {setting!r}")
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(setting)

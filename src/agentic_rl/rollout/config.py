@@ -12,26 +12,17 @@ rollout setting.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Annotated, ClassVar, Literal
 
-from agentic_rl.config import Config, Interval, NonNegativeFloat, NonNegativeInt, PositiveInt
+from agentic_rl.config import Config, DeviceSetting, Interval, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 BackendKind = Literal["auto", "fast", "hf"]
 RolloutDtype = Literal["float32", "bfloat16", "auto"]
-DEVICE_SETTING = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-"""The values `rollout.device` takes; models/device.py `resolve_device` turns one into a torch.device."""
 FLOAT32_LOGPROB_TOLERANCE = 1e-3
 """Largest |sampler − trainer| log-prob gap (nats per token) where both sides decode and score in
 float32: the sampler's kernels and the trainer's forward then differ by float rounding only. With a
 bf16 side the gap is the sampler/trainer mismatch that `rollout_correction` corrects, not a bug.
 `agentic-rl audit` and the audit on start of every GRPO/PPO run (rollout/episode_checks.py) use it."""
-
-
-def check_device_setting(value: object, key: str = "rollout.device") -> None:
-    """ValueError naming `key` unless `value` is auto, cpu, cuda or cuda:N (torch-free: config time)."""
-    if not (isinstance(value, str) and DEVICE_SETTING.fullmatch(value)):
-        raise ValueError(f"{key} must be auto, cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +92,11 @@ class RolloutConfig(TemplateOptions):
     (models/precision.py); the run logs which."""
     tool_workers: PositiveInt = 4
     """Threads running the tool calls of different episodes in parallel."""
-    device: str = "auto"
+    device: DeviceSetting = "auto"
     """Where the model decodes: auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N.
     eval, chat, audit, serve, the pipeline's evals, the RM's sampled pairs and the TRL backend load
     the model there (models/device.py); dtype's auto rule is then that device's. The trainers
     (grpo, ppo) decode with the model they train, on accelerate's device, so there it stays auto."""
-
-    def __post_init__(self) -> None:
-        check_device_setting(self.device)
 
     def sampling_params(self, seed: int, temperature: float | None = None) -> SamplingParams:
         """The engine's sampling parameters (`temperature` overrides this config's, e.g. 0 for greedy)."""
