@@ -11,9 +11,9 @@ Nobody edits `agentic_rl/` to add a task. Two ways in:
    Loading a config only records them; the command's validation step (agentic_rl.validation,
    through plugin_loading.py's `load_plugins`) imports them before it checks env, reward and
    oracle names, so the plugin's env names, env options and reward names validate like built-in
-   ones. The config keeps the list, so every
-   process that builds envs imports them too: each pipeline stage's process (`pipeline._run_stage`)
-   and each rank of `accelerate launch -m agentic_rl.cli ...`, whose command line is the same.
+   ones. The config keeps the list, so every process that builds envs imports them too: each
+   pipeline stage's process (`pipeline._run_stage`) and each rank of `accelerate launch -m
+   agentic_rl.cli ...`, whose command line is the same.
 
 2. Entry points of an installed distribution, in the groups `agentic_rl.envs`, `agentic_rl.tools`
    and `agentic_rl.rewards`; each value names a module whose `register_*` decorators run on import:
