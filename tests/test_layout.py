@@ -46,8 +46,8 @@ def test_a_grpo_and_a_ppo_step_each_read_in_one_place():
 def test_no_code_is_found_by_a_string():
     """Guards against dispatch through module strings (`__import__("agentic_rl.pipeline")`, a config
     class named by its module), which go-to-definition cannot follow: the commands import their
-    trainers and config classes by import statements (train_commands.py). Only plugins.py imports
-    by name, because a user's plugin is a name in a config."""
+    trainers and config classes by import statements (train_commands.py). Only plugin_loading.py
+    imports by name, because a user's plugin is a name in a config."""
     by_name = sorted(
         {
             str(path.relative_to(SRC))
@@ -57,4 +57,4 @@ def test_no_code_is_found_by_a_string():
             and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("__import__", "import_module")
         }
     )
-    assert by_name == ["plugins.py"]
+    assert by_name == ["plugin_loading.py"]

@@ -1,4 +1,4 @@
-"""Reusing a run folder (training/run_record.py): one rule for every training command, on real
+"""Reusing a run folder (training/run_dir.py): one rule for every training command, on real
 tiny-qwen3 SFT runs of 2 steps. Each test names the silently wrong behaviour it guards against."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from agentic_rl import cli
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.training.checkpoint import CheckpointError
 from agentic_rl.training.grpo_config import GRPOConfig
-from agentic_rl.training.run_dir import LOCK, read_metrics, unlock_run_folder
+from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.run_lock import LOCK, unlock_run_folder
 from agentic_rl.training.sft import SFTConfig, train_sft
 
 TINY = [
@@ -252,7 +253,7 @@ def _hold_lock(folder: Path) -> subprocess.Popen:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from agentic_rl.training.run_dir import "
+            "import sys, time; from pathlib import Path; from agentic_rl.training.run_lock import "
             "lock_run_folder; lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)",
             str(folder),
         ],

@@ -20,7 +20,7 @@ restarts from its newest checkpoint (the loop resumes), and finished stages are 
 pipeline process, even when only that process is killed (`pipeline_process.end_with_the_pipeline`). DONE.json records
 the config sections the stage's result depends on (its own and every earlier stage's it reads); a rerun whose config
 changed one of them stops with the stage and the sections named, rather than reporting results of another config. A
-training stage killed mid-run resumes from its checkpoint only with the same stage config (training/run_record.py): a
+training stage killed mid-run resumes from its checkpoint only with the same stage config (training/run_dir.py): a
 changed one stops with each differing key of that section named; set `<stage>.train.resume=false` to redo it. Each
 stage's model and output folder are set by the pipeline from `model` and `output_dir`; setting them inside a stage
 section is an error.
@@ -237,8 +237,8 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     optimizer states and KV caches is returned to the system when it ends; one process for all
     stages grew past 20 GB on the demo and was killed by the OOM killer.
     """
-    from agentic_rl.training.run_dir import lock_run_folder, unlock_run_folder
-    from agentic_rl.training.run_record import usable_output_dir
+    from agentic_rl.training.run_dir import usable_output_dir
+    from agentic_rl.training.run_lock import lock_run_folder, unlock_run_folder
 
     root = usable_output_dir(cfg.output_dir, "output_dir")
     lock_run_folder(root, "output_dir")  # one pipeline per folder; each stage locks its own subfolder

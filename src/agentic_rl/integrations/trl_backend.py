@@ -314,7 +314,7 @@ def train_grpo_trl(cfg) -> dict[str, Any]:
     from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
 
-    from agentic_rl.training.run_record import start_run
+    from agentic_rl.training.run_dir import start_run
 
     run_dir = start_run("grpo", cfg, PartialState(), tensorboard=False)  # the one rule for a reused folder
     if run_dir.finished is not None:

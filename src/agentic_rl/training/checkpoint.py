@@ -5,7 +5,7 @@ trainer state, loaded as data, never as code (docs/design.md invariant 8).
       step-000040/                 complete checkpoints only
         (accelerate save_state files: model, optimizer, scheduler, random_states_<rank>.pkl)
         trainer_state.pt           {"step": 40, "objective": {...}}  (data position, cached batch)
-        run.json                   {"command", "config"}: the run that wrote it (training/run_record.py
+        run.json                   {"command", "config"}: the run that wrote it (training/run_dir.py
                                    checks a resume against it, whatever the folder's run.json says)
         checksums.json             {"<file>": {"bytes": n, "sha256": ...}} for every file above
       .tmp-step-000050/            being written; never read; removed on the next save

@@ -44,7 +44,7 @@ from transformers import get_scheduler
 from agentic_rl.config import Config, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from agentic_rl.errors import RunStopped
 from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
-from agentic_rl.training.checkpoint import CheckpointError, latest_checkpoint, load_latest_checkpoint, save_checkpoint
+from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import fit_deepspeed_to_loop
 from agentic_rl.training.run_dir import RunDir
 
@@ -98,7 +98,7 @@ class LoopConfig(Config):
     train.steps or one with non-finite weights. A finished run with the same config says so and
     is not run again; a larger train.steps trains on. false: delete the folder's previous run
     (run.json, config.yaml, metrics.jsonl, tb/, checkpoints/, final/) and start over.
-    (training/run_record.py)"""
+    (training/run_dir.py)"""
     mixed_precision: Literal["no", "bf16", "auto"] = "no"
     """Autocast precision for forward/backward. bf16 needs hardware support to pay off (a CPU
     with bf16 kernels, AVX512 or AMX, or a bf16 GPU; on AVX2-only CPUs a bf16 step is many times
@@ -287,7 +287,7 @@ def run_training(
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     objective.bind(model, accelerator)
     trainer = Trainer(model, optimizer, scheduler, optim, accelerator)
-    start = _maybe_resume(objective, model, loop, accelerator, run_dir)
+    start = run_dir.resume(objective, model, loop, accelerator)
     history: list[dict[str, float]] = []
     bar = tqdm(
         range(start, loop.steps),
@@ -317,44 +317,10 @@ def run_training(
             run_dir.log(step + 1, row)
         bar.set_postfix({k: f"{row[k]:.3g}" for k in ("loss/total", "reward/total/mean") if k in row})
         if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0 and step + 1 < loop.steps:
-            _save(objective, accelerator, run_dir, step + 1, loop.keep_checkpoints)
+            run_dir.save(objective, accelerator, step + 1, loop.keep_checkpoints)
     if loop.steps > start:
-        _save(objective, accelerator, run_dir, loop.steps, loop.keep_checkpoints)
+        run_dir.save(objective, accelerator, loop.steps, loop.keep_checkpoints)
     return history
-
-
-def _save(objective, accelerator, run_dir: RunDir, step: int, keep: int) -> None:
-    state = {"step": step, "objective": objective.state_dict()}
-    save_checkpoint(accelerator, run_dir.checkpoints, step, state, keep, record=run_dir.record)
-
-
-def _maybe_resume(objective, model, loop: LoopConfig, accelerator, run_dir: RunDir) -> int:
-    """The step to start at: that of the newest intact checkpoint (restored), else 0. A checkpoint
-    past loop.steps or with a non-finite weight is refused: resuming it would train nothing and
-    export it as final/ (run_record.start_run refuses the first before any work; this is the
-    check on what was actually loaded)."""
-    found = load_latest_checkpoint(accelerator, run_dir.checkpoints) if loop.resume else None  # newest intact, verified
-    if found is None:
-        run_dir.truncate_metrics(0)  # killed before its first checkpoint: its logged steps are redone
-        return 0
-    path, state = found
-    step = int(state["step"])
-    if step > loop.steps:
-        raise CheckpointError(
-            f"{path} is at step {step}, beyond train.steps={loop.steps}; set train.steps >= {step} "
-            "to continue it, train.resume=false to start over, or choose another train.output_dir."
-        )
-    bad = first_non_finite(model, trainable_only=False)
-    if bad is not None:
-        raise CheckpointError(
-            f"{path} holds a non-finite weight ({bad!r}), though its checksums match: no finite run "
-            "writes one (the loop stops first). Delete that checkpoint to resume from an older one, "
-            "set train.resume=false to start over, or choose another train.output_dir."
-        )
-    objective.load_state_dict(state["objective"])
-    run_dir.truncate_metrics(step)
-    accelerator.print(f"resumed from {path} at step {step}")
-    return step
 
 
 def _require_finite(value: float, quantity: str, step: int) -> None:

@@ -25,7 +25,7 @@ def train_on_policy(
     from agentic_rl.models.stage_output import save_final
     from agentic_rl.training.common import make_accelerator
     from agentic_rl.training.loop import run_training
-    from agentic_rl.training.run_record import start_run
+    from agentic_rl.training.run_dir import start_run
     from agentic_rl.training.scoring import require_replicated_weights
 
     cfg.reward_model.check_path()  # before anything loads (validation.py checks it at the command line)

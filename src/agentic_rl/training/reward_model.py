@@ -39,7 +39,7 @@ from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.scoring import require_replicated_weights
 from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
-from agentic_rl.training.run_record import start_run
+from agentic_rl.training.run_dir import start_run
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
 

@@ -30,7 +30,7 @@ from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import load_stage_tokenizer, save_final
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
-from agentic_rl.training.run_record import start_run
+from agentic_rl.training.run_dir import start_run
 from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unwrap_policy
 
 
