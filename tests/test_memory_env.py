@@ -304,7 +304,7 @@ def test_max_repeats_keeps_that_many_next_only_demonstrations_and_every_other_on
 
     assert chosen(0) == chosen(0) and len({tuple(chosen(seed)) for seed in range(5)}) > 1
     assert cap_repeats(everything, len(everything), 0) == (everything, {})  # a cap nothing reaches drops nothing
-    with pytest.raises(ValueError, match=r"max_repeats must be >= 1 or null \(keep all\), got 0"):
+    with pytest.raises(ValueError, match=r"DemoSource: 'max_repeats' must be > 0, got 0"):
         DemoSource(env=EnvSpec("memory", options), max_repeats=0)
 
 

@@ -28,6 +28,7 @@ import hashlib
 import random
 from typing import Any
 
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import Task, register_env
 from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.tools.parse import format_tool_call
@@ -159,7 +160,7 @@ HELD_OUT_TEMPLATES = ("train", "garden", "warehouse")
 
 
 @dataclasses.dataclass
-class ArithOptions:
+class ArithOptions(Config):
     """Options of the `arith` environment."""
 
     difficulty: int | list[int] | tuple[int, ...] | range = 2
@@ -170,7 +171,7 @@ class ArithOptions:
     """Largest start value and largest amount added or removed."""
     templates: list[str] | tuple[str, ...] | None = None
     """Story templates to draw from (None: all). See SEEN_TEMPLATES / HELD_OUT_TEMPLATES."""
-    max_turns: int = 8
+    max_turns: PositiveInt = 8
     """Policy turns per episode; the oracle needs difficulty + 1."""
     tool_success_reward: float = 0.0
     """Reward per successful tool call, added to that turn's reward."""
@@ -195,8 +196,6 @@ class ArithOptions:
         if unknown or not names:
             raise ValueError(f"unknown or no template(s) {unknown or names}; choose from {sorted(TEMPLATES)}")
         self.templates = names
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
 
 
 @register_env("arith", ArithOptions)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from agentic_rl.config import Config, NonNegativeInt, PositiveInt
 from agentic_rl.data import GSM8KProblem, load_gsm8k, parse_annotations
 from agentic_rl.envs.base import Task, register_env
 from agentic_rl.envs.tool_env import ToolEnv
@@ -28,7 +29,7 @@ _ANNOTATION_TOOLS = ("calculator", "python")
 
 
 @dataclasses.dataclass
-class GSM8KOptions:
+class GSM8KOptions(Config):
     """Options of the `gsm8k` environment."""
 
     source: str = "vendored"
@@ -37,15 +38,15 @@ class GSM8KOptions:
     """Env split name -> data split name, e.g. {"train": "train", "test": "test"}."""
     tools: list[str] | tuple[str, ...] = ("calculator",)
     """Tools offered to the policy: ["calculator"], ["python"] or both."""
-    max_turns: int = 10
+    max_turns: PositiveInt = 10
     """Policy turns per episode (the longest oracle solution needs 10: 9 lines + the answer)."""
     tool_success_reward: float = 0.0
     """Reward per successful tool call, added to that turn's reward."""
-    n: int | None = None
+    n: NonNegativeInt | None = None
     """Keep at most this many problems of each split (after `offset`); None keeps all."""
-    offset: int = 0
+    offset: NonNegativeInt = 0
     """Skip this many problems at the start of each split."""
-    max_steps: int | None = None
+    max_steps: PositiveInt | None = None
     """Keep only the problems whose reference solution takes at most this many steps (calculations,
     as `<<...>>` annotations; solution lines where none is annotated), before `offset` and `n`: a
     curriculum of shorter problems for training. None keeps all. An evaluation that should speak
@@ -60,12 +61,6 @@ class GSM8KOptions:
             )
         if not set(self.splits) <= {"train", "test"} or not self.splits:
             raise ValueError(f"splits maps 'train'/'test' to data splits, got {self.splits!r}")
-        if self.offset < 0 or (self.n is not None and self.n < 0):
-            raise ValueError(f"n and offset must be >= 0, got n={self.n}, offset={self.offset}")
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1 or null (all problems), got {self.max_steps}")
 
 
 @register_env("gsm8k", GSM8KOptions)

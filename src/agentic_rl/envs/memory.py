@@ -62,6 +62,7 @@ import random
 import re
 from typing import Any, Literal
 
+from agentic_rl.config import Config, NonNegativeFloat
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
@@ -109,7 +110,7 @@ _FINAL = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
 
 
 @dataclasses.dataclass
-class MemoryOptions:
+class MemoryOptions(Config):
     facts: int = 1
     """Facts the question asks for, 1..4."""
     distractors: int = 6
@@ -124,7 +125,7 @@ class MemoryOptions:
     """At least this many messages (distractors) between the last needed message and the question, 0..distractors."""
     memory_slots: int = 8
     """Keys the memory holds at once (remember on a new key beyond this is an error), >= facts."""
-    write_cost: float = 0.0
+    write_cost: NonNegativeFloat = 0.0
     """Reward subtracted from a right answer's 1 per successful remember of its episode (never
     below 0; a failed episode earns 0 whatever it stored): fewer writes pay among right answers, >= 0."""
     announce: bool = True
@@ -160,8 +161,6 @@ class MemoryOptions:
                 f"memory_slots ({self.memory_slots}) must be >= facts ({self.facts}) (the answer needs every "
                 f"fact stored at once) and max_calls_per_turn ({self.max_calls_per_turn}) >= 1"
             )
-        if self.write_cost < 0:
-            raise ValueError(f"write_cost must be >= 0, got {self.write_cost}")
         if self.oracle_stores not in ("asked", "all"):
             raise ValueError(f"oracle_stores must be asked or all, got {self.oracle_stores!r}")
         if self.oracle_stores == "all" and self.memory_slots < self.facts + self.distractors:

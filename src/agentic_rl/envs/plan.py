@@ -41,6 +41,7 @@ import json
 import random
 from typing import Any
 
+from agentic_rl.config import Config, NonNegativeFloat, PositiveInt
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
@@ -72,20 +73,20 @@ SYSTEM_PROMPT = (
 
 
 @dataclasses.dataclass
-class PlanOptions:
+class PlanOptions(Config):
     difficulty: int = 1
     """Locked doors on the shortest way to the goal, 1..4 (each needs a detour for its key)."""
     branching: int = 1
     """Passages added beyond a spanning tree of the rooms (more alternatives, more wrong turns), 0..6."""
-    step_cost: float = 0.05
+    step_cost: NonNegativeFloat = 0.05
     """Reward per action (subtracted), so shorter plans earn more."""
-    max_turns: int = 24
+    max_turns: PositiveInt = 24
     """Policy turns per episode (the oracle needs one turn per action)."""
-    max_calls_per_turn: int = 4
+    max_calls_per_turn: PositiveInt = 4
     """Calls beyond this many in one turn are not run (each gets an error observation, at no cost).
     A turn without a call costs this many of the worst actions (step_cost + progress_reward) for
     each turn left."""
-    progress_reward: float = 0.0
+    progress_reward: NonNegativeFloat = 0.0
     """Reward per action for each action it brings the goal closer, by the optimal plan's length from
     the new state (room, keys held); charged the same when it takes the goal farther, 0 for a refused
     action. Potential-based shaping (Ng, Harada and Russell, 1999) with potential −progress_reward ×
@@ -98,8 +99,6 @@ class PlanOptions:
             raise ValueError(f"difficulty must be in 1..{len(COLOURS)} (locked doors), got {self.difficulty}")
         if not 0 <= self.branching <= 6:
             raise ValueError(f"branching must be in 0..6, got {self.branching}")
-        if self.step_cost < 0 or self.progress_reward < 0 or self.max_turns < 1 or self.max_calls_per_turn < 1:
-            raise ValueError("step_cost and progress_reward must be >= 0, max_turns and max_calls_per_turn >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,6 +33,7 @@ import dataclasses
 import re
 from typing import Any
 
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import Task, register_env
 from agentic_rl.envs.library_guard import missing_extra, offline, split_base
 from agentic_rl.envs.tool_env import ToolEnv
@@ -49,7 +50,7 @@ _FINAL_ANSWER = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
 
 
 @dataclasses.dataclass
-class ReasoningGymOptions:
+class ReasoningGymOptions(Config):
     dataset: str = "basic_arithmetic"
     """A reasoning-gym dataset name (`agentic-rl envs list` shows those installed); ignored by name
     when `datasets` is given, which must then be left at this default."""
@@ -59,7 +60,7 @@ class ReasoningGymOptions:
     """A weighted mix instead of one dataset: [{name, weight (default 1), config (default {})}, ...]."""
     tools: list[str] = dataclasses.field(default_factory=list)
     """Registered tools offered to the policy (e.g. [calculator]); none: one-turn episodes."""
-    max_turns: int = 4
+    max_turns: PositiveInt = 4
     """Policy turns per episode (1 is enough without tools)."""
     system_prompt: str = ""
     """The system message; "": the bridge's own (answer, then `Final Answer: <answer>`; with tools,
@@ -73,8 +74,6 @@ class ReasoningGymOptions:
             unknown = sorted(set(spec) - {"name", "weight", "config"})
             if "name" not in spec or unknown:
                 raise ValueError(f"each of `datasets` is {{name, weight, config}}; got {spec!r}")
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
 
 
 @register_env("reasoning_gym", ReasoningGymOptions)

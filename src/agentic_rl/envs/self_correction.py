@@ -18,8 +18,9 @@ base env pass through unchanged.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
+from agentic_rl.config import Config, Interval, NonNegativeInt
 from agentic_rl.envs.base import Env, StepResult, Task, make_env, register_env
 from agentic_rl.envs.tool_env import ToolEnv
 
@@ -27,25 +28,21 @@ RETRY_MESSAGE = "That answer is not correct. Check your steps and try again."
 
 
 @dataclasses.dataclass
-class SelfCorrectionOptions:
+class SelfCorrectionOptions(Config):
     """Options of the `self_correct` wrapper."""
 
     base: str = "arith"
     """Name of the wrapped environment (a tool env such as "arith" or "gsm8k")."""
     base_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options passed to the wrapped environment (checked by its own options class)."""
-    max_retries: int = 2
+    max_retries: NonNegativeInt = 2
     """Extra attempts allowed after the first wrong answer (k); 0 makes the wrapper a no-op."""
-    decay: float = 0.5
+    decay: Annotated[float, Interval("(0, 1]")] = 0.5
     """Reward for a correct answer on attempt j (0-based) is decay ** j; in (0, 1]."""
 
     def __post_init__(self) -> None:
         if self.base == "self_correct":
             raise ValueError("self_correct cannot wrap itself; set base to e.g. 'arith'")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {self.decay}; 1.0 means no decay")
 
 
 @register_env("self_correct", SelfCorrectionOptions)

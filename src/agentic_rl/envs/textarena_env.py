@@ -39,6 +39,7 @@ import re
 import threading
 from typing import Any, Callable
 
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.envs.library_guard import missing_extra, offline, split_base
 
@@ -49,18 +50,16 @@ _GAME_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
-class TextArenaOptions:
+class TextArenaOptions(Config):
     game: str = "GuessTheNumber-v0"
     """A textarena game id (`agentic-rl envs list` shows the single-player ones installed), without a
     wrapper suffix: the bridge plays the raw game and renders its observations itself."""
     game_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of the game's constructor, over its registered ones (e.g. {num_disks: 4})."""
-    max_turns: int = 40
+    max_turns: PositiveInt = 40
     """Cap on policy turns per episode; the game's own turn limit normally ends it first."""
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.game.endswith(("-raw", "-train")):
             raise ValueError(
                 f"give the game's id without a wrapper suffix (e.g. {self.game.rsplit('-', 1)[0]!r}), got {self.game!r}"

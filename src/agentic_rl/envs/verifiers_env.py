@@ -43,6 +43,7 @@ import random
 import re
 from typing import Any, Literal
 
+from agentic_rl.config import Config, PositiveInt
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.envs.library_guard import missing_extra
 from agentic_rl.envs.verifiers_load import REFUSED_KINDS, load_verifiers_env, no_client, run_async
@@ -55,13 +56,13 @@ MODEL = "agentic-rl"
 
 
 @dataclasses.dataclass
-class VerifiersOptions:
+class VerifiersOptions(Config):
     env_id: str = ""
     """The environment's module name, installed or on PYTHONPATH (a verifiers env id also works:
     `vf-gsm8k` is module vf_gsm8k). `agentic-rl envs list` shows the installed environment packages."""
     env_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of its `load_environment`."""
-    max_turns: int | None = None
+    max_turns: PositiveInt | None = None
     """Cap on policy turns per episode; None: the env's own max_turns (1 for a SingleTurnEnv), or
     10 where it sets none. An episode this cap ends is scored as it stands."""
     test_dataset: Literal["eval_dataset", "dataset"] = "eval_dataset"
@@ -74,8 +75,6 @@ class VerifiersOptions:
                 "set env.options.env_id to a verifiers environment module (`agentic-rl envs list` shows "
                 "those installed), e.g. {env_id: vf_gsm8k, env_args: {}}"
             )
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1 (or null: the env's own), got {self.max_turns}")
 
 
 @register_env("verifiers", VerifiersOptions)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from agentic_rl.config import Config, PositiveFloat, PositiveInt, require_model
+from agentic_rl.config import Config, Interval, PositiveFloat, PositiveInt, require_model
 from agentic_rl.envs.base import EnvSpec
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
@@ -64,8 +64,8 @@ class ServeConfig(PluginsConfig):
     top_p, top_k) holds the defaults a request overrides; backend and dtype as everywhere."""
     max_concurrent: PositiveInt = 16
     """Most requests decoded at once, in one engine batch (the backend's slots). The same name as eval's."""
-    batch_window_ms: float = 20.0
-    """After a request arrives at an idle engine, wait this long for others to join its batch (>= 0)."""
+    batch_window_ms: Annotated[float, Interval("[0, 10000]")] = 20.0
+    """After a request arrives at an idle engine, wait this long for others to join its batch."""
     http: HTTPLimits = dataclasses.field(default_factory=HTTPLimits)
     """What one client may make the server read, hold or wait for: body size, JSON nesting, timeouts,
     requests in flight (serving/request_body.py, serving/connections.py)."""
@@ -76,8 +76,6 @@ class ServeConfig(PluginsConfig):
         require_model(self.model)
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if not 0.0 <= self.batch_window_ms <= 10_000:
-            raise ValueError(f"batch_window_ms must be in [0, 10000], got {self.batch_window_ms}")
 
     @property
     def model_id(self) -> str:

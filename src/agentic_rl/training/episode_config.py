@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from agentic_rl.config import Config, NonNegativeFloat, PositiveInt
+from agentic_rl.config import Config, NonNegativeFloat, PositiveFloat, PositiveInt
 from agentic_rl.envs.base import Env, EnvSpec, Task, make_env
 from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.config import RolloutConfig
@@ -20,7 +20,7 @@ class EnvMixPart(Config):
 
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Options laid over env.options for this part's tasks and for the envs that run them."""
-    share: float = 1.0
+    share: PositiveFloat = 1.0
     """This part's weight: the pool is split in proportion to the shares (largest remainders)."""
 
 
@@ -41,8 +41,6 @@ class EnvConfig(EnvSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if any(not part.share > 0 for part in self.mix):
-            raise ValueError(f"env.mix shares must be > 0, got {[part.share for part in self.mix]}")
         if self.mix and min(self.part_sizes()) == 0:
             raise ValueError(
                 f"env.task_pool={self.task_pool} gives env.mix parts of {self.part_sizes()} tasks; "

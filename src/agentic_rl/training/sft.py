@@ -50,11 +50,11 @@ class DemoSource(Config):
     window) gives one demonstration per token sequence, each with the context the policy saw."""
     path: str = ""
     """The JSONL file for kind=jsonl."""
-    max_repeats: int | None = None
+    max_repeats: PositiveInt | None = None
     """Keep at most this many of the source's demonstrations whose trained tokens are identical
     (memory's `Next.`, the oracle's reply to every distractor), drawn by the seed; the log says how
     many were dropped. None keeps every one. Without it a majority action can be all SFT learns."""
-    max_tokens: int | None = None
+    max_tokens: PositiveInt | None = None
     """The longest demonstration (token sequence) this source may hold; a longer one stops the run,
     naming its file and line (or task), never cut or dropped. None: the model's context
     (max_position_embeddings), which always applies."""
@@ -67,12 +67,6 @@ class DemoSource(Config):
         else:
             unused, used_with = ["path"], "sft.sources[].kind: jsonl"
         refuse_unused(self, unused, prefix="sft.sources[].", used_with=used_with, now=f"kind is {self.kind!r}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(
-                f"sft.sources[].max_tokens must be >= 1 or null (the model's context), got {self.max_tokens}"
-            )
-        if self.max_repeats is not None and self.max_repeats < 1:
-            raise ValueError(f"sft.sources[].max_repeats must be >= 1 or null (keep all), got {self.max_repeats}")
 
     def check(self) -> None:
         """An oracle source replays the env's oracle: the env must have one (the validation step)."""
