@@ -65,6 +65,7 @@ from typing import Any, Literal
 from agentic_rl.config import Config, NonNegativeFloat
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
+from agentic_rl.tools.dispatch import run_tool_call
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
 
 PEOPLE = [
@@ -372,7 +373,7 @@ class MemoryEnv(Env):
                 )
                 self._errors += 1
                 continue
-            name, content, ok = self._run(call)
+            name, content, ok = run_tool_call(call, self._by_name)
             self._calls += 1
             self._errors += not ok
             if ok and name == "remember":
@@ -407,17 +408,6 @@ class MemoryEnv(Env):
         grown = self._visible + exchange
         self._visible = visible
         return None if visible == grown else [dict(m) for m in visible]
-
-    def _run(self, call) -> tuple[str, str, bool]:
-        if not call.ok:
-            return "error", f"Error: {call.error}", False
-        tool = self._by_name.get(call.name or "")
-        if tool is None:
-            return "error", f"Error: unknown tool {call.name!r}; available tools: remember, recall, forget", False
-        try:
-            return tool.name, tool.call(call.arguments), True
-        except ToolError as exc:
-            return tool.name, f"Error: {exc}", False
 
     def _finish(self, values: list[str] | None, finish: str | None = None) -> StepResult:
         self._done = True

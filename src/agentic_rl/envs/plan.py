@@ -44,6 +44,7 @@ from typing import Any
 from agentic_rl.config import Config, NonNegativeFloat, PositiveInt
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
 from agentic_rl.tools.base import Tool, ToolError
+from agentic_rl.tools.dispatch import run_tool_call
 from agentic_rl.tools.parse import format_tool_call, parse_tool_calls
 
 ROOMS = [
@@ -285,7 +286,7 @@ class PlanEnv(Env):
                 )
                 self._errors += 1
                 continue
-            name, content, ok = self._run(call)
+            name, content, ok = run_tool_call(call, self._by_name)
             self._actions += 1
             self._errors += not ok
             reward -= self.options.step_cost
@@ -301,17 +302,6 @@ class PlanEnv(Env):
         if self._turns >= self.max_turns:
             return self._finish(reward, "max_turns")
         return StepResult(observation, reward, False, {"tool_calls": self._actions, "tool_errors": self._errors})
-
-    def _run(self, call) -> tuple[str, str, bool]:
-        if not call.ok:
-            return "error", f"Error: {call.error}", False
-        tool = self._by_name.get(call.name or "")
-        if tool is None:
-            return "error", f"Error: unknown tool {call.name!r}; available tools: move, take", False
-        try:
-            return tool.name, tool.call(call.arguments), True
-        except ToolError as exc:
-            return tool.name, f"Error: {exc}", False
 
     def _finish(self, reward: float, finish: str) -> StepResult:
         self._done = True

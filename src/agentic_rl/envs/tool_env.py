@@ -53,13 +53,12 @@ from typing import Any, Callable, Sequence
 from agentic_rl.envs.answer import answers_match, extract_final_answer
 from agentic_rl.envs.base import Env, StepResult, Task
 from agentic_rl.errors import quoted
-from agentic_rl.tools.base import Tool, ToolError, ToolUnavailable, get_tool
+from agentic_rl.tools.base import Tool, get_tool
+from agentic_rl.tools.dispatch import run_tool_call
 from agentic_rl.tools.parse import ToolCall, parse_tool_calls
 
 MAX_CALLS_PER_TURN = 8
 """Calls beyond this many in one turn are not run; each gets an error observation."""
-MAX_OBSERVATION_CHARS = 2000
-"""A longer tool result is cut to this many characters (with a note) to bound the context."""
 
 SYSTEM_PROMPT = (
     "Solve the problem step by step. Write each step on its own line as `Step 1: ...`, "
@@ -269,7 +268,7 @@ class ToolEnv(Env):
         ran = calls[:MAX_CALLS_PER_TURN]
         if len(ran) > 1 and not any(call.ok and call.name in self._stateful for call in ran):
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(ran)) as pool:
-                results = list(pool.map(self._run_call, ran))
+                results = list(pool.map(lambda call: run_tool_call(call, self._tools_by_name), ran))
         else:  # in order: an env method reads and changes the episode's state, and may end it
             results = []
             for call in ran:
@@ -277,7 +276,7 @@ class ToolEnv(Env):
                 results.append(
                     ("error", "Error: the episode has ended; this call was not run", False)
                     if ended
-                    else self._run_call(call)
+                    else run_tool_call(call, self._tools_by_name)
                 )
         results += [
             ("error", f"Error: at most {MAX_CALLS_PER_TURN} tool calls per turn; this one was not run", False)
@@ -288,26 +287,6 @@ class ToolEnv(Env):
         self._tool_calls += len(calls)
         self._tool_errors += succeeded.count(False)
         return observation, succeeded
-
-    def _run_call(self, call: ToolCall) -> tuple[str, str, bool]:
-        """(observation name, content, succeeded) for one parsed call; never raises."""
-        if not call.ok:
-            return "error", f"Error: {call.error}", False
-        tool = self._tools_by_name.get(call.name or "")
-        if tool is None:
-            available = ", ".join(self._tools_by_name)
-            return "error", f"Error: unknown tool {call.name!r}; available tools: {available}", False
-        try:
-            result = tool.call(call.arguments)
-        except ToolError as exc:
-            return tool.name, f"Error: {exc}", False
-        except ToolUnavailable:
-            raise  # the host cannot run the tool: stop the run, do not train on a dead tool
-        except Exception as exc:  # noqa: BLE001 - a tool bug must not end the episode
-            return tool.name, f"Error: tool {tool.name!r} failed: {type(exc).__name__}: {exc}", False
-        if len(result) > MAX_OBSERVATION_CHARS:
-            result = result[:MAX_OBSERVATION_CHARS] + f"\n[output cut at {MAX_OBSERVATION_CHARS} characters]"
-        return tool.name, result, True
 
 
 def reference_step_values(task: Task) -> list[str]:
