@@ -46,8 +46,8 @@ def _print_json(payload: Any) -> None:
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.base import env_factory, env_options_class, list_envs
     from agentic_rl.config_docs import describe
+    from agentic_rl.envs.base import env_factory, env_options_class, list_envs
 
     for name in list_envs():
         options = env_options_class(name)
@@ -171,8 +171,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _at_least_one(text: str) -> int:
     """argparse type of a count: a whole number >= 1 (`envs oracle --n 0` reported accuracy 0.0 and
     exited 1, as if the oracle had failed)."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -186,8 +184,6 @@ def _prepare_out(out: str, folder: bool = False) -> None:
     """`--out`: its missing parent folders are created (eval's --out FILE; merge's --out FOLDER);
     a folder where a file goes, a file where a folder goes, or a path under a file is a ValueError
     naming it (eval raised a raw traceback after the whole evaluation; merge "succeeded", writing nothing)."""
-    from pathlib import Path
-
     from agentic_rl.strict_json import require_file_path
 
     path = Path(out)

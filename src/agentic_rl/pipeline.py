@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -249,8 +250,6 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
 
 
 def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    import multiprocessing
-
     from agentic_rl.training.run_dir import RunDir
 
     _check_devices(cfg)

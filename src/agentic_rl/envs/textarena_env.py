@@ -34,9 +34,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import importlib.util
 import random
 import re
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.envs.base import Env, StepResult, Task, register_env
@@ -229,9 +231,6 @@ def _probe(game: str, game_options: tuple[tuple[str, Any], ...]) -> None:
 def single_player_games() -> list[str]:
     """Ids of the installed textarena's games whose state is single-player, read from each game's
     source file without importing it (some of textarena's modules do not import on every Python)."""
-    import importlib.util
-    from pathlib import Path
-
     import textarena
 
     root = Path(importlib.util.find_spec("textarena").origin).parent  # type: ignore[union-attr, arg-type]

@@ -37,6 +37,7 @@ must pass it. What cannot be driven is refused when the env is built (envs/verif
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import math
 import random
@@ -101,8 +102,6 @@ class VerifiersEnv(Env):
     @classmethod
     def catalogue(cls) -> str:
         """The installed verifiers and its environment packages, for `agentic-rl envs list`."""
-        import importlib.metadata
-
         try:
             version = importlib.metadata.version("verifiers")
         except importlib.metadata.PackageNotFoundError:
@@ -368,8 +367,6 @@ def _finite(value: Any) -> float:
 
 def environment_packages() -> list[str]:
     """Installed distributions that depend on verifiers (its environment packages), as module names."""
-    import importlib.metadata
-
     found = set()
     for dist in importlib.metadata.distributions():
         for requirement in dist.requires or []:
