@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import yaml
+
 
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, Any]:
     """`--option key=value` pairs (or `--arg`'s) -> {key: the value read as YAML, as a config
     value is}; a value that is not YAML is a ValueError naming the flag and the pair."""
-    import yaml
-
     from agentic_rl.config_yaml import ConfigBoundError, load_yaml
     from agentic_rl.errors import quoted
 

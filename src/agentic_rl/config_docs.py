@@ -14,6 +14,8 @@ import textwrap
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
+import yaml
+
 from agentic_rl.config import Derived, _derived
 
 
@@ -147,8 +149,6 @@ def _shown_default(value: Any) -> str:
     """A default as it is written in a config: a list of sections in YAML's flow style
     (`[{name: env_steps, weight: 1.0, params: {}}]`), a scalar as its repr."""
     if isinstance(value, list) and any(dataclasses.is_dataclass(item) for item in value):
-        import yaml
-
         from agentic_rl.config import settings
 
         plain = [settings(item) if dataclasses.is_dataclass(item) else item for item in value]

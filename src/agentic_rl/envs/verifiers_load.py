@@ -32,6 +32,8 @@ import signal
 import threading
 from typing import Any, Coroutine, Iterator, TypeVar
 
+import datasets
+
 from agentic_rl.envs.library_guard import missing_extra, offline
 
 REFUSED_KINDS: dict[str, str] = {
@@ -63,7 +65,6 @@ def load_verifiers_env(env_id: str, env_args: dict[str, Any]) -> Any:
 
 def _load(env_id: str, env_args: dict[str, Any]) -> Any:
     try:
-        import datasets
         import verifiers as vf
     except ImportError as exc:
         raise ValueError(missing_extra("verifiers", "verifiers")) from exc

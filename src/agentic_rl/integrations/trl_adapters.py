@@ -59,6 +59,8 @@ import inspect
 import json
 from typing import Any, Callable, Sequence
 
+from datasets import Dataset
+
 from agentic_rl.envs.base import Env, StepResult, Task, make_env
 from agentic_rl.rewards.base import RewardSpec, get_reward
 from agentic_rl.rollout.trajectory import Span, Trajectory
@@ -90,8 +92,6 @@ def make_trl_dataset(
 ):
     """A `datasets.Dataset` with `prompt` (the env's reset messages, or `prompt_fn(env, messages)`)
     and `task` (JSON) columns: the first `n` tasks of `split` for `seed`."""
-    from datasets import Dataset
-
     env = make_env(env_name, **(options or {}))
     rows = {"prompt": [], TASK_COLUMN: []}
     for task in env.tasks(split, n=n, seed=seed):

@@ -23,6 +23,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
+from peft import LoraConfig as PeftLoraConfig
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig as TRLGRPOConfig
+from trl import GRPOTrainer
+from trl.chat_template_utils import supports_tool_calling
+
 from agentic_rl.models.stage_output import FINAL_DIR, write_stage_record
 
 CONFIG_MAPPING: dict[str, str] = {
@@ -127,14 +135,12 @@ def _effective_max_turns(cfg) -> int:
 
 def _model_source(cfg, output_dir: Path) -> tuple[str, Any, str]:
     """(path TRL loads, tokenizer, base_name). Built-ins without a folder and `final/` folders are saved first."""
-    from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
     from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
     from agentic_rl.models.stage_output import read_stage_record
 
     name = cfg.model.name
     if name != TINY_QWEN3 and read_stage_record(name) is None:
-        from transformers import AutoTokenizer
-
         path = resolve_model_path(name)
         return path, AutoTokenizer.from_pretrained(path), name
     model, tokenizer, base_name = load_for_decoding(name, cfg.rollout.device)  # merged there, saved for TRL to load
@@ -151,12 +157,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     `extra_args` are passed to TRL's GRPOConfig on top of the mapping (benchmarks use it for
     generation_kwargs such as min_new_tokens); they are not part of our config.
     """
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from peft import LoraConfig as PeftLoraConfig
-    from trl import GRPOConfig as TRLGRPOConfig
-    from trl import GRPOTrainer
-    from trl.chat_template_utils import supports_tool_calling
-
     from agentic_rl.integrations.trl_adapters import (
         make_trl_dataset,
         make_trl_environment_factory,
@@ -311,9 +311,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
 
 def train_grpo_trl(cfg) -> dict[str, Any]:
     """Train with TRL's GRPOTrainer; returns {"final": folder, "history": TRL's log rows}."""
-    from accelerate import PartialState
-    from transformers.trainer_utils import get_last_checkpoint
-
     from agentic_rl.training.run_record import start_run
 
     run_dir = start_run("grpo", cfg, PartialState(), tensorboard=False)  # the one rule for a reused folder

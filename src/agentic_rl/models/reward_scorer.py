@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3ForSequenceClassification
 
 from agentic_rl.models.backbone import backbone_hidden, backbone_of, shared_prefix_length, unwrap_causal_lm
 from agentic_rl.models.lora import apply_lora, describe_trainable
@@ -61,8 +63,6 @@ def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
     """(a sequence classifier with a fresh Linear(H, 1) score head and no adapters, tokenizer) on the
     model `name`: a built-in name, a model directory, a hub id, or a previous stage's LoRA folder
     (merged first)."""
-    from transformers import AutoModelForSequenceClassification
-
     from agentic_rl.models.loader import (
         BUILTIN_MODELS,
         TINY_QWEN3,
@@ -72,8 +72,6 @@ def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
     )
 
     if name == TINY_QWEN3:
-        from transformers import Qwen3ForSequenceClassification
-
         config = build_tiny_qwen3().config
         config.num_labels = 1
         torch.manual_seed(0)
@@ -101,15 +99,13 @@ def save_reward_model(classifier: torch.nn.Module, tokenizer: Any, folder: str |
 
 def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[RewardScorer, Any]:
     """(scorer in eval mode, tokenizer) from a folder `save_reward_model` wrote."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     folder = Path(folder)
     if not is_reward_model_folder(folder):
         raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
     meta = read_json(folder / RM_RECORD, "restore it, or train the reward model again with `agentic-rl rm`")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if meta.get("lora"):  # the base from the record, through our loader: the adapters' own base path is
-        from peft import PeftModel  # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
+        # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
 
         from agentic_rl.models.lora import quiet_peft
 

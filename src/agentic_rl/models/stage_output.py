@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 
 from agentic_rl.errors import quoted
 from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
@@ -90,8 +91,6 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
                 "or the previous stage's final/ folder)"
             )
         if record["kind"] == "lora":
-            from peft import PeftModel
-
             from agentic_rl.models.lora import quiet_peft
 
             # "base" is the model these adapters were trained on, itself possibly a stage's

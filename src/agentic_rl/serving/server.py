@@ -43,6 +43,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -279,8 +280,6 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def serve(cfg: ServeConfig) -> None:
     """Load the model, start the engine worker and serve until interrupted."""
-    import uvicorn
-
     from agentic_rl.models.device import load_for_decoding
     from agentic_rl.rollout.factory import build_engine
 
