@@ -210,7 +210,7 @@ def test_sampled_pairs_decode_in_bounded_slots_and_get_the_same_episodes(monkeyp
         engine.run = lambda envs, tasks, **kw: episodes.append(run(envs, tasks, **kw)) or episodes[-1]
         return engine
 
-    monkeypatch.setattr(factory, "build_engine", recording_build)
+    monkeypatch.setattr(reward_model, "build_engine", recording_build)
     keys = [
         "source=sampled",
         "policy=tiny-qwen3",

@@ -58,7 +58,7 @@ def _refuse(*args, **kwargs):
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any model load fails: a rerun that gets that far did work before checking the folder."""
-    for where in ("agentic_rl.training.sft", "agentic_rl.models.policy"):  # GRPO/PPO import it when they run
+    for where in ("agentic_rl.training.sft", "agentic_rl.training.on_policy"):  # on_policy: GRPO's and PPO's
         monkeypatch.setattr(f"{where}.load_policy", _refuse)
     return _refuse
 

@@ -35,18 +35,21 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.cli_flags import add_flagged, add_plugin_flag, load_flagged, load_plugin_flags, parse_options
+from agentic_rl.config import ConfigError
+from agentic_rl.config_docs import describe, markdown_reference
+from agentic_rl.errors import RunStopped, capped
+from agentic_rl.evaluation.report import REPORT_NAME, failure_headline
+from agentic_rl.strict_json import dumps, require_file_path, write_json
 from agentic_rl.train_commands import CONFIGURED_COMMANDS, TRAIN_COMMANDS, config_class, next_step
+from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
 
 
 def _print_json(payload: Any) -> None:
-    from agentic_rl.strict_json import dumps
-
     print(dumps(payload, indent=None))
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.config_docs import describe
     from agentic_rl.envs.base import env_factory, env_options_class, list_envs
 
     for name in list_envs():
@@ -140,7 +143,6 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentic_rl.evaluation.config import EvalCommandConfig
-    from agentic_rl.evaluation.report import failure_headline
     from agentic_rl.evaluation.runner import evaluate
     from agentic_rl.models.device import load_for_decoding
 
@@ -150,8 +152,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if cfg.out:
-        from agentic_rl.strict_json import write_json
-
         write_json(cfg.out, {"model": cfg.model, "env": cfg.env.name, "label": cfg.label, **result})
     failures = result.pop("failures")
     per_task = result.pop("per_task")
@@ -184,8 +184,6 @@ def _prepare_out(out: str, folder: bool = False) -> None:
     """`--out`: its missing parent folders are created (eval's --out FILE; merge's --out FOLDER);
     a folder where a file goes, a file where a folder goes, or a path under a file is a ValueError
     naming it (eval raised a raw traceback after the whole evaluation; merge "succeeded", writing nothing)."""
-    from agentic_rl.strict_json import require_file_path
-
     path = Path(out)
     if not folder and path.is_dir():
         raise ValueError(f"--out '{out}' is a folder; give a file name, e.g. --out {path / 'eval.json'}")
@@ -327,8 +325,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
         summary = {stage: {k: v for k, v in r.items() if k not in ("evals", "inputs")} for stage, r in result.items()}
-        from agentic_rl.evaluation.report import REPORT_NAME
-
         summary["report"] = str(Path(cfg.output_dir) / REPORT_NAME)
     print(next_step(args.command, cfg, summary))
     _print_json(summary)
@@ -336,8 +332,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from agentic_rl.config_docs import describe, markdown_reference
-
     if args.which is None and not args.markdown:
         raise ValueError(
             "agentic-rl config: name a command (e.g. `agentic-rl config grpo`), or give --markdown for all"
@@ -349,8 +343,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
-    from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
-
     print(
         glossary_markdown() if args.markdown else "\n".join(f"{key:34s} {meaning}" for key, meaning in GLOSSARY.items())
     )
@@ -511,8 +503,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    from agentic_rl.config import ConfigError
-    from agentic_rl.errors import RunStopped, capped
 
     try:
         return func(args)

@@ -10,13 +10,14 @@ from typing import Any
 
 import yaml
 
+from agentic_rl.config_docs import field_help
+from agentic_rl.config_yaml import ConfigBoundError, load_yaml
+from agentic_rl.errors import quoted
+
 
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, Any]:
     """`--option key=value` pairs (or `--arg`'s) -> {key: the value read as YAML, as a config
     value is}; a value that is not YAML is a ValueError naming the flag and the pair."""
-    from agentic_rl.config_yaml import ConfigBoundError, load_yaml
-    from agentic_rl.errors import quoted
-
     options: dict[str, Any] = {}
     for pair in pairs or []:
         if "=" not in pair:
@@ -47,8 +48,6 @@ def load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
 def add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
     """--config, one flag per key of `flags` (help and default read from the config class `cls`,
     so no default is written twice), --option and --set."""
-    from agentic_rl.config_docs import field_help
-
     p.add_argument("--config", help="YAML config (it may `extends:` another file); flags and --set override it")
     for flag, key in flags.items():
         p.add_argument(

@@ -29,6 +29,7 @@ from typing import Any
 
 from agentic_rl.strict_json import write_json
 from agentic_rl.training.metric_keys import describe_metric
+from agentic_rl.training.run_dir import read_metrics
 
 _STAGE_NAMES = {
     "eval_base": "base",
@@ -288,8 +289,6 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
 def _rl_plots(metrics_file: Path, plots: Path) -> list[str]:
     """Draw the RL stage's plots from its metrics.jsonl; returns their report lines, each
     plotted metric defined below them (only those the run logged)."""
-    from agentic_rl.training.run_dir import read_metrics
-
     rows = read_metrics(metrics_file)
     _plot_rewards(rows, plots / "reward_components.png")
     _plot_length_variance(rows, plots / "length_and_variance.png")

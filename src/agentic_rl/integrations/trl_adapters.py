@@ -62,6 +62,7 @@ from typing import Any, Callable, Sequence
 from datasets import Dataset
 
 from agentic_rl.envs.base import Env, StepResult, Task, make_env
+from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.rewards.base import RewardSpec, get_reward
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.parse import format_tool_call
@@ -117,8 +118,6 @@ class TRLToolEnv:
     _env_options: dict[str, Any] = {}
 
     def __init__(self) -> None:
-        from agentic_rl.envs.tool_env import ToolEnv
-
         self._env = make_env(self._env_name, **self._env_options)
         if not isinstance(self._env, ToolEnv):
             raise ValueError(

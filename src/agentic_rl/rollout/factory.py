@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.precision import resolve_rollout_dtype
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import BackendKind, RolloutConfig, RolloutDtype
 from agentic_rl.rollout.engine import RolloutEngine
@@ -30,8 +31,6 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
     then come from bf16 weights, so trainers must not use them as π_old (see
     GRPOConfig.old_logprobs). dtype="auto": bfloat16 only where bf16 is fast (models/precision.py).
     """
-    from agentic_rl.models.precision import resolve_rollout_dtype
-
     if dtype == "auto":
         dtype = resolve_rollout_dtype(dtype, next(model.parameters()).device)  # type: ignore[assignment]
         print(f"rollout.dtype: auto -> {dtype} on this machine (models/precision.py)", flush=True)
