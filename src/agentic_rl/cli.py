@@ -24,7 +24,8 @@
 Every command that builds envs, tools or rewards takes `--plugin MODULE_OR_FILE` (repeatable): your
 own registrations, imported before the config is read (agentic_rl.plugins).
 
-Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
+Heavy imports (torch, transformers) happen inside the commands (`# local: torch-free`), so `--help`
+loads no torch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _print_json(payload: Any) -> None:
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.base import env_factory, env_options_class, list_envs
+    from agentic_rl.envs.base import env_factory, env_options_class, list_envs  # local: torch-free
 
     for name in list_envs():
         options = env_options_class(name)
@@ -64,7 +65,7 @@ def _cmd_envs_list(args: argparse.Namespace) -> int:
 
 def _cmd_envs_oracle(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.oracle import run_oracle
+    from agentic_rl.envs.oracle import run_oracle  # local: torch-free
 
     options = parse_options(args.option)
     summary = run_oracle(args.env, n=args.n, split=args.split, seed=args.seed, **options)
@@ -74,7 +75,7 @@ def _cmd_envs_oracle(args: argparse.Namespace) -> int:
 
 def _cmd_tools_run(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.tools.base import ToolError, get_tool
+    from agentic_rl.tools.base import ToolError, get_tool  # local: torch-free
 
     tool = get_tool(args.tool)
     arguments = parse_options(args.arg, flag="--arg")
@@ -92,7 +93,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
 
 def _cmd_tools_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.tools.base import ToolUnavailable, get_tool, list_tools
+    from agentic_rl.tools.base import ToolUnavailable, get_tool, list_tools  # local: torch-free
 
     for name in list_tools():
         print(name)
@@ -113,7 +114,7 @@ def _cmd_tools_list(args: argparse.Namespace) -> int:
 
 def _cmd_rewards_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters
+    from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters  # local: torch-free
 
     for name in list_rewards():
         fn = get_reward(name)
@@ -142,9 +143,9 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.config import EvalCommandConfig
-    from agentic_rl.evaluation.runner import evaluate
-    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.evaluation.config import EvalCommandConfig  # local: torch-free
+    from agentic_rl.evaluation.runner import evaluate  # local: torch-free
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
 
     cfg = load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
     if cfg.out:
@@ -213,8 +214,8 @@ _CHAT_FLAGS = {
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from agentic_rl.models.device import load_for_decoding
-    from agentic_rl.serving.chat import ChatConfig, chat_loop
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
+    from agentic_rl.serving.chat import ChatConfig, chat_loop  # local: torch-free
 
     cfg = load_flagged(args, _CHAT_FLAGS, ChatConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
@@ -253,8 +254,8 @@ _SERVE_FLAGS = {
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentic_rl.serving.config import ServeConfig
-    from agentic_rl.serving.server import serve
+    from agentic_rl.serving.config import ServeConfig  # local: torch-free
+    from agentic_rl.serving.server import serve  # local: torch-free
 
     if args.option and args.env is None:
         raise ValueError("--option sets an environment option, which needs --env (agent mode)")
@@ -274,9 +275,9 @@ _AUDIT_FLAGS = {
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.audit import format_report, run_audit
-    from agentic_rl.evaluation.config import AuditConfig
-    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.evaluation.audit import format_report, run_audit  # local: torch-free
+    from agentic_rl.evaluation.config import AuditConfig  # local: torch-free
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
 
     cfg = load_flagged(args, _AUDIT_FLAGS, AuditConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
@@ -294,7 +295,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.compare import compare_paths, format_rows
+    from agentic_rl.evaluation.compare import compare_paths, format_rows  # local: torch-free
 
     if args.a or args.b:
         if args.inputs or not (args.a and args.b):
@@ -317,7 +318,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentic_rl.validation import load_and_validate
+    from agentic_rl.validation import load_and_validate  # local: torch-free
 
     train = TRAIN_COMMANDS[args.command][0]
     cfg = load_and_validate(config_class(args.command), args.config, args.set, plugins=args.plugin)
@@ -350,7 +351,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from agentic_rl.models.stage_output import merge_adapters
+    from agentic_rl.models.stage_output import merge_adapters  # local: torch-free
 
     _prepare_out(args.out, folder=True)
     out = merge_adapters(args.adapters, args.out)
@@ -359,9 +360,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # torch-free: --help stays instant
-    from agentic_rl.serving.chat import ChatConfig
-    from agentic_rl.serving.config import ServeConfig
+    from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # local: torch-free
+    from agentic_rl.serving.chat import ChatConfig  # local: torch-free
+    from agentic_rl.serving.config import ServeConfig  # local: torch-free
 
     parser = argparse.ArgumentParser(
         prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO."

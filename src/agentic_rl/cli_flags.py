@@ -38,7 +38,7 @@ def load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
     """A command's config: --config, then its flags (each overrides one key; `--option K=V` is
     env.options.K), then --set, all through the one loader and the validation step, so a bad flag
     fails as a bad key would."""
-    from agentic_rl.validation import load_and_validate
+    from agentic_rl.validation import load_and_validate  # local: torch-free
 
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
     overrides += [f"env.options.{pair}" for pair in args.option or []]
@@ -99,6 +99,6 @@ def add_plugin_flag(p: argparse.ArgumentParser) -> None:
 
 def load_plugin_flags(args: argparse.Namespace) -> None:
     """--plugin on a command without a config (envs, tools, rewards)."""
-    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugin_loading import load_plugins  # local: torch-free
 
     load_plugins(args.plugin)

@@ -223,7 +223,7 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import (  # noqa: F401 - imported to register
+    from agentic_rl.envs import (  # noqa: F401 - imported to register  # local: cycle
         arith,
         gsm8k,
         memory,

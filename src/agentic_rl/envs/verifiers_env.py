@@ -167,7 +167,7 @@ class VerifiersEnv(Env):
         return _chat(self.prompt)
 
     async def _start(self, row: dict[str, Any]) -> Any:
-        import verifiers as vf
+        import verifiers as vf  # local: optional extra
 
         state = await self.vf_env.init_state(row, no_client(), MODEL, None)
         try:
@@ -190,7 +190,7 @@ class VerifiersEnv(Env):
         return run_async(self._turn(action_text))
 
     async def _turn(self, text: str) -> StepResult:
-        from verifiers.types import Response, ResponseMessage
+        from verifiers.types import Response, ResponseMessage  # local: optional extra
 
         content, calls = self._split_tool_calls(text)
         message = ResponseMessage(
@@ -215,8 +215,8 @@ class VerifiersEnv(Env):
     async def _advance(self) -> list[Any] | None:
         """verifiers' `MultiTurnEnv.rollout` loop up to the next model turn: the prompt messages it
         asks the policy to answer, or None once a stop condition (or `max_turns` here) ends it."""
-        import verifiers as vf
-        from verifiers.utils.message_utils import maybe_normalize_messages
+        import verifiers as vf  # local: optional extra
+        from verifiers.utils.message_utils import maybe_normalize_messages  # local: optional extra
 
         state = self.state
         while not await self.vf_env.is_completed(state):
@@ -273,7 +273,7 @@ class VerifiersEnv(Env):
         """The turn as an OpenAI-style assistant message (what a served model's tool parser gives a
         verifiers env): its well-formed <tool_call> blocks as tool calls, the rest as content. Only
         where the episode offers tools; elsewhere the whole text is content."""
-        from verifiers.types import ToolCall
+        from verifiers.types import ToolCall  # local: optional extra
 
         if not self.state["tool_defs"]:
             return text, []

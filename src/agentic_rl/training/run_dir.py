@@ -117,7 +117,7 @@ class RunDir:
             )  # derived values left out: it loads back
             (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # local: torch-free
 
             self._writer = SummaryWriter(str(self.path / "tb"))
 
