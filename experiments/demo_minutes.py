@@ -25,7 +25,7 @@ from agentic_rl.evaluation.compare import load_evaluations, mean_evaluation
 from agentic_rl.evaluation.report import plot_minutes
 from agentic_rl.evaluation.stats import accuracy_interval
 from agentic_rl.strict_json import read_json
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 
 
 def median_training_seconds(run: Path) -> float:

@@ -25,6 +25,7 @@ class _Loaded(Exception):
 @pytest.fixture
 def loads(monkeypatch):
     """The (name, dtype, device) of every model load; the first one stops the command."""
+    import agentic_rl.models.device as device_module
     import agentic_rl.models.stage_output as stage_output
 
     calls = []
@@ -34,6 +35,7 @@ def loads(monkeypatch):
         raise _Loaded(name)
 
     monkeypatch.setattr(stage_output, "load_base_and_tokenizer", recording_loader)
+    monkeypatch.setattr(device_module, "load_base_and_tokenizer", recording_loader)  # load_for_decoding's own name
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     return calls
 

@@ -20,7 +20,7 @@ from sigkill import interrupt_then_resume, run_until
 
 from agentic_rl.config import ConfigError
 from agentic_rl.training.grpo import GRPO, train_grpo
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ from agentic_rl.models.backbone import backbone_and_head
 from agentic_rl.training.actor_critic import ActorCritic
 from agentic_rl.training.ppo import PPO, train_ppo
 from agentic_rl.training.scoring import reference_logprobs
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 

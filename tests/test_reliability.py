@@ -26,7 +26,8 @@ from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
 import agentic_rl.training.loop
 from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
-from agentic_rl.training.run_dir import RunDir, read_metrics
+from agentic_rl.training.metrics_file import read_metrics
+from agentic_rl.training.run_dir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src" / "agentic_rl"

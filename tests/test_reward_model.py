@@ -17,7 +17,7 @@ from agentic_rl.config import load_config
 from agentic_rl.envs.base import make_env
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.training.reward_model import RMConfig, corrupt_messages, train_rm
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 
 
 def _log_sigmoid64(z: float) -> float:
@@ -210,7 +210,7 @@ def test_sampled_pairs_decode_in_bounded_slots_and_get_the_same_episodes(monkeyp
         engine.run = lambda envs, tasks, **kw: episodes.append(run(envs, tasks, **kw)) or episodes[-1]
         return engine
 
-    monkeypatch.setattr(factory, "build_engine", recording_build)
+    monkeypatch.setattr(reward_model, "build_engine", recording_build)
     keys = [
         "source=sampled",
         "policy=tiny-qwen3",

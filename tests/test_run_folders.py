@@ -18,7 +18,7 @@ from agentic_rl import cli
 from agentic_rl.config import ConfigError, load_config
 from agentic_rl.training.checkpoint import CheckpointError
 from agentic_rl.training.grpo_config import GRPOConfig
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 from agentic_rl.training.run_lock import LOCK, unlock_run_folder
 from agentic_rl.training.sft import SFTConfig, train_sft
 
@@ -59,7 +59,7 @@ def _refuse(*args, **kwargs):
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any model load fails: a rerun that gets that far did work before checking the folder."""
-    for where in ("agentic_rl.training.sft", "agentic_rl.models.policy"):  # GRPO/PPO import it when they run
+    for where in ("agentic_rl.training.sft", "agentic_rl.training.on_policy"):  # on_policy: GRPO's and PPO's
         monkeypatch.setattr(f"{where}.load_policy", _refuse)
     return _refuse
 

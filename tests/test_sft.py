@@ -18,7 +18,7 @@ from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.lora import LoraConfig, apply_lora, count_parameters
 from agentic_rl.rollout.demos import DemoError, oracle_demos
 from agentic_rl.rollout.trajectory import collate
-from agentic_rl.training.run_dir import read_metrics
+from agentic_rl.training.metrics_file import read_metrics
 from agentic_rl.training.scoring import TokenScorer
 from agentic_rl.training.sft import SFTConfig, train_sft
 

@@ -9,7 +9,8 @@ import torch
 from agentic_rl.training.checkpoint import latest_checkpoint
 from agentic_rl.training.common import make_accelerator
 from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
-from agentic_rl.training.run_dir import RunDir, read_metrics
+from agentic_rl.training.metrics_file import read_metrics
+from agentic_rl.training.run_dir import RunDir
 
 
 class ToyObjective(BatchObjective):

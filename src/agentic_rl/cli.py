@@ -24,7 +24,8 @@
 Every command that builds envs, tools or rewards takes `--plugin MODULE_OR_FILE` (repeatable): your
 own registrations, imported before the config is read (agentic_rl.plugins).
 
-Heavy imports (torch, transformers) happen inside the commands, so `--help` is instant.
+Heavy imports (torch, transformers) happen inside the commands (`# local: torch-free`), so `--help`
+loads no torch.
 """
 
 from __future__ import annotations
@@ -35,19 +36,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.cli_flags import add_flagged, add_plugin_flag, load_flagged, load_plugin_flags, parse_options
+from agentic_rl.config import ConfigError
+from agentic_rl.config_docs import describe, markdown_reference
+from agentic_rl.errors import RunStopped, capped
+from agentic_rl.evaluation.report import REPORT_NAME, failure_headline
+from agentic_rl.strict_json import dumps, require_file_path, write_json
 from agentic_rl.train_commands import CONFIGURED_COMMANDS, TRAIN_COMMANDS, config_class, next_step
+from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
 
 
 def _print_json(payload: Any) -> None:
-    from agentic_rl.strict_json import dumps
-
     print(dumps(payload, indent=None))
 
 
 def _cmd_envs_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.base import env_factory, env_options_class, list_envs
-    from agentic_rl.config_docs import describe
+    from agentic_rl.envs.base import env_factory, env_options_class, list_envs  # local: torch-free
 
     for name in list_envs():
         options = env_options_class(name)
@@ -61,7 +65,7 @@ def _cmd_envs_list(args: argparse.Namespace) -> int:
 
 def _cmd_envs_oracle(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.envs.oracle import run_oracle
+    from agentic_rl.envs.oracle import run_oracle  # local: torch-free
 
     options = parse_options(args.option)
     summary = run_oracle(args.env, n=args.n, split=args.split, seed=args.seed, **options)
@@ -71,7 +75,7 @@ def _cmd_envs_oracle(args: argparse.Namespace) -> int:
 
 def _cmd_tools_run(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.tools.base import ToolError, get_tool
+    from agentic_rl.tools.base import ToolError, get_tool  # local: torch-free
 
     tool = get_tool(args.tool)
     arguments = parse_options(args.arg, flag="--arg")
@@ -89,7 +93,7 @@ def _cmd_tools_run(args: argparse.Namespace) -> int:
 
 def _cmd_tools_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.tools.base import ToolUnavailable, get_tool, list_tools
+    from agentic_rl.tools.base import ToolUnavailable, get_tool, list_tools  # local: torch-free
 
     for name in list_tools():
         print(name)
@@ -110,7 +114,7 @@ def _cmd_tools_list(args: argparse.Namespace) -> int:
 
 def _cmd_rewards_list(args: argparse.Namespace) -> int:
     load_plugin_flags(args)
-    from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters
+    from agentic_rl.rewards.base import get_reward, list_rewards, reward_parameters  # local: torch-free
 
     for name in list_rewards():
         fn = get_reward(name)
@@ -139,10 +143,9 @@ _EVAL_FLAGS = {  # flag (argparse dest) -> the EvalCommandConfig key it override
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.config import EvalCommandConfig
-    from agentic_rl.evaluation.report import failure_headline
-    from agentic_rl.evaluation.runner import evaluate
-    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.evaluation.config import EvalCommandConfig  # local: torch-free
+    from agentic_rl.evaluation.runner import evaluate  # local: torch-free
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
 
     cfg = load_flagged(args, _EVAL_FLAGS, EvalCommandConfig)
     if cfg.out:
@@ -150,8 +153,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     result = evaluate(model, tokenizer, cfg, progress=not args.json)
     if cfg.out:
-        from agentic_rl.strict_json import write_json
-
         write_json(cfg.out, {"model": cfg.model, "env": cfg.env.name, "label": cfg.label, **result})
     failures = result.pop("failures")
     per_task = result.pop("per_task")
@@ -171,8 +172,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _at_least_one(text: str) -> int:
     """argparse type of a count: a whole number >= 1 (`envs oracle --n 0` reported accuracy 0.0 and
     exited 1, as if the oracle had failed)."""
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -186,10 +185,6 @@ def _prepare_out(out: str, folder: bool = False) -> None:
     """`--out`: its missing parent folders are created (eval's --out FILE; merge's --out FOLDER);
     a folder where a file goes, a file where a folder goes, or a path under a file is a ValueError
     naming it (eval raised a raw traceback after the whole evaluation; merge "succeeded", writing nothing)."""
-    from pathlib import Path
-
-    from agentic_rl.strict_json import require_file_path
-
     path = Path(out)
     if not folder and path.is_dir():
         raise ValueError(f"--out '{out}' is a folder; give a file name, e.g. --out {path / 'eval.json'}")
@@ -219,8 +214,8 @@ _CHAT_FLAGS = {
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from agentic_rl.models.device import load_for_decoding
-    from agentic_rl.serving.chat import ChatConfig, chat_loop
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
+    from agentic_rl.serving.chat import ChatConfig, chat_loop  # local: torch-free
 
     cfg = load_flagged(args, _CHAT_FLAGS, ChatConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
@@ -259,8 +254,8 @@ _SERVE_FLAGS = {
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentic_rl.serving.config import ServeConfig
-    from agentic_rl.serving.server import serve
+    from agentic_rl.serving.config import ServeConfig  # local: torch-free
+    from agentic_rl.serving.server import serve  # local: torch-free
 
     if args.option and args.env is None:
         raise ValueError("--option sets an environment option, which needs --env (agent mode)")
@@ -280,9 +275,9 @@ _AUDIT_FLAGS = {
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.audit import format_report, run_audit
-    from agentic_rl.evaluation.config import AuditConfig
-    from agentic_rl.models.device import load_for_decoding
+    from agentic_rl.evaluation.audit import format_report, run_audit  # local: torch-free
+    from agentic_rl.evaluation.config import AuditConfig  # local: torch-free
+    from agentic_rl.models.device import load_for_decoding  # local: torch-free
 
     cfg = load_flagged(args, _AUDIT_FLAGS, AuditConfig)
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
@@ -300,7 +295,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from agentic_rl.evaluation.compare import compare_paths, format_rows
+    from agentic_rl.evaluation.compare import compare_paths, format_rows  # local: torch-free
 
     if args.a or args.b:
         if args.inputs or not (args.a and args.b):
@@ -323,7 +318,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentic_rl.validation import load_and_validate
+    from agentic_rl.validation import load_and_validate  # local: torch-free
 
     train = TRAIN_COMMANDS[args.command][0]
     cfg = load_and_validate(config_class(args.command), args.config, args.set, plugins=args.plugin)
@@ -331,8 +326,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = {k: v for k, v in result.items() if k != "history"} if isinstance(result, dict) else {}
     if args.command == "pipeline":  # each stage's outcome; its inputs are in config.yaml, its evals in summary.json
         summary = {stage: {k: v for k, v in r.items() if k not in ("evals", "inputs")} for stage, r in result.items()}
-        from agentic_rl.evaluation.report import REPORT_NAME
-
         summary["report"] = str(Path(cfg.output_dir) / REPORT_NAME)
     print(next_step(args.command, cfg, summary))
     _print_json(summary)
@@ -340,8 +333,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from agentic_rl.config_docs import describe, markdown_reference
-
     if args.which is None and not args.markdown:
         raise ValueError(
             "agentic-rl config: name a command (e.g. `agentic-rl config grpo`), or give --markdown for all"
@@ -353,8 +344,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
-    from agentic_rl.training.metric_keys import GLOSSARY, glossary_markdown
-
     print(
         glossary_markdown() if args.markdown else "\n".join(f"{key:34s} {meaning}" for key, meaning in GLOSSARY.items())
     )
@@ -362,7 +351,7 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from agentic_rl.models.stage_output import merge_adapters
+    from agentic_rl.models.stage_output import merge_adapters  # local: torch-free
 
     _prepare_out(args.out, folder=True)
     out = merge_adapters(args.adapters, args.out)
@@ -371,9 +360,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # torch-free: --help stays instant
-    from agentic_rl.serving.chat import ChatConfig
-    from agentic_rl.serving.config import ServeConfig
+    from agentic_rl.evaluation.config import AuditConfig, EvalCommandConfig  # local: torch-free
+    from agentic_rl.serving.chat import ChatConfig  # local: torch-free
+    from agentic_rl.serving.config import ServeConfig  # local: torch-free
 
     parser = argparse.ArgumentParser(
         prog="agentic-rl", description="Train small LLM agents with tools: SFT -> reward model -> GRPO."
@@ -515,8 +504,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    from agentic_rl.config import ConfigError
-    from agentic_rl.errors import RunStopped, capped
 
     try:
         return func(args)

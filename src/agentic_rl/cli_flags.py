@@ -8,15 +8,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import yaml
+
+from agentic_rl.config_docs import field_help
+from agentic_rl.config_yaml import ConfigBoundError, load_yaml
+from agentic_rl.errors import quoted
+
 
 def parse_options(pairs: list[str] | None, flag: str = "--option") -> dict[str, Any]:
     """`--option key=value` pairs (or `--arg`'s) -> {key: the value read as YAML, as a config
     value is}; a value that is not YAML is a ValueError naming the flag and the pair."""
-    import yaml
-
-    from agentic_rl.config_yaml import ConfigBoundError, load_yaml
-    from agentic_rl.errors import quoted
-
     options: dict[str, Any] = {}
     for pair in pairs or []:
         if "=" not in pair:
@@ -37,7 +38,7 @@ def load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
     """A command's config: --config, then its flags (each overrides one key; `--option K=V` is
     env.options.K), then --set, all through the one loader and the validation step, so a bad flag
     fails as a bad key would."""
-    from agentic_rl.validation import load_and_validate
+    from agentic_rl.validation import load_and_validate  # local: torch-free
 
     overrides = [f"{key}={getattr(args, flag)}" for flag, key in flags.items() if getattr(args, flag) is not None]
     overrides += [f"env.options.{pair}" for pair in args.option or []]
@@ -47,8 +48,6 @@ def load_flagged(args: argparse.Namespace, flags: dict[str, str], cls: type):
 def add_flagged(p: argparse.ArgumentParser, flags: dict[str, str], cls: type, set_example: str) -> None:
     """--config, one flag per key of `flags` (help and default read from the config class `cls`,
     so no default is written twice), --option and --set."""
-    from agentic_rl.config_docs import field_help
-
     p.add_argument("--config", help="YAML config (it may `extends:` another file); flags and --set override it")
     for flag, key in flags.items():
         p.add_argument(
@@ -100,6 +99,6 @@ def add_plugin_flag(p: argparse.ArgumentParser) -> None:
 
 def load_plugin_flags(args: argparse.Namespace) -> None:
     """--plugin on a command without a config (envs, tools, rewards)."""
-    from agentic_rl.plugin_loading import load_plugins
+    from agentic_rl.plugin_loading import load_plugins  # local: torch-free
 
     load_plugins(args.plugin)

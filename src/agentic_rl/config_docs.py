@@ -14,7 +14,9 @@ import textwrap
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from agentic_rl.config import Derived, _derived
+import yaml
+
+from agentic_rl.config import Derived, _derived, settings
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -147,10 +149,6 @@ def _shown_default(value: Any) -> str:
     """A default as it is written in a config: a list of sections in YAML's flow style
     (`[{name: env_steps, weight: 1.0, params: {}}]`), a scalar as its repr."""
     if isinstance(value, list) and any(dataclasses.is_dataclass(item) for item in value):
-        import yaml
-
-        from agentic_rl.config import settings
-
         plain = [settings(item) if dataclasses.is_dataclass(item) else item for item in value]
         return yaml.safe_dump(plain, default_flow_style=True, sort_keys=False, width=10**6).strip()
     return repr(value)

@@ -158,14 +158,14 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # local: torch-free
 
     for row_number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
         yield row_number, row
 
 
 def _hub_records(split: str) -> Iterator[tuple[int, Any]]:
-    import datasets
+    import datasets  # local: torch-free
 
     dataset = datasets.load_dataset(HUB_ID, "main", split=split)
     for row_number, row in enumerate(dataset, start=1):

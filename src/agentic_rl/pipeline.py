@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -39,15 +40,25 @@ from typing import Any, Callable, ClassVar, Literal
 from agentic_rl.config import Config, ConfigError, NonNegativeInt, refuse_unused
 from agentic_rl.errors import RunStopped
 from agentic_rl.evaluation.config import EvalConfig
+from agentic_rl.evaluation.report import write_report
+from agentic_rl.evaluation.runner import TRUNCATED, evaluate
+from agentic_rl.integrations.backends import train_grpo_with_backend
+from agentic_rl.models.device import load_for_decoding, resolve_device
 from agentic_rl.pipeline_eta import progress_line
 from agentic_rl.pipeline_process import end_with_the_pipeline, stage_context
-from agentic_rl.plugins import PluginsConfig
+from agentic_rl.plugin_loading import load_plugins
+from agentic_rl.plugins import PluginError, PluginsConfig
 from agentic_rl.strict_json import dumps, read_json, write_json
+from agentic_rl.training.episode_config import RewardModelTerm
 from agentic_rl.training.grpo_config import GRPOConfig
+from agentic_rl.training.ppo import train_ppo
 from agentic_rl.training.ppo_config import PPOConfig
-from agentic_rl.training.reward_model import RMConfig
+from agentic_rl.training.reward_model import RMConfig, train_rm
+from agentic_rl.training.metrics_file import read_metrics
+from agentic_rl.training.run_dir import RunDir, usable_output_dir
+from agentic_rl.training.run_lock import lock_run_folder, unlock_run_folder
 from agentic_rl.training.run_record import LOOP_KEYS_WITHOUT_EFFECT
-from agentic_rl.training.sft import SFTConfig
+from agentic_rl.training.sft import SFTConfig, train_sft
 
 STAGES = ("eval_base", "sft", "eval_sft", "rm", "grpo", "eval_grpo", "ppo", "eval_ppo", "control", "eval_control")
 RL_STAGES = {"grpo": ("grpo", "eval_grpo"), "ppo": ("ppo", "eval_ppo")}
@@ -237,9 +248,6 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
     optimizer states and KV caches is returned to the system when it ends; one process for all
     stages grew past 20 GB on the demo and was killed by the OOM killer.
     """
-    from agentic_rl.training.run_dir import usable_output_dir
-    from agentic_rl.training.run_lock import lock_run_folder, unlock_run_folder
-
     root = usable_output_dir(cfg.output_dir, "output_dir")
     lock_run_folder(root, "output_dir")  # one pipeline per folder; each stage locks its own subfolder
     try:
@@ -249,10 +257,6 @@ def run_pipeline(cfg: PipelineConfig, log: Callable[[str], None] = _log) -> dict
 
 
 def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    import multiprocessing
-
-    from agentic_rl.training.run_dir import RunDir
-
     _check_devices(cfg)
     recorded = False  # config.yaml is written once the finished stages are known to match this config
     results: dict[str, Any] = {}
@@ -286,7 +290,6 @@ def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> 
         )
     if not recorded:
         RunDir(root, cfg, tensorboard=False)
-    from agentic_rl.evaluation.report import write_report
 
     report = write_report(root, results, cfg)
     log(f"[pipeline] report: {report}")
@@ -295,8 +298,6 @@ def _run_stages(cfg: PipelineConfig, root: Path, log: Callable[[str], None]) -> 
 
 def _check_devices(cfg: PipelineConfig) -> None:
     """Resolve the devices the stages will load models on: a missing GPU stops the run now, not later."""
-    from agentic_rl.models.device import resolve_device
-
     for index, eval_cfg in enumerate(cfg.evals):
         resolve_device(eval_cfg.rollout.device, f"evals[{index}].rollout.device")
     if cfg.rm.pairs.source == "sampled":
@@ -324,9 +325,6 @@ def _run_stage(cfg: PipelineConfig, stage: str, pipeline_pid: int | None = None)
     toolkit), so the envs, tools and rewards of `cfg.plugins` are registered here, before the stage
     builds its first env. Run as the pipeline's child (pipeline_pid given), it ends with the
     pipeline (`end_with_the_pipeline`)."""
-    from agentic_rl.plugin_loading import load_plugins
-    from agentic_rl.plugins import PluginError
-
     if pipeline_pid is not None:
         end_with_the_pipeline(pipeline_pid)
 
@@ -418,9 +416,6 @@ def _write_atomic(path: Path, payload: dict[str, Any]) -> None:
 
 
 def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
-    from agentic_rl.evaluation.runner import TRUNCATED, evaluate
-    from agentic_rl.models.device import load_for_decoding
-
     device = evals[0].rollout.device if evals else "auto"  # one device for all: PipelineConfig checks
     model, tokenizer, _ = load_for_decoding(model_name, device, "evals[0].rollout.device")
     out = {}
@@ -451,8 +446,6 @@ def _evaluate(model_name: str, evals: list[EvalConfig], log) -> dict[str, Any]:
 
 
 def _sft(cfg: PipelineConfig, root: Path, log) -> dict[str, Any]:
-    from agentic_rl.training.sft import train_sft
-
     sft = dataclasses.replace(
         cfg.sft,
         model=dataclasses.replace(cfg.sft.model, name=cfg.model),
@@ -473,8 +466,6 @@ def training_seconds(run: Path, steps: int) -> float:
     optimizer), without model loading or saving: the budget the control is matched on. Read from
     the run's metrics.jsonl, so a resumed run counts its steps before the resume too; with
     train.log_every > 1, the logged steps' mean times the step count."""
-    from agentic_rl.training.run_dir import read_metrics
-
     rows = read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
     times = [
         row.get("time/data", 0.0) + row.get("time/forward_backward", 0.0) + row.get("time/optimizer", 0.0)
@@ -484,8 +475,6 @@ def training_seconds(run: Path, steps: int) -> float:
 
 
 def _control(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
-    from agentic_rl.training.sft import train_sft
-
     steps = cfg.control.steps
     if not steps:
         sft_done, rl_done = (read_json(root / name / "DONE.json", _REDO_STAGE) for name in ("sft", cfg.rl.algorithm))
@@ -515,8 +504,6 @@ def control_seed(cfg: PipelineConfig) -> int:
 
 
 def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
-    from agentic_rl.training.reward_model import train_rm
-
     pairs = cfg.rm.pairs
     if pairs.source == "sampled" and not pairs.policy:
         pairs = dataclasses.replace(pairs, policy=sft_model)
@@ -531,8 +518,6 @@ def _rm(cfg: PipelineConfig, root: Path, sft_model: str, log) -> dict[str, Any]:
 
 def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict[str, Any]:
     """The RL stage (GRPO or PPO) from the SFT model, with the trained reward model as a term if asked."""
-    from agentic_rl.training.episode_config import RewardModelTerm
-
     section = getattr(cfg, algorithm)
     start = sft_model if "sft" not in cfg.skip else cfg.model
     weight = section.reward_model.weight
@@ -544,12 +529,8 @@ def _rl(cfg: PipelineConfig, root: Path, sft_model: str, algorithm: str) -> dict
         train=dataclasses.replace(section.train, output_dir=str(root / algorithm)),
     )
     if algorithm == "grpo":
-        from agentic_rl.integrations.backends import train_grpo_with_backend
-
         out = train_grpo_with_backend(stage)
     else:
-        from agentic_rl.training.ppo import train_ppo
-
         out = train_ppo(stage)
     history = out["history"]
     return {

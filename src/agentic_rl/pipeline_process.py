@@ -4,7 +4,10 @@ imported the toolkit, and ending when the pipeline process ends."""
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -34,9 +37,6 @@ def end_with_the_pipeline(pipeline_pid: int) -> None:
     ends the stage here. Windows: nothing is done (os.kill would terminate, not probe)."""
     if sys.platform == "win32":
         return
-    import select
-    import signal
-    import threading
 
     try:
         handle: int | None = os.pidfd_open(pipeline_pid)

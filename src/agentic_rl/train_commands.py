@@ -13,31 +13,32 @@ from __future__ import annotations
 
 
 def _train_sft(cfg):
-    from agentic_rl.training.sft import train_sft
+    from agentic_rl.training.sft import train_sft  # local: torch-free
 
     return train_sft(cfg)
 
 
 def _train_rm(cfg):
-    from agentic_rl.training.reward_model import train_rm
+    from agentic_rl.training.reward_model import train_rm  # local: torch-free
 
     return train_rm(cfg)
 
 
 def _train_grpo(cfg):
-    from agentic_rl.integrations.backends import train_grpo_with_backend  # ours, or TRL's for backend: trl
+    # ours, or TRL's for backend: trl
+    from agentic_rl.integrations.backends import train_grpo_with_backend  # local: torch-free
 
     return train_grpo_with_backend(cfg)
 
 
 def _train_ppo(cfg):
-    from agentic_rl.training.ppo import train_ppo
+    from agentic_rl.training.ppo import train_ppo  # local: torch-free
 
     return train_ppo(cfg)
 
 
 def _run_pipeline(cfg):
-    from agentic_rl.pipeline import run_pipeline
+    from agentic_rl.pipeline import run_pipeline  # local: torch-free
 
     return run_pipeline(cfg)
 
@@ -73,23 +74,23 @@ def config_class(command: str) -> type:
     """The config class `command` (one of CONFIGURED_COMMANDS) reads."""
     match command:
         case "eval":
-            from agentic_rl.evaluation.config import EvalCommandConfig as cls
+            from agentic_rl.evaluation.config import EvalCommandConfig as cls  # local: torch-free
         case "audit":
-            from agentic_rl.evaluation.config import AuditConfig as cls
+            from agentic_rl.evaluation.config import AuditConfig as cls  # local: torch-free
         case "chat":
-            from agentic_rl.serving.chat import ChatConfig as cls
+            from agentic_rl.serving.chat import ChatConfig as cls  # local: torch-free
         case "serve":
-            from agentic_rl.serving.config import ServeConfig as cls
+            from agentic_rl.serving.config import ServeConfig as cls  # local: torch-free
         case "sft":
-            from agentic_rl.training.sft import SFTConfig as cls
+            from agentic_rl.training.sft import SFTConfig as cls  # local: torch-free
         case "rm":
-            from agentic_rl.training.reward_model import RMConfig as cls
+            from agentic_rl.training.reward_model import RMConfig as cls  # local: torch-free
         case "grpo":
-            from agentic_rl.training.grpo_config import GRPOConfig as cls
+            from agentic_rl.training.grpo_config import GRPOConfig as cls  # local: torch-free
         case "ppo":
-            from agentic_rl.training.ppo_config import PPOConfig as cls
+            from agentic_rl.training.ppo_config import PPOConfig as cls  # local: torch-free
         case "pipeline":
-            from agentic_rl.pipeline import PipelineConfig as cls
+            from agentic_rl.pipeline import PipelineConfig as cls  # local: torch-free
         case _:
             raise KeyError(f"{command!r} reads no config; commands that do: {', '.join(CONFIGURED_COMMANDS)}")
     return cls

@@ -21,6 +21,8 @@ import re
 import threading
 from fractions import Fraction
 
+from math_verify import parse, verify
+
 _FINAL_ANSWER = re.compile(r"final\s+answer\s*[:：]", re.IGNORECASE)
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
@@ -113,8 +115,6 @@ def _math_verify_match(predicted: str, reference: str) -> bool:
     # above bounds the work instead.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     try:
-        from math_verify import parse, verify
-
         gold = parse(_as_latex(reference), parsing_timeout=timeout)
         target = parse(_as_latex(predicted), parsing_timeout=timeout)
         if not gold or not target:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from agentic_rl.config import Config
+from agentic_rl.config import Config, ConfigError, from_dict
 from agentic_rl.plugins import load_entry_points
 from agentic_rl.registry import Registry
 from agentic_rl.tools.base import Tool
@@ -162,12 +162,8 @@ def make_env(name: str, **options: Any) -> Env:
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for environment '{name}'; allowed: {sorted(fields)}")
-    from agentic_rl.config import (
-        ConfigError,
-        from_dict,
-    )  # each option checked against its type: `tools: none` is no list
 
-    try:
+    try:  # each option checked against its type: `tools: none` is no list
         checked = from_dict(options_cls, options, prefix="options.", source=f"environment '{name}'")
     except ConfigError as exc:  # a plain ValueError, so a config embedding this env prefixes its file and key
         raise ValueError(str(exc)) from None
@@ -227,7 +223,7 @@ def list_envs() -> list[str]:
 
 def _ensure_builtin_envs() -> None:
     """The built-in envs, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.envs import (  # noqa: F401 - imported to register
+    from agentic_rl.envs import (  # noqa: F401 - imported to register  # local: cycle
         arith,
         gsm8k,
         memory,

@@ -100,7 +100,7 @@ class ReasoningGymEnv(ToolEnv):
     def catalogue(cls) -> str:
         """What the installed reasoning-gym offers, for `agentic-rl envs list`."""
         try:
-            from reasoning_gym.factory import DATASETS
+            from reasoning_gym.factory import DATASETS  # local: optional extra
         except ImportError:
             return missing_extra("reasoning_gym", "reasoning-gym")
         return f"{len(DATASETS)} reasoning-gym datasets: {', '.join(sorted(DATASETS))}"
@@ -113,8 +113,8 @@ class ReasoningGymEnv(ToolEnv):
         key = (base_seed, size)
         if key not in self._datasets:
             try:
-                import reasoning_gym
-                from reasoning_gym.composite import DatasetSpec
+                import reasoning_gym  # local: optional extra
+                from reasoning_gym.composite import DatasetSpec  # local: optional extra
             except ImportError as exc:
                 raise ValueError(missing_extra("reasoning_gym", "reasoning-gym")) from exc
             options = self.options

@@ -34,9 +34,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import importlib.util
 import random
 import re
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from agentic_rl.config import Config, PositiveInt
@@ -85,7 +87,7 @@ class TextArenaEnv(Env):
     def catalogue(cls) -> str:
         """The installed textarena's single-player games, for `agentic-rl envs list`."""
         try:
-            import textarena  # noqa: F401
+            import textarena  # noqa: F401  # local: optional extra
         except ImportError:
             return missing_extra("textarena", "textarena")
         return f"textarena single-player games: {', '.join(single_player_games())}"
@@ -105,7 +107,7 @@ class TextArenaEnv(Env):
     # --- episode ----------------------------------------------------------------------------
 
     def reset(self, task: Task) -> list[dict[str, Any]]:
-        import textarena
+        import textarena  # local: optional extra
 
         self._game = textarena.make(f"{self.options.game}-raw", **self.options.game_options)
         self._rng_state = random.Random(task.meta["game_seed"]).getstate()
@@ -175,7 +177,7 @@ class TextArenaEnv(Env):
     def _observation_and_invalid(self) -> tuple[str, int]:
         """What the game told the player since the last turn (not the echo of the player's own
         move), and how many invalid-move warnings are in it."""
-        import textarena
+        import textarena  # local: optional extra
 
         _player, observations = self._call(self._game.get_observation)
         kinds = textarena.ObservationType
@@ -191,7 +193,7 @@ def _probe(game: str, game_options: tuple[tuple[str, Any], ...]) -> None:
     """Build and reset `game` once with the network refused: a missing extra, an unknown or
     multi-player game, a bad option or data it would download fails here, named."""
     try:
-        import textarena
+        import textarena  # local: optional extra
     except ImportError as exc:
         raise ValueError(missing_extra("textarena", "textarena")) from exc
     if f"{game}-raw" not in textarena.envs.registration.ENV_REGISTRY:
@@ -228,10 +230,7 @@ def _probe(game: str, game_options: tuple[tuple[str, Any], ...]) -> None:
 def single_player_games() -> list[str]:
     """Ids of the installed textarena's games whose state is single-player, read from each game's
     source file without importing it (some of textarena's modules do not import on every Python)."""
-    import importlib.util
-    from pathlib import Path
-
-    import textarena
+    import textarena  # local: optional extra
 
     root = Path(importlib.util.find_spec("textarena").origin).parent  # type: ignore[union-attr, arg-type]
     games = []

@@ -37,6 +37,7 @@ must pass it. What cannot be driven is refused when the env is built (envs/verif
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import math
 import random
@@ -100,8 +101,6 @@ class VerifiersEnv(Env):
     @classmethod
     def catalogue(cls) -> str:
         """The installed verifiers and its environment packages, for `agentic-rl envs list`."""
-        import importlib.metadata
-
         try:
             version = importlib.metadata.version("verifiers")
         except importlib.metadata.PackageNotFoundError:
@@ -167,7 +166,7 @@ class VerifiersEnv(Env):
         return _chat(self.prompt)
 
     async def _start(self, row: dict[str, Any]) -> Any:
-        import verifiers as vf
+        import verifiers as vf  # local: optional extra
 
         state = await self.vf_env.init_state(row, no_client(), MODEL, None)
         try:
@@ -190,7 +189,7 @@ class VerifiersEnv(Env):
         return run_async(self._turn(action_text))
 
     async def _turn(self, text: str) -> StepResult:
-        from verifiers.types import Response, ResponseMessage
+        from verifiers.types import Response, ResponseMessage  # local: optional extra
 
         content, calls = self._split_tool_calls(text)
         message = ResponseMessage(
@@ -215,8 +214,8 @@ class VerifiersEnv(Env):
     async def _advance(self) -> list[Any] | None:
         """verifiers' `MultiTurnEnv.rollout` loop up to the next model turn: the prompt messages it
         asks the policy to answer, or None once a stop condition (or `max_turns` here) ends it."""
-        import verifiers as vf
-        from verifiers.utils.message_utils import maybe_normalize_messages
+        import verifiers as vf  # local: optional extra
+        from verifiers.utils.message_utils import maybe_normalize_messages  # local: optional extra
 
         state = self.state
         while not await self.vf_env.is_completed(state):
@@ -273,7 +272,7 @@ class VerifiersEnv(Env):
         """The turn as an OpenAI-style assistant message (what a served model's tool parser gives a
         verifiers env): its well-formed <tool_call> blocks as tool calls, the rest as content. Only
         where the episode offers tools; elsewhere the whole text is content."""
-        from verifiers.types import ToolCall
+        from verifiers.types import ToolCall  # local: optional extra
 
         if not self.state["tool_defs"]:
             return text, []
@@ -367,8 +366,6 @@ def _finite(value: Any) -> float:
 
 def environment_packages() -> list[str]:
     """Installed distributions that depend on verifiers (its environment packages), as module names."""
-    import importlib.metadata
-
     found = set()
     for dist in importlib.metadata.distributions():
         for requirement in dist.requires or []:

@@ -32,6 +32,8 @@ import signal
 import threading
 from typing import Any, Coroutine, Iterator, TypeVar
 
+import datasets
+
 from agentic_rl.envs.library_guard import missing_extra, offline
 
 REFUSED_KINDS: dict[str, str] = {
@@ -63,8 +65,7 @@ def load_verifiers_env(env_id: str, env_args: dict[str, Any]) -> Any:
 
 def _load(env_id: str, env_args: dict[str, Any]) -> Any:
     try:
-        import datasets
-        import verifiers as vf
+        import verifiers as vf  # local: optional extra
     except ImportError as exc:
         raise ValueError(missing_extra("verifiers", "verifiers")) from exc
     if not hasattr(vf, "MultiTurnEnv"):
@@ -98,7 +99,7 @@ def _load(env_id: str, env_args: dict[str, Any]) -> Any:
 
 def refusal_reason(env: Any) -> str | None:
     """Why the bridge cannot drive `env` (module docstring), or None."""
-    import verifiers as vf
+    import verifiers as vf  # local: optional extra
 
     kinds = [cls.__name__ for cls in type(env).__mro__]
     for kind, why in REFUSED_KINDS.items():
@@ -190,7 +191,7 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
 def no_client() -> Any:
     """A verifiers `Client` whose every call raises: the state of an episode needs one, and the
     bridge's episodes never ask a model through it (module docstring)."""
-    from verifiers.clients import Client
+    from verifiers.clients import Client  # local: optional extra
 
     class NoClient(Client):
         def _refuse(self, *args: Any, **kwargs: Any) -> Any:

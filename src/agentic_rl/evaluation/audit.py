@@ -39,8 +39,10 @@ from typing import Any
 
 import torch
 
+from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.evaluation.config import AuditConfig
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.logprobs import sequence_logprobs
 from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.episode_checks import (
     logprob_drift,
@@ -50,7 +52,8 @@ from agentic_rl.rollout.episode_checks import (
     token_table,
     turn_cuts,
 )
-from agentic_rl.rollout.trajectory import Trajectory
+from agentic_rl.rollout.factory import build_engine
+from agentic_rl.rollout.trajectory import Trajectory, collate
 
 
 @dataclasses.dataclass
@@ -88,8 +91,6 @@ def format_report(results: list[CheckResult]) -> str:
 
 def check_template(chat_format: ChatFormat, cfg: AuditConfig) -> CheckResult:
     """Each assistant-turn prefix of `cfg.n` oracle conversations renders as a token prefix of the next."""
-    from agentic_rl.envs.oracle import play_oracle
-
     env = cfg.env.make()
     checked = 0
     for task in env.tasks(cfg.split, n=cfg.n, seed=cfg.seed):
@@ -141,8 +142,6 @@ def check_masks(chat_format: ChatFormat, trajectories: list[Trajectory]) -> Chec
 
 
 def _sample(model: Any, tokenizer: Any, cfg: AuditConfig, dtype: str, seed_offset: int = 0) -> list[Trajectory]:
-    from agentic_rl.rollout.factory import build_engine
-
     rollout = dataclasses.replace(cfg.rollout, dtype=dtype)
     engine = build_engine(model, tokenizer, rollout, seed=cfg.seed + seed_offset, max_concurrent=cfg.n)
     tasks = cfg.env.make().tasks(cfg.split, n=cfg.n, seed=cfg.seed)
@@ -153,9 +152,6 @@ def _sample(model: Any, tokenizer: Any, cfg: AuditConfig, dtype: str, seed_offse
 def logprob_gaps(model: Any, tokenizer: Any, trajectories: list[Trajectory], temperature: float) -> torch.Tensor:
     """|sampler log-prob − training forward log-prob| at every masked token of every token sequence
     of `trajectories` (1-D, float64)."""
-    from agentic_rl.models.logprobs import sequence_logprobs
-    from agentic_rl.rollout.trajectory import collate
-
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = collate([sequence for trajectory in trajectories for sequence in trajectory.sequences()], pad)
     batch = batch.to(next(model.parameters()).device)  # rollout.device (on the CPU this is a no-op)
@@ -184,8 +180,6 @@ def check_logprobs(
 
 def check_weight_sync(model: Any, tokenizer: Any, cfg: AuditConfig) -> CheckResult:
     """Update a copy of the weights as an optimizer step would, sync, and check the version and the samples."""
-    from agentic_rl.rollout.factory import build_engine
-
     trained = copy.deepcopy(model).float()
     rollout = dataclasses.replace(cfg.rollout, dtype="float32")
     engine = build_engine(trained, tokenizer, rollout, seed=cfg.seed, max_concurrent=cfg.n)

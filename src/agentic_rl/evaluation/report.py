@@ -29,6 +29,7 @@ from typing import Any
 
 from agentic_rl.strict_json import write_json
 from agentic_rl.training.metric_keys import describe_metric
+from agentic_rl.training.metrics_file import read_metrics
 
 _STAGE_NAMES = {
     "eval_base": "base",
@@ -69,7 +70,7 @@ REPORT_NAME = "report.md"
 
 def write_report(root: Path, results: dict[str, Any], cfg: Any) -> Path:
     """Write report.md, results.json, summary.json and plots/ under `root`; returns the report path."""
-    import matplotlib
+    import matplotlib  # local: torch-free
 
     matplotlib.use("Agg")
     plots = root / "plots"
@@ -108,8 +109,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """The machine-readable summary: accuracies with 95% intervals per stage and evaluation (and
     the precision that decoded it, where recorded), and the paired comparisons of COMPARISONS on
     every evaluation both stages ran."""
-    from agentic_rl.evaluation.compare import compare_evaluations
-    from agentic_rl.evaluation.runner import compared_metrics
+    from agentic_rl.evaluation.compare import compare_evaluations  # local: torch-free
+    from agentic_rl.evaluation.runner import compared_metrics  # local: torch-free
 
     stages: dict[str, Any] = {}
     for stage in _STAGE_NAMES:
@@ -229,7 +230,7 @@ def _with_ci(metrics: dict[str, Any], key: str) -> str:
 
 
 def _comparison_lines(comparisons: list[dict[str, Any]]) -> list[str]:
-    from agentic_rl.evaluation.compare import format_rows
+    from agentic_rl.evaluation.compare import format_rows  # local: torch-free
 
     if not comparisons:
         return []
@@ -267,7 +268,7 @@ def _fmt(value: Any) -> str:
 
 
 def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: torch-free
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     keys = sorted({k for row in rows for k in row if k.startswith("reward/") and k.endswith("/mean")})
@@ -288,8 +289,6 @@ def _plot_rewards(rows: list[dict[str, Any]], path: Path) -> None:
 def _rl_plots(metrics_file: Path, plots: Path) -> list[str]:
     """Draw the RL stage's plots from its metrics.jsonl; returns their report lines, each
     plotted metric defined below them (only those the run logged)."""
-    from agentic_rl.training.run_dir import read_metrics
-
     rows = read_metrics(metrics_file)
     _plot_rewards(rows, plots / "reward_components.png")
     _plot_length_variance(rows, plots / "length_and_variance.png")
@@ -339,7 +338,7 @@ def _finite(value: Any) -> bool:
 def _plot_kl(rows: list[dict[str, Any]], path: Path, key: str = "loss/kl", title: str = "KL (k3) to reference") -> None:
     """A k3 KL estimate per trained token, per RL step: KL(π_θ ‖ π_ref) (loss/kl), or the
     sampler/trainer mismatch KL(π_sampler ‖ π_old) (rollout/mismatch_kl)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: torch-free
 
     fig, ax = plt.subplots(figsize=(4, 3.2))
     ax.plot([r["step"] for r in rows], [r.get(key, float("nan")) for r in rows])
@@ -352,7 +351,7 @@ def _plot_kl(rows: list[dict[str, Any]], path: Path, key: str = "loss/kl", title
 
 def _plot_length_variance(rows: list[dict[str, Any]], path: Path) -> None:
     """Policy tokens per episode, and the share of groups with reward variance, per RL step."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: torch-free
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(7.5, 3.2))
     steps = [r["step"] for r in rows]
@@ -372,7 +371,7 @@ def _plot_length_variance(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def _plot_accuracy(results: dict[str, Any], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: torch-free
 
     series: dict[str, list[tuple[str, float]]] = {}
     for stage, name in _STAGE_NAMES.items():
@@ -441,7 +440,7 @@ def minutes_series(results: dict[str, Any]) -> dict[str, dict[str, list[tuple[fl
 def plot_minutes(series: dict[str, dict[str, list[tuple[float, float, Any]]]], path: Path, title: str = "") -> bool:
     """Draw `minutes_series`' shape (one panel per evaluation, 95% intervals as error bars) to
     `path`; False, and nothing drawn, when no line continues from SFT."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: torch-free
 
     labels = [label for label, lines in series.items() if len(lines) > 1]
     if not labels:

@@ -24,10 +24,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from agentic_rl.envs.answer import answers_match, to_fraction
 from agentic_rl.evaluation.config import EvalConfig
 from agentic_rl.evaluation.metrics import maj_at_k, mean, pass_at_k
+from agentic_rl.evaluation.stats import accuracy_interval
 from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rewards.terms import solution_steps
+from agentic_rl.rollout.factory import build_engine
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -97,15 +100,11 @@ def compared_metrics(result: dict[str, Any]) -> list[str]:
 
 def confidence_intervals(per_task: dict[str, list], k: int) -> dict[str, list[float]]:
     """95% interval of every per-problem accuracy (see evaluation/stats.py for the methods)."""
-    from agentic_rl.evaluation.stats import accuracy_interval
-
     result = {"per_task": per_task, "k": k}
     return {metric: list(accuracy_interval(per_problem_scores(result, metric))) for metric in compared_metrics(result)}
 
 
 def _run(model, tokenizer, cfg: EvalConfig, tasks, temperature: float, desc: str, progress: bool) -> list[Trajectory]:
-    from agentic_rl.rollout.factory import build_engine
-
     engine = build_engine(
         model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent, temperature=temperature
     )
@@ -170,8 +169,6 @@ def sampled_metrics(
     episodes per task (tasks in order, k consecutive each); also the per-task correct counts
     and majority-vote scores. vote=False (an env without final answers): no maj@k, and None for
     its scores."""
-    from agentic_rl.envs.answer import answers_match
-
     pass_k, maj_k, counts = [], [], []
     for index, task in enumerate(tasks):
         group = trajs[index * k : (index + 1) * k]
@@ -196,8 +193,6 @@ def sampled_metrics(
 
 
 def _canonical(answer: str) -> str:
-    from agentic_rl.envs.answer import to_fraction
-
     value = to_fraction(answer)
     return str(value) if value is not None else answer.strip()
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentic_rl.integrations.trl_backend import train_grpo_trl
+from agentic_rl.training.grpo import train_grpo
 from agentic_rl.training.grpo_config import GRPOConfig
 
 
 def train_grpo_with_backend(cfg: GRPOConfig) -> dict[str, Any]:
     """Run GRPO with `cfg.backend`; {"final", "history"}."""
     if cfg.backend == "trl":
-        from agentic_rl.integrations.trl_backend import train_grpo_trl
-
         return train_grpo_trl(cfg)
-    from agentic_rl.training.grpo import train_grpo
 
     return train_grpo(cfg)

@@ -59,7 +59,10 @@ import inspect
 import json
 from typing import Any, Callable, Sequence
 
+from datasets import Dataset
+
 from agentic_rl.envs.base import Env, StepResult, Task, make_env
+from agentic_rl.envs.tool_env import ToolEnv
 from agentic_rl.rewards.base import RewardSpec, get_reward
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.tools.parse import format_tool_call
@@ -90,8 +93,6 @@ def make_trl_dataset(
 ):
     """A `datasets.Dataset` with `prompt` (the env's reset messages, or `prompt_fn(env, messages)`)
     and `task` (JSON) columns: the first `n` tasks of `split` for `seed`."""
-    from datasets import Dataset
-
     env = make_env(env_name, **(options or {}))
     rows = {"prompt": [], TASK_COLUMN: []}
     for task in env.tasks(split, n=n, seed=seed):
@@ -117,8 +118,6 @@ class TRLToolEnv:
     _env_options: dict[str, Any] = {}
 
     def __init__(self) -> None:
-        from agentic_rl.envs.tool_env import ToolEnv
-
         self._env = make_env(self._env_name, **self._env_options)
         if not isinstance(self._env, ToolEnv):
             raise ValueError(

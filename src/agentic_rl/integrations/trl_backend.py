@@ -23,7 +23,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.models.stage_output import FINAL_DIR, write_stage_record
+from accelerate import PartialState
+from peft import LoraConfig as PeftLoraConfig
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig as TRLGRPOConfig
+from trl import GRPOTrainer
+from trl.chat_template_utils import supports_tool_calling
+
+from agentic_rl.integrations.trl_adapters import make_trl_dataset, make_trl_environment_factory, make_trl_reward_funcs
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.device import load_for_decoding, resolve_device
+from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
+from agentic_rl.models.stage_output import FINAL_DIR, read_stage_record, write_stage_record
+from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.training.run_dir import start_run
 
 CONFIG_MAPPING: dict[str, str] = {
     "model.name": "model path (a built-in or `final/` folder is saved to output_dir/base_model first)",
@@ -74,8 +88,6 @@ class TRLConfigError(ValueError):
 
 
 def _check_unmappable(cfg) -> None:
-    from agentic_rl.rollout.config import RolloutConfig
-
     errors = []
     defaults = RolloutConfig()
     if cfg.reward_model.path or cfg.reward_model.weight:
@@ -127,14 +139,8 @@ def _effective_max_turns(cfg) -> int:
 
 def _model_source(cfg, output_dir: Path) -> tuple[str, Any, str]:
     """(path TRL loads, tokenizer, base_name). Built-ins without a folder and `final/` folders are saved first."""
-    from agentic_rl.models.loader import TINY_QWEN3, resolve_model_path
-    from agentic_rl.models.device import load_for_decoding
-    from agentic_rl.models.stage_output import read_stage_record
-
     name = cfg.model.name
     if name != TINY_QWEN3 and read_stage_record(name) is None:
-        from transformers import AutoTokenizer
-
         path = resolve_model_path(name)
         return path, AutoTokenizer.from_pretrained(path), name
     model, tokenizer, base_name = load_for_decoding(name, cfg.rollout.device)  # merged there, saved for TRL to load
@@ -151,20 +157,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
     `extra_args` are passed to TRL's GRPOConfig on top of the mapping (benchmarks use it for
     generation_kwargs such as min_new_tokens); they are not part of our config.
     """
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from peft import LoraConfig as PeftLoraConfig
-    from trl import GRPOConfig as TRLGRPOConfig
-    from trl import GRPOTrainer
-    from trl.chat_template_utils import supports_tool_calling
-
-    from agentic_rl.integrations.trl_adapters import (
-        make_trl_dataset,
-        make_trl_environment_factory,
-        make_trl_reward_funcs,
-    )
-    from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.models.device import resolve_device
-
     _check_unmappable(cfg)
     r, loss, optim, train = cfg.rollout, cfg.loss, cfg.optim, cfg.train
     device = resolve_device(r.device)  # a missing GPU stops here, before any model loads
@@ -311,11 +303,6 @@ def build_trl_trainer(cfg, callbacks: list | None = None, extra_args: dict[str, 
 
 def train_grpo_trl(cfg) -> dict[str, Any]:
     """Train with TRL's GRPOTrainer; returns {"final": folder, "history": TRL's log rows}."""
-    from accelerate import PartialState
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from agentic_rl.training.run_dir import start_run
-
     run_dir = start_run("grpo", cfg, PartialState(), tensorboard=False)  # the one rule for a reused folder
     if run_dir.finished is not None:
         return run_dir.finished

@@ -38,6 +38,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Sequence
 
+from tokenizers import Tokenizer
+
 Kind = Literal["structure", "policy", "data"]
 STRUCTURE: Kind = "structure"
 POLICY: Kind = "policy"
@@ -55,8 +57,6 @@ def plain_tokenizer(backend: Any) -> Any:
     truncation (the backend keeps those of the caller's last batch call): the same model, shared, not
     copied, with the same normalizer, pre-tokenizer and decoder. Built from its parts in microseconds,
     against 1.3 s through to_str/from_str for Qwen3's 151k vocabulary (benchmarks/data_encoder_build.py)."""
-    from tokenizers import Tokenizer
-
     plain = Tokenizer(backend.model)
     plain.normalizer, plain.pre_tokenizer, plain.decoder = backend.normalizer, backend.pre_tokenizer, backend.decoder
     return plain

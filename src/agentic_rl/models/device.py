@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agentic_rl.config import DEVICE
+from agentic_rl.models.stage_output import load_base_and_tokenizer
 
 WEIGHTS_DTYPE = "float32"
 """The precision decoding commands load weights in: the trainers', so audit and RM log-probs
@@ -51,7 +52,5 @@ def resolve_device(setting: str, key: str = "rollout.device") -> torch.device:
 def load_for_decoding(name: str, device_setting: str, key: str = "rollout.device") -> tuple[Any, Any, str]:
     """(model, tokenizer, base_name) of `name` (any model source, a stage's final/ folder included)
     in WEIGHTS_DTYPE on the device `device_setting` resolves to."""
-    from agentic_rl.models.stage_output import load_base_and_tokenizer
-
     device = resolve_device(device_setting, key)
     return load_base_and_tokenizer(name, WEIGHTS_DTYPE, device)

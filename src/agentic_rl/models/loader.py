@@ -31,7 +31,16 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from huggingface_hub import model_info, try_to_load_from_cache
+from huggingface_hub.errors import RepositoryNotFoundError
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from agentic_rl.errors import quoted
 from agentic_rl.strict_json import read_json, write_json
@@ -168,9 +177,6 @@ def check_hub_model(repo_id: str, timeout_s: float = 10.0) -> None:
     """ValueError, fast, if hub id `repo_id` can neither come from the local Hugging Face cache
     nor from the hub. Offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) the hub is not asked;
     online one metadata request with a short timeout replaces transformers' ~50 s of retries."""
-    from huggingface_hub import model_info, try_to_load_from_cache
-    from huggingface_hub.errors import RepositoryNotFoundError
-
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return
     if any(os.environ.get(name, "").lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
@@ -194,8 +200,6 @@ def check_hub_model(repo_id: str, timeout_s: float = 10.0) -> None:
 
 def build_tiny_qwen3(seed: int = 0) -> PreTrainedModel:
     """A 2-layer, hidden-64 Qwen3ForCausalLM with Qwen3's vocabulary, seeded."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     vocab_size, eos_token_id, pad_token_id = _qwen3_token_ids()
     config = Qwen3Config(
         vocab_size=vocab_size,

@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, Qwen3ForSequenceClassification
 
 from agentic_rl.models.backbone import backbone_hidden, backbone_of, shared_prefix_length, unwrap_causal_lm
-from agentic_rl.models.lora import apply_lora, describe_trainable
+from agentic_rl.models.loader import BUILTIN_MODELS, TINY_QWEN3, build_tiny_qwen3, load_tokenizer, resolve_model_path
+from agentic_rl.models.lora import apply_lora, describe_trainable, quiet_peft
 from agentic_rl.models.policy import ModelConfig, make_trainable
 from agentic_rl.models.stage_output import DTYPES, load_base_and_tokenizer
 from agentic_rl.strict_json import read_json, write_json
@@ -61,19 +64,7 @@ def base_classifier(name: str, dtype: str = "float32", device: Any = "cpu"):
     """(a sequence classifier with a fresh Linear(H, 1) score head and no adapters, tokenizer) on the
     model `name`: a built-in name, a model directory, a hub id, or a previous stage's LoRA folder
     (merged first)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from agentic_rl.models.loader import (
-        BUILTIN_MODELS,
-        TINY_QWEN3,
-        build_tiny_qwen3,
-        load_tokenizer,
-        resolve_model_path,
-    )
-
     if name == TINY_QWEN3:
-        from transformers import Qwen3ForSequenceClassification
-
         config = build_tiny_qwen3().config
         config.num_labels = 1
         torch.manual_seed(0)
@@ -101,18 +92,13 @@ def save_reward_model(classifier: torch.nn.Module, tokenizer: Any, folder: str |
 
 def load_trained_reward_model(folder: str | Path, device: Any = "cpu") -> tuple[RewardScorer, Any]:
     """(scorer in eval mode, tokenizer) from a folder `save_reward_model` wrote."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     folder = Path(folder)
     if not is_reward_model_folder(folder):
         raise ValueError(f"{folder} is not a reward model from `agentic-rl rm` (no {RM_RECORD})")
     meta = read_json(folder / RM_RECORD, "restore it, or train the reward model again with `agentic-rl rm`")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if meta.get("lora"):  # the base from the record, through our loader: the adapters' own base path is
-        from peft import PeftModel  # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
-
-        from agentic_rl.models.lora import quiet_peft
-
+        # null for tiny-qwen3, and for SmolLM2 a cache directory of the machine that trained
         if not meta.get("base"):
             raise ValueError(
                 f"{folder / RM_RECORD} has no 'base' (the model its adapters sit on); train it again with `agentic-rl rm`"

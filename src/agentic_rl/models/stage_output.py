@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 
 from agentic_rl.errors import quoted
+from agentic_rl.models import load_model
 from agentic_rl.models.finite import NORM_OVERFLOW, first_non_finite
-from agentic_rl.models.loader import BUILTIN_MODELS
+from agentic_rl.models.loader import BUILTIN_MODELS, load_tokenizer, unloadable_weights
+from agentic_rl.models.lora import quiet_peft
 from agentic_rl.strict_json import read_json, write_json
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,9 +79,6 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
     `_chain`: the stage folders already followed, so a record naming itself (or any loop of
     bases) is an error naming the loop, not a RecursionError.
     """
-    from agentic_rl.models import load_model
-    from agentic_rl.models.loader import unloadable_weights
-
     record = read_stage_record(name)
     if record is not None:
         here = os.path.realpath(name)
@@ -90,10 +90,6 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
                 "or the previous stage's final/ folder)"
             )
         if record["kind"] == "lora":
-            from peft import PeftModel
-
-            from agentic_rl.models.lora import quiet_peft
-
             # "base" is the model these adapters were trained on, itself possibly a stage's
             # final/ folder (SFT -> GRPO): resolve the chain down to real weights.
             base, tokenizer, root = load_base_and_tokenizer(record["base"], dtype, device, (*_chain, here))
@@ -112,8 +108,6 @@ def load_base_and_tokenizer(name: str, dtype: str, device: Any = "cpu", _chain: 
 def load_stage_tokenizer(name: str) -> Any:
     """The tokenizer `load_base_and_tokenizer(name)` returns, without loading a model: a LoRA stage's
     is its base's, followed down the chain (a loop of bases is left to that function to name)."""
-    from agentic_rl.models.loader import load_tokenizer
-
     seen: set[str] = set()
     while (record := read_stage_record(name)) is not None and record["kind"] == "lora" and name not in seen:
         seen.add(name)

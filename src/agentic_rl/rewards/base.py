@@ -211,6 +211,6 @@ def refuse_unpaid_step_rewards(traj: Trajectory) -> None:
 
 def _ensure_builtin_rewards() -> None:
     """The built-in rewards, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
-    from agentic_rl.rewards import terms  # noqa: F401
+    from agentic_rl.rewards import terms  # noqa: F401  # local: cycle
 
     load_entry_points("agentic_rl.rewards")

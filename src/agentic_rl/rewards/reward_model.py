@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from agentic_rl.models.reward_scorer import load_trained_reward_model
 from agentic_rl.rollout.trajectory import Trajectory, collate
 
 
@@ -20,8 +21,6 @@ class RewardModelReward:
     """Callable reward term: trajectories -> list of reward-model scores."""
 
     def __init__(self, path: str | Path, batch_size: int = 8, device: str = "cpu"):
-        from agentic_rl.models.reward_scorer import load_trained_reward_model
-
         self.scorer, self.tokenizer = load_trained_reward_model(path, device)
         self.batch_size, self.device = batch_size, device
 

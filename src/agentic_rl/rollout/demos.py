@@ -32,12 +32,14 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
+from agentic_rl.data import utf8_lines
 from agentic_rl.envs.base import Env, Task
 from agentic_rl.envs.oracle import play_oracle
 from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.rollout.demo_schema import MAX_LINE_BYTES, DemoError, check_demo_record
 from agentic_rl.rollout.trajectory import Span, Trajectory
 from agentic_rl.strict_json import NotUnicodeError, loads_data
+from agentic_rl.tools.base import get_tool
 from agentic_rl.tools.parse import TOOL_CALL_CLOSE, assistant_turn_text
 
 
@@ -171,9 +173,6 @@ def load_jsonl_demos(
 
     Every line is checked first (rollout/demo_schema.py); a demonstration longer than `max_tokens`
     (the model's context, or a configured limit: `limit_name` says which) is refused, never cut."""
-    from agentic_rl.data import utf8_lines
-    from agentic_rl.tools.base import get_tool
-
     demos = []
     path = Path(path)
     for line_number, line in utf8_lines(path, DemoError, max_bytes=MAX_LINE_BYTES):

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.precision import resolve_rollout_dtype
 from agentic_rl.rollout.backend import RunnerBackend
 from agentic_rl.rollout.config import BackendKind, RolloutConfig, RolloutDtype
 from agentic_rl.rollout.engine import RolloutEngine
 from agentic_rl.rollout.fast_kv_cache import CacheMemoryError
+from agentic_rl.rollout.fast_runner import FastRunner
 from agentic_rl.rollout.hf_runner import HFRunner
 
 
@@ -27,10 +31,6 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
     then come from bf16 weights, so trainers must not use them as π_old (see
     GRPOConfig.old_logprobs). dtype="auto": bfloat16 only where bf16 is fast (models/precision.py).
     """
-    import torch
-
-    from agentic_rl.models.precision import resolve_rollout_dtype
-
     if dtype == "auto":
         dtype = resolve_rollout_dtype(dtype, next(model.parameters()).device)  # type: ignore[assignment]
         print(f"rollout.dtype: auto -> {dtype} on this machine (models/precision.py)", flush=True)
@@ -38,8 +38,6 @@ def build_runner(model: Any, kind: BackendKind, max_slots: int, max_len: int, dt
         resolve_rollout_dtype(dtype, next(model.parameters()).device)  # warns where bfloat16 is slow
     if kind in ("auto", "fast"):
         try:
-            from agentic_rl.rollout.fast_runner import FastRunner
-
             compute = torch.bfloat16 if dtype == "bfloat16" else torch.float32
             return FastRunner(model, max_slots=max_slots, max_len=max_len, dtype=compute)
         except NotImplementedError:

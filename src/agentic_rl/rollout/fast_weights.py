@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from peft.tuners.lora import LoraLayer
 
 from agentic_rl.models.backbone import unwrap_causal_lm
 from agentic_rl.models.precision import mkldnn_linear_works
@@ -163,14 +164,6 @@ class SourceParameters:
 # ---------------------------------------------------------------------- building the copies
 
 
-def _lora_layer_cls():
-    try:
-        from peft.tuners.lora import LoraLayer
-    except Exception:  # peft not installed: nothing can be LoRA-wrapped
-        return None
-    return LoraLayer
-
-
 def rope_pair_order(head_dim: int) -> torch.Tensor:
     """(hd,) row order that puts each RoPE pair (d, d + hd/2) side by side: 0, hd/2, 1, hd/2 + 1, ..."""
     half = head_dim // 2
@@ -186,17 +179,16 @@ def build_decode_weights(model: torch.nn.Module, fmt: CopyFormat) -> tuple[Decod
 
 
 class _Builder:
-    """One build: the copy format, the LoRA layer class, and the parameters read so far."""
+    """One build: the copy format and the parameters read so far."""
 
     def __init__(self, fmt: CopyFormat) -> None:
         self.fmt = fmt
-        self.lora_cls = _lora_layer_cls()
         self.sources = SourceParameters()
         self.pair_order = rope_pair_order(fmt.head_dim).to(fmt.device)
 
     def build(self, hf: torch.nn.Module) -> DecodeWeights:
         embed = hf.model.embed_tokens
-        if self.lora_cls is not None and isinstance(embed, self.lora_cls):
+        if isinstance(embed, LoraLayer):
             raise NotImplementedError("FastRunner does not merge LoRA on embeddings")
         self.sources.track(embed.weight)
         embed_weight = self.as_is(embed.weight)
@@ -247,7 +239,7 @@ class _Builder:
 
     def lm_head(self, head: torch.nn.Module) -> Projection:
         fmt = self.fmt
-        head_is_lora = self.lora_cls is not None and isinstance(head, self.lora_cls)
+        head_is_lora = isinstance(head, LoraLayer)
         copy_head = head_is_lora or fmt.linear == "mkldnn"
         if copy_head or getattr(head, "bias", None) is not None:
             w, b = self.effective_linear(head)
@@ -257,8 +249,7 @@ class _Builder:
 
     def effective_linear(self, mod: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Effective (out, in) fp32 weight and bias of an nn.Linear or a peft lora.Linear."""
-        lora_cls = self.lora_cls
-        if lora_cls is not None and isinstance(mod, lora_cls):
+        if isinstance(mod, LoraLayer):
             return self.merged_lora(mod)
         if not isinstance(mod, torch.nn.Linear):
             raise NotImplementedError(f"FastRunner expects nn.Linear projections, got {type(mod).__name__}")

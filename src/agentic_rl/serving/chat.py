@@ -117,7 +117,7 @@ def chat_loop(
 
     rollout: the RolloutConfig episodes decode with (temperature 0 for greedy replies).
     """
-    from agentic_rl.rollout.factory import build_engine
+    from agentic_rl.rollout.factory import build_engine  # local: torch-free
 
     engine = build_engine(model, tokenizer, rollout, seed=seed, max_concurrent=1)
     history: list[dict[str, Any]] = []

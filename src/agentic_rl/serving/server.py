@@ -43,6 +43,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -50,6 +51,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentic_rl.models.device import load_for_decoding
+from agentic_rl.rollout.factory import build_engine
 from agentic_rl.serving.batcher import EngineWorker
 from agentic_rl.serving.config import HTTPLimits, ServeConfig
 from agentic_rl.serving.connections import uvicorn_options
@@ -279,11 +282,6 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def serve(cfg: ServeConfig) -> None:
     """Load the model, start the engine worker and serve until interrupted."""
-    import uvicorn
-
-    from agentic_rl.models.device import load_for_decoding
-    from agentic_rl.rollout.factory import build_engine
-
     model, tokenizer, _ = load_for_decoding(cfg.model, cfg.rollout.device)
     engine = build_engine(model, tokenizer, cfg.rollout, seed=cfg.seed, max_concurrent=cfg.max_concurrent)
     worker = EngineWorker(engine, cfg.max_concurrent, cfg.batch_window_ms / 1000)

@@ -133,6 +133,6 @@ def list_tools() -> list[str]:
 def _ensure_builtin_tools() -> None:
     """The built-in tools, then those of installed plugin packages (entry points; agentic_rl.plugins)."""
     # Importing the modules runs their @register_tool decorators.
-    from agentic_rl.tools import calculator, python_sandbox  # noqa: F401
+    from agentic_rl.tools import calculator, python_sandbox  # noqa: F401  # local: cycle
 
     load_entry_points("agentic_rl.tools")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import load
 
 from agentic_rl.errors import RunStopped, quoted
 from agentic_rl.rollout.trajectory import Span, Trajectory, TrajectoryBatch
@@ -169,8 +170,6 @@ def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
 
 def _warn_if_rng_unreadable(path: Path, rank: int) -> None:
     """accelerate reports an unreadable RNG state at INFO only; make it a WARNING."""
-    from accelerate.utils import load
-
     rng = path / f"random_states_{rank}.pkl"
     try:
         load(rng)

@@ -10,6 +10,9 @@ import random
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from accelerate.state import PartialState
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, FullyShardedDataParallelPlugin
 
 from agentic_rl.models.precision import resolve_mixed_precision
 
@@ -24,9 +27,6 @@ def make_accelerator(mixed_precision: str = "no", seed: int = 0):
     """An Accelerator for the launch context (single process, torchrun DDP, DeepSpeed, FSDP).
 
     configs/accelerate/ holds the FSDP and DeepSpeed ZeRO-2/3 launch configs (README, "GPUs and several processes")."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-
     # LoRA leaves frozen parameters with no gradient; DDP must not wait for them.
     ddp = DistributedDataParallelKwargs(find_unused_parameters=False)
     # Under torchrun on a machine without a GPU, accelerate only sets up gloo DDP when told it
@@ -65,9 +65,6 @@ def _shard_on_cpu(accelerator) -> None:
     `prepare`, `clip_grad_norm_`, `save_state` and `get_state_dict` take their FSDP paths.
     Only FSDP2 (`fully_shard`) runs on CPU: FSDP1 wants a GPU `device_id`.
     """
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
     plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
     if plugin.fsdp_version != 2:
         raise ValueError(
@@ -95,8 +92,6 @@ def fit_deepspeed_to_loop(accelerator, optim) -> None:
     A value the accelerate config sets to something else is a ValueError: it would be ignored.
     `optim` is the command's OptimConfig; anything but DeepSpeed is left alone.
     """
-    from accelerate.utils import DistributedType
-
     if accelerator.distributed_type != DistributedType.DEEPSPEED:
         return
     config = accelerator.state.deepspeed_plugin.deepspeed_config

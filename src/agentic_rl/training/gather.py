@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 
 
 def gather_in_global_order(acc: Any, local: torch.Tensor) -> torch.Tensor:
@@ -26,7 +27,6 @@ def gather_objects(acc: Any, local: list) -> list:
     """Every process's list entries, in global row order (the stride split)."""
     if acc.num_processes == 1:
         return local
-    from accelerate.utils import gather_object
 
     flat = gather_object([local])
     world = acc.num_processes

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from agentic_rl.config import Config, NonNegativeInt, refuse_unused
+from agentic_rl.rollout.demos import oracle_demos
 from agentic_rl.rollout.trajectory import Trajectory
 
 
@@ -127,8 +128,6 @@ def guide(
     each group with no correct episode, in place. Every process computes the demonstration's
     reward; the process that owns the group's last row (rows are split by stride) also keeps its
     tokens. Returns the number of groups guided."""
-    from agentic_rl.rollout.demos import oracle_demos
-
     guided = 0
     for group in groups:
         if group.correct > 0:

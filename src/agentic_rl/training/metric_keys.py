@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from agentic_rl.config_docs import markdown_text
+
 GLOSSARY: dict[str, str] = {
     # the training loop (every trainer)
     "loss/total": "The step's loss: the sum of its micro-batch losses, each weighted by its share, so the full-batch objective.",
@@ -123,8 +125,6 @@ def describe_metric(key: str) -> str:
 
 def glossary_markdown() -> str:
     """Every metric key as a Markdown page (`agentic-rl metrics --markdown`, docs/metrics.md)."""
-    from agentic_rl.config_docs import markdown_text
-
     rows = [f"| `{key}` | {markdown_text(meaning).replace('|', '&#124;')} |" for key, meaning in GLOSSARY.items()]
     return "\n".join(
         [

@@ -10,7 +10,12 @@ from typing import Any, Callable
 
 import torch
 
-from agentic_rl.training.scoring import unwrap_policy
+from agentic_rl.models.policy import load_policy
+from agentic_rl.models.stage_output import save_final
+from agentic_rl.training.common import make_accelerator
+from agentic_rl.training.loop import run_training
+from agentic_rl.training.run_dir import start_run
+from agentic_rl.training.scoring import require_replicated_weights, unwrap_policy
 
 
 def train_on_policy(
@@ -21,13 +26,6 @@ def train_on_policy(
     (a frozen copy for a full fine-tune with β > 0; LoRA disables its adapters instead), the loop,
     and `final/` (the policy only). `build(policy, tokenizer, reference, accelerator)` gives the
     algorithm (training/loop.py's Objective) and the module the loop trains."""
-    from agentic_rl.models.policy import load_policy
-    from agentic_rl.models.stage_output import save_final
-    from agentic_rl.training.common import make_accelerator
-    from agentic_rl.training.loop import run_training
-    from agentic_rl.training.run_dir import start_run
-    from agentic_rl.training.scoring import require_replicated_weights
-
     cfg.reward_model.check_path()  # before anything loads (validation.py checks it at the command line)
     accelerator = make_accelerator(cfg.train.mixed_precision, cfg.train.seed)
     require_replicated_weights(accelerator, command)  # rollouts (and a reward head) read whole weights

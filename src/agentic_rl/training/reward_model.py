@@ -30,16 +30,20 @@ import torch
 from agentic_rl.algorithms.reward_model import bradley_terry_loss
 from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.envs.base import EnvSpec
+from agentic_rl.models.chat_format import ChatFormat
+from agentic_rl.models.device import load_for_decoding
 from agentic_rl.models.policy import ModelConfig
 from agentic_rl.models.reward_scorer import RewardScorer, load_reward_model, save_reward_model
 from agentic_rl.models.stage_output import FINAL_DIR, load_stage_tokenizer
 from agentic_rl.plugins import PluginsConfig
 from agentic_rl.rollout.config import RolloutConfig
+from agentic_rl.rollout.demos import oracle_demos, trajectory_from_messages
+from agentic_rl.rollout.factory import build_engine
 from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.scoring import require_replicated_weights
-from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
+from agentic_rl.training.loop import BatchObjective, LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import start_run
+from agentic_rl.training.scoring import require_replicated_weights
 
 _FINAL = re.compile(r"(Final Answer:\s*)(-?[\d,]*\.?\d+)")
 
@@ -136,9 +140,6 @@ def build_pairs(
     cfg: PairsConfig, split: str, n_tasks: int, tokenizer: Any, seed: int
 ) -> list[tuple[Trajectory, Trajectory]]:
     """(chosen, rejected) trajectory pairs from `n_tasks` tasks of `split` (see module docstring)."""
-    from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.rollout.demos import oracle_demos, trajectory_from_messages
-
     env = cfg.env.make()
     tasks = env.tasks(split, n=n_tasks, seed=seed)
     chat_format = ChatFormat.for_tokenizer(tokenizer, cfg.rollout.enable_thinking)
@@ -164,9 +165,6 @@ def build_pairs(
 
 
 def _sampled_pairs(cfg: PairsConfig, tasks: list, seed: int) -> list[tuple[Trajectory, Trajectory]]:
-    from agentic_rl.rollout.factory import build_engine
-    from agentic_rl.models.device import load_for_decoding
-
     if not cfg.policy:
         raise ValueError("pairs.policy is required for pairs.source=sampled (e.g. runs/demo/sft/final)")
     policy, tokenizer, _ = load_for_decoding(cfg.policy, cfg.rollout.device, key="pairs.rollout.device")

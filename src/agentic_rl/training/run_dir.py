@@ -60,10 +60,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torch.utils.tensorboard import SummaryWriter
 
 from agentic_rl.config import settings
 from agentic_rl.models.finite import first_non_finite
-from agentic_rl.strict_json import dumps, loads_strict, write_json
+from agentic_rl.strict_json import dumps, write_json
 from agentic_rl.training.checkpoint import RUN_RECORD as CHECKPOINT_RECORD
 from agentic_rl.training.checkpoint import (
     CheckpointError,
@@ -288,8 +289,6 @@ class RunDir:
             )  # derived values left out: it loads back
             (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
             self._writer = SummaryWriter(str(self.path / "tb"))
 
     @property
@@ -376,9 +375,3 @@ class RunDir:
         if self._writer is not None:
             self._writer.close()
         unlock_run_folder(self.path)
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl file; a null (a non-finite value when logged) reads as NaN."""
-    rows = [loads_strict(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return [{key: float("nan") if value is None else value for key, value in row.items()} for row in rows]

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 from agentic_rl.rewards.base import RewardComposer, reported_terms
+from agentic_rl.rewards.reward_model import RewardModelReward
+from agentic_rl.rollout.factory import build_engine
 from agentic_rl.rollout.trajectory import collate
 from agentic_rl.training.episodes import Collected
 from agentic_rl.training.gather import gather_in_global_order
@@ -53,8 +55,6 @@ class Sampler:
         self.task_pool = cfg.env.train_tasks(cfg.train.seed)
         extra = {}
         if cfg.reward_model.path:
-            from agentic_rl.rewards.reward_model import RewardModelReward
-
             extra["reward_model"] = (RewardModelReward(cfg.reward_model.path), cfg.reward_model.weight)
         extra.update(reported_terms(cfg.env.reward_terms()))  # the env's named reward parts, logged at weight 0
         self.composer = RewardComposer(cfg.rewards, extra)
@@ -62,8 +62,6 @@ class Sampler:
 
     def bind(self, model: torch.nn.Module, accelerator: Any) -> None:
         """Build the rollout engine on the prepared model's policy (its weights, shared, not copied)."""
-        from agentic_rl.rollout.factory import build_engine
-
         self.accelerator = accelerator
         self.policy = unwrap_policy(model, accelerator)
         if self.cfg.rollout.batch_size % accelerator.num_processes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate.utils import DistributedType
 
 from agentic_rl.models.logprobs import sequence_logprobs
 
@@ -53,8 +54,6 @@ def unwrap_policy(model: torch.nn.Module, accelerator) -> torch.nn.Module:
 
 def shards_weights(accelerator) -> bool:
     """True when each rank holds only a shard of the weights: FSDP, or DeepSpeed ZeRO-3."""
-    from accelerate.utils import DistributedType
-
     if accelerator.distributed_type == DistributedType.FSDP:
         return True
     if accelerator.distributed_type == DistributedType.DEEPSPEED:

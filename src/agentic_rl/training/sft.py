@@ -19,17 +19,18 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.algorithms.sft import sft_loss
+from agentic_rl.config import Config, NonNegativeInt, PositiveFloat, PositiveInt, refuse_unused
 from agentic_rl.envs.base import EnvSpec, has_oracle, no_oracle_error
-from agentic_rl.plugins import PluginsConfig
-from agentic_rl.rollout.config import TemplateOptions
-from agentic_rl.rollout.demos import check_length
-from agentic_rl.rollout.trajectory import Trajectory, collate
+from agentic_rl.models.chat_format import ChatFormat
 from agentic_rl.models.policy import ModelConfig, context_length, load_policy
 from agentic_rl.models.stage_output import load_stage_tokenizer, save_final
+from agentic_rl.plugins import PluginsConfig
+from agentic_rl.rollout.config import TemplateOptions
+from agentic_rl.rollout.demos import cap_repeats, check_length, demo_sequences, load_jsonl_demos, oracle_demos
+from agentic_rl.rollout.trajectory import Trajectory, collate
 from agentic_rl.training.common import make_accelerator
-from agentic_rl.training.loop import LoopConfig, OptimConfig, BatchObjective, run_training
+from agentic_rl.training.loop import BatchObjective, LoopConfig, OptimConfig, run_training
 from agentic_rl.training.run_dir import start_run
 from agentic_rl.training.scoring import TokenScorer, full_policy_state_dict, unwrap_policy
 
@@ -128,9 +129,6 @@ def build_demos(
     """Every source's demonstrations, in order. context: the model's max_position_embeddings (None:
     unknown); no demonstration may be longer than it or than its source's max_tokens.
     enable_thinking: the chat template's switch (TemplateOptions), as the rollouts render."""
-    from agentic_rl.models.chat_format import ChatFormat
-    from agentic_rl.rollout.demos import cap_repeats, check_length, demo_sequences, load_jsonl_demos, oracle_demos
-
     chat_format = ChatFormat.for_tokenizer(tokenizer, enable_thinking)
     demos: list[Trajectory] = []
     for number, source in enumerate(sources):

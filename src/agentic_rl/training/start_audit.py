@@ -36,6 +36,7 @@ import torch
 
 from agentic_rl.errors import RunStopped
 from agentic_rl.models.chat_format import ChatFormat, with_placeholder_assistants
+from agentic_rl.models.precision import decoded_dtype
 from agentic_rl.rollout.config import FLOAT32_LOGPROB_TOLERANCE
 from agentic_rl.rollout.episode_checks import (
     logprob_drift,
@@ -202,7 +203,6 @@ class RunAudit:
         drift is the mismatch, reported only)."""
         if not cfg.audit.on_start:
             return cls(None, accelerator)
-        from agentic_rl.models.precision import decoded_dtype
 
         decodes = decoded_dtype(cfg.rollout.dtype, accelerator.device)
         float32 = decodes == "float32" and cfg.model.dtype == "float32" and accelerator.mixed_precision == "no"
