@@ -43,8 +43,13 @@ LAYERS = [
     ("evaluation", "integrations", "serving", "plugin_loading", "validation"),
     ("pipeline", "pipeline_eta", "pipeline_process", "train_commands", "cli", "cli_flags"),
 ]
-RUN_FOLDER = ("training/run_dir.py", "training/run_record.py", "training/run_lock.py", "training/checkpoint.py")
-RUN_FOLDER += ("strict_json.py",)
+RUN_FOLDER = (
+    "training/run_dir.py",
+    "training/run_record.py",
+    "training/run_lock.py",
+    "training/checkpoint.py",
+    "strict_json.py",
+)
 """The files of a run's folder: its start, check, resume, checkpoint and finish (issue 68: one home,
 entered once). Their callers (the trainers, the loop) are outside it."""
 TINY = [
