@@ -62,7 +62,6 @@ def test_without_a_mix_the_pool_and_env_are_env_options():
 @pytest.mark.parametrize(
     "cfg, message",
     [
-        (dict(name="arith", mix=[EnvMixPart(share=0.0)]), r"shares must be > 0, got \[0\.0\]"),
         (
             dict(name="arith", mix=[EnvMixPart(), EnvMixPart({"doors": 2})]),
             r"env\.mix\[1\]: unknown option\(s\) \['doors'\]",
@@ -83,6 +82,15 @@ def test_a_mix_that_cannot_work_is_refused_naming_its_part(cfg, message):
     against a mix of envs with different tools, whose episodes would see another system prompt."""
     with pytest.raises(ValueError, match=message):
         EnvConfig(**cfg).check()  # shares and sizes when built, each part's env in the validation step
+
+
+def test_a_part_whose_share_is_not_positive_is_refused_where_it_is_built():
+    """Guards against a part that would get no tasks (share 0) or a negative count: the share's
+    marker refuses it in Python and in a config file alike, naming the part's key."""
+    with pytest.raises(ValueError, match=r"EnvMixPart: 'share' must be > 0, got 0\.0"):
+        EnvMixPart(share=0.0)
+    with pytest.raises(ValueError, match=r"'env\.mix\[1\]\.share' must be > 0, got -1"):
+        load_config(GRPOConfig, overrides=["env.name=arith", "env.mix=[{share: 1}, {share: -1}]"])
 
 
 def test_a_config_file_mix_is_checked_key_by_key(tmp_path):
