@@ -106,10 +106,12 @@ _MADE: dict[str, Any] = {}
 
 
 def memory_budget() -> MemoryBudget:
-    """This process's budget for calls at once: half of the host's memory."""
+    """This process's budget for calls at once: half of the host's memory, in whole pages (a
+    cgroup keeps its limit rounded down to a page, so the budget is the limit the kernel holds)."""
     with _ONCE:
         if "budget" not in _MADE:
-            _MADE["budget"] = MemoryBudget(_meminfo_bytes("MemTotal") // 2)
+            page = os.sysconf("SC_PAGE_SIZE")
+            _MADE["budget"] = MemoryBudget(_meminfo_bytes("MemTotal") // 2 // page * page)
         return _MADE["budget"]
 
 
