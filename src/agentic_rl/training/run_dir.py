@@ -325,11 +325,10 @@ class RunDir:
     def resume(self, objective: Any, model: Any, loop: Any, accelerator: Any) -> int:
         """The step to start at: that of the newest intact checkpoint (restored), else 0. A checkpoint
         past loop.steps or with a non-finite weight is refused: resuming it would train nothing and
-        export it as final/ (`start_run` refuses the first before any work; this is the
-        check on what was actually loaded)."""
-        found = (
-            load_latest_checkpoint(accelerator, self.checkpoints) if loop.resume else None
-        )  # newest intact, verified
+        export it as final/ (`start_run` refuses the first before any work; this is the check on
+        what was actually loaded)."""
+        # the newest intact checkpoint, its files verified against their checksums
+        found = load_latest_checkpoint(accelerator, self.checkpoints) if loop.resume else None
         if found is None:
             self.truncate_metrics(0)  # killed before its first checkpoint: its logged steps are redone
             return 0
